@@ -1,0 +1,1 @@
+//! Access log lines formatted into per-thread buffers and written by a writer thread.

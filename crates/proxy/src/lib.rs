@@ -1,0 +1,1 @@
+//! The gateway: config, routes, upstreams, pools, balancing and the HTTP data path.

@@ -1,0 +1,52 @@
+//! The `tailguard` binary: parses the command line and hands each subcommand to its crate.
+//!
+//! This file is glue only. `run` and `check` belong to the gateway (`tailguard-proxy`,
+//! wired in `run.rs`); `load`, `lab` and `upstream` belong to the lab (`tailguard-lab`),
+//! which shares no code with the gateway it measures.
+
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// tailguard: an HTTP API gateway whose observability and overload protection cost the
+/// requests nothing.
+#[derive(Debug, Parser)]
+#[command(name = "tailguard", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (on the embedded default config when no --config is given).
+    Run(run::RunArgs),
+    /// Validate a config file and print every error with file, line and column.
+    Check(run::CheckArgs),
+    /// Open-loop, constant-rate load generator with full latency distributions.
+    Load(tailguard_lab::cli::LoadArgs),
+    /// Rerun a field report's experiment on this machine (scenarios under lab/scenarios).
+    Lab(tailguard_lab::cli::LabArgs),
+    /// A built-in upstream for tests and benchmarks (fixed body, delay, CPU burn, errors).
+    Upstream(tailguard_lab::cli::UpstreamArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Check(args) => run::check(args),
+        Command::Load(args) => tailguard_lab::cli::load(args),
+        Command::Lab(args) => tailguard_lab::cli::lab(args),
+        Command::Upstream(args) => tailguard_lab::cli::upstream(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("tailguard: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
