@@ -1,0 +1,8 @@
+//! Integration tests of the access log against real files, FIFOs and devices.
+
+// Test helpers outside `#[test]` functions panic on purpose: that is the failure report.
+#![allow(clippy::unwrap_used)]
+
+mod formats;
+mod support;
+mod writer;
