@@ -1,40 +1,319 @@
 //! Command-line entry points of the lab: `load`, `lab` and `upstream`.
 
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method};
+
+use crate::clock::parse_duration;
+use crate::load::LoadConfig;
+use crate::plot::Series;
+use crate::scrape::ScrapeConfig;
 
 /// Arguments of `tailguard load`.
 #[derive(Debug, clap::Args)]
 pub struct LoadArgs {
-    /// Target URL.
+    /// Target URL (http://host:port/path).
     pub url: String,
+    /// Requests per second (the schedule, not a ceiling).
+    #[arg(long, short = 'R')]
+    pub rate: f64,
+    /// Measured duration, e.g. 30s, 2m.
+    #[arg(long, short = 'd', default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Keep-alive connections.
+    #[arg(long, short = 'c', default_value_t = 16)]
+    pub connections: usize,
+    /// Generator threads (each a current-thread runtime with its share of connections).
+    #[arg(long, short = 't', default_value_t = 1)]
+    pub threads: usize,
+    /// HTTP method.
+    #[arg(long, short = 'm', default_value = "GET")]
+    pub method: String,
+    /// Extra header, `Name: value` (repeatable).
+    #[arg(long, short = 'H')]
+    pub header: Vec<String>,
+    /// File whose contents are sent as the request body.
+    #[arg(long)]
+    pub body: Option<PathBuf>,
+    /// Run at the same rate for this long before measuring.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Poisson arrivals (exponential gaps) of the same mean rate instead of a fixed interval.
+    #[arg(long)]
+    pub poisson: bool,
+    /// Seed of the Poisson schedule.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Per-request timeout from the moment it is written.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Write the full report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the percentile distribution (.hgrm, milliseconds) here.
+    #[arg(long)]
+    pub hgrm: Option<PathBuf>,
+    /// Write an SVG percentile plot here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Overlay earlier runs on the plot: `.hgrm` or report `.json` files (repeatable).
+    #[arg(long)]
+    pub compare: Vec<PathBuf>,
+    /// Legend label of this run on the plot.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Scrape this metrics URL during the run.
+    #[arg(long)]
+    pub scrape: Option<String>,
+    /// Interval between scrapes.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub every: Duration,
+    /// Skip the detailed percentile spectrum in the printed report.
+    #[arg(long)]
+    pub brief: bool,
+}
+
+impl LoadArgs {
+    /// The generator's configuration from these arguments.
+    pub fn to_config(&self) -> anyhow::Result<LoadConfig> {
+        let method = Method::from_bytes(self.method.as_bytes())
+            .with_context(|| format!("--method `{}` is not an HTTP method", self.method))?;
+        let mut headers = Vec::new();
+        for h in &self.header {
+            let (name, value) = h
+                .split_once(':')
+                .with_context(|| format!("--header `{h}` must be `Name: value`"))?;
+            headers.push((
+                HeaderName::from_bytes(name.trim().as_bytes())
+                    .with_context(|| format!("--header `{h}`: bad name"))?,
+                HeaderValue::from_str(value.trim())
+                    .with_context(|| format!("--header `{h}`: bad value"))?,
+            ));
+        }
+        let body = match &self.body {
+            Some(path) => Bytes::from(
+                std::fs::read(path).with_context(|| format!("--body {}", path.display()))?,
+            ),
+            None => Bytes::new(),
+        };
+        Ok(LoadConfig {
+            url: self.url.clone(),
+            method,
+            headers,
+            body,
+            rate: self.rate,
+            duration: self.duration,
+            warmup: self.warmup,
+            connections: self.connections,
+            threads: self.threads,
+            poisson: self.poisson,
+            seed: self.seed,
+            timeout: self.timeout,
+            scrape: self.scrape.as_ref().map(|url| ScrapeConfig {
+                url: url.clone(),
+                every: self.every,
+            }),
+            progress: std::io::stdout().is_terminal(),
+        })
+    }
 }
 
 /// Arguments of `tailguard lab`.
 #[derive(Debug, clap::Args)]
 pub struct LabArgs {
-    /// Scenario name.
+    /// Scenario name (a directory under lab/scenarios) or path to a scenario.toml.
     pub scenario: String,
+    /// Run every condition for seconds only (CI).
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to write reports, hgrm files and the plot (default: target/lab/<scenario>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Directory holding the scenarios.
+    #[arg(long, default_value = "lab/scenarios")]
+    pub scenarios: PathBuf,
 }
 
 /// Arguments of `tailguard upstream`.
 #[derive(Debug, clap::Args)]
 pub struct UpstreamArgs {
-    /// Address to listen on.
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub listen: String,
+    /// Response body size in bytes.
+    #[arg(long, default_value_t = 13)]
+    pub body_bytes: usize,
+    /// Delay before each response, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub latency: f64,
+    /// Uniform random extra delay up to this many milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+    /// CPU to burn per request, milliseconds of the serving thread's CPU time.
+    #[arg(long, default_value_t = 0.0)]
+    pub cpu_ms: f64,
+    /// Fraction (0..1) of requests answered with 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 /// Runs `tailguard load`.
 pub fn load(args: LoadArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("load is not built yet ({})", args.url)
+    let config = args.to_config()?;
+    let report = crate::load::run(&config)?;
+    let mut text = report.render();
+    if args.brief {
+        text = brief(&text);
+    }
+    print!("{text}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json())
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if let Some(path) = &args.hgrm {
+        std::fs::write(path, crate::hgrm::render(&report.latency))
+            .with_context(|| format!("--hgrm {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        let mut series = Vec::new();
+        for other in &args.compare {
+            series.push(read_series(other)?);
+        }
+        series.push(Series {
+            label: args
+                .label
+                .clone()
+                .unwrap_or_else(|| format!("{} req/s, {}", report.requested_rate, report.url)),
+            points: crate::hgrm::points(&report.latency),
+        });
+        if report.latency_during_scrape.count() > 0 {
+            series.push(Series {
+                label: "requests that overlapped a scrape".to_string(),
+                points: crate::hgrm::points(&report.latency_during_scrape),
+            });
+        }
+        std::fs::write(path, crate::plot::render("Latency by percentile", &series))
+            .with_context(|| format!("--plot {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Drops the detailed spectrum from a rendered report.
+fn brief(text: &str) -> String {
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        if line.starts_with("  Detailed Percentile spectrum") {
+            skipping = true;
+        } else if line.starts_with("-----") {
+            skipping = false;
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A plot series from a `.hgrm` or a report `.json` file, labelled by its file name.
+pub fn read_series(path: &std::path::Path) -> anyhow::Result<Series> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let points = if path.extension().is_some_and(|e| e == "json") {
+        crate::hgrm::points(&crate::report::Report::from_json(&text)?.latency)
+    } else {
+        crate::hgrm::parse(&text)?
+    };
+    let label = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(Series { label, points })
 }
 
 /// Runs `tailguard lab`.
 pub fn lab(args: LabArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("lab is not built yet ({})", args.scenario)
+    let exe = std::env::current_exe().context("cannot find the tailguard executable")?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        let name = std::path::Path::new(&args.scenario)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| args.scenario.clone());
+        PathBuf::from("target/lab").join(name)
+    });
+    let names: Vec<String> = if args.scenario == "all" {
+        let mut names: Vec<String> = std::fs::read_dir(&args.scenarios)
+            .with_context(|| format!("--scenarios {}", args.scenarios.display()))?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("scenario.toml").is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    } else {
+        vec![args.scenario.clone()]
+    };
+    for name in names {
+        let opts = crate::runner::RunOptions {
+            scenario: name.clone(),
+            scenarios_dir: args.scenarios.clone(),
+            quick: args.quick,
+            out: if args.scenario == "all" {
+                out.join(&name)
+            } else {
+                out.clone()
+            },
+            exe: exe.clone(),
+        };
+        crate::runner::run(&opts)?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `tailguard upstream`.
 pub fn upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("upstream is not built yet ({})", args.listen)
+    use std::io::Write as _;
+    if !(0.0..=1.0).contains(&args.error_rate) {
+        anyhow::bail!("--error-rate must be between 0 and 1");
+    }
+    for (name, v) in [
+        ("--latency", args.latency),
+        ("--jitter", args.jitter),
+        ("--cpu-ms", args.cpu_ms),
+    ] {
+        if !(v >= 0.0 && v.is_finite()) {
+            anyhow::bail!("{name} must be a non-negative number of milliseconds");
+        }
+    }
+    let config = crate::upstream::UpstreamConfig {
+        body_bytes: args.body_bytes,
+        latency: Duration::from_secs_f64(args.latency / 1e3),
+        jitter: Duration::from_secs_f64(args.jitter / 1e3),
+        cpu_ns: (args.cpu_ms * 1e6) as u64,
+        error_rate: args.error_rate,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = args.threads {
+        builder.worker_threads(n.max(1));
+    }
+    let rt = builder.build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("--listen {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        println!("listening on {addr}");
+        std::io::stdout().flush()?;
+        crate::upstream::serve(listener, config).await?;
+        Ok(ExitCode::SUCCESS)
+    })
 }

@@ -1,0 +1,655 @@
+//! The open-loop load generator: sends requests at their scheduled times over keep-alive
+//! connections it manages itself, and times each response from its intended send time.
+//!
+//! Each generator thread runs a current-thread tokio runtime with one dispatcher and its share
+//! of the connections. The dispatcher sleeps on a `timerfd` (nanosecond deadlines; tokio's own
+//! timer rounds to milliseconds, which would add up to 1 ms to loopback latencies) and, when a
+//! request's time comes, puts its intended time in a FIFO. Idle connections take from the FIFO;
+//! when every connection is busy the request waits there and is counted as queued, but its
+//! latency still runs from the intended time, so a stalled target shows as latency instead of
+//! as a lower rate (no coordinated omission).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags};
+use tokio::io::unix::AsyncFd;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use crate::LabError;
+use crate::clock::{from_ns, now_ns};
+use crate::latency::Latency;
+use crate::report::{Report, Scrape};
+use crate::schedule::Schedule;
+use crate::scrape::{ScrapeClock, ScrapeConfig};
+
+/// Everything a load run needs.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// Target URL (`http://host:port/path`).
+    pub url: String,
+    /// Request method.
+    pub method: Method,
+    /// Extra request headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Request body.
+    pub body: Bytes,
+    /// Requests per second.
+    pub rate: f64,
+    /// Measured duration.
+    pub duration: Duration,
+    /// Time at the same rate before measuring.
+    pub warmup: Duration,
+    /// Keep-alive connections, spread over the threads.
+    pub connections: usize,
+    /// Generator threads.
+    pub threads: usize,
+    /// Poisson arrivals instead of a constant interval.
+    pub poisson: bool,
+    /// Seed for Poisson arrivals.
+    pub seed: u64,
+    /// Per-request timeout, from the moment it is written.
+    pub timeout: Duration,
+    /// A metrics endpoint to scrape during the run.
+    pub scrape: Option<ScrapeConfig>,
+    /// Print a progress line every second (stdout).
+    pub progress: bool,
+}
+
+impl LoadConfig {
+    /// A GET at `rate` for `duration` over `connections`, one thread, no warmup.
+    pub fn new(url: &str, rate: f64, duration: Duration, connections: usize) -> Self {
+        Self {
+            url: url.to_string(),
+            method: Method::GET,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            rate,
+            duration,
+            warmup: Duration::ZERO,
+            connections,
+            threads: 1,
+            poisson: false,
+            seed: 1,
+            timeout: Duration::from_secs(10),
+            scrape: None,
+            progress: false,
+        }
+    }
+}
+
+/// A parsed `http://` target.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) addr: SocketAddr,
+    pub(crate) authority: String,
+    pub(crate) path: Uri,
+}
+
+pub(crate) fn parse_target(url: &str) -> Result<Target, LabError> {
+    let bad = |why: &str| LabError::Url {
+        url: url.to_string(),
+        why: why.to_string(),
+    };
+    let uri: Uri = url.parse().map_err(|_| bad("not a valid URL"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(bad(&format!(
+                "scheme `{other}` is not supported, use http://"
+            )));
+        }
+        None => return Err(bad("missing scheme, e.g. http://127.0.0.1:8080/")),
+    }
+    let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
+    let port = authority.port_u16().unwrap_or(80);
+    let addr = (authority.host().trim_matches(['[', ']']), port)
+        .to_socket_addrs()
+        .map_err(|e| bad(&format!("cannot resolve host: {e}")))?
+        .next()
+        .ok_or_else(|| bad("host resolves to no address"))?;
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .parse()
+        .map_err(|_| bad("bad path"))?;
+    Ok(Target {
+        addr,
+        authority: authority.as_str().to_string(),
+        path,
+    })
+}
+
+/// A request built once; each send clones its parts (cheap: shared bytes).
+struct Template {
+    method: Method,
+    path: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Template {
+    fn build(&self) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.path.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+/// Counters shared with the progress line.
+#[derive(Default)]
+struct Progress {
+    sent: AtomicU64,
+    completed: AtomicU64,
+    interval: Mutex<Latency>,
+}
+
+/// What one generator thread measured.
+#[derive(Default)]
+struct ThreadStats {
+    latency: Latency,
+    latency_ok: Latency,
+    during_scrape: Latency,
+    status: BTreeMap<u16, u64>,
+    errors: BTreeMap<String, u64>,
+    sent: u64,
+    completed: u64,
+    completed_in_window: u64,
+    bytes: u64,
+    queued: u64,
+    max_queue: u64,
+}
+
+/// The FIFO between the dispatcher and the connections of one thread.
+struct Shared {
+    queue: RefCell<VecDeque<u64>>,
+    notify: Notify,
+    closed: Cell<bool>,
+    /// Connections waiting for work right now.
+    idle: Cell<usize>,
+    stats: RefCell<ThreadStats>,
+    template: Template,
+    target: Target,
+    measure_from: u64,
+    window_end: u64,
+    timeout: Duration,
+    scrape_clock: Arc<ScrapeClock>,
+    progress: Option<Arc<Progress>>,
+}
+
+impl Shared {
+    fn push(&self, intended: u64) {
+        let mut q = self.queue.borrow_mut();
+        q.push_back(intended);
+        let waiting = q.len().saturating_sub(self.idle.get()) as u64;
+        drop(q);
+        if intended >= self.measure_from {
+            let mut s = self.stats.borrow_mut();
+            s.sent += 1;
+            if waiting > 0 {
+                s.queued += 1;
+                s.max_queue = s.max_queue.max(waiting);
+            }
+        }
+        if let Some(p) = &self.progress {
+            p.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        self.notify.notify_one();
+    }
+
+    async fn pop(&self) -> Option<u64> {
+        loop {
+            if let Some(t) = self.queue.borrow_mut().pop_front() {
+                return Some(t);
+            }
+            if self.closed.get() {
+                return None;
+            }
+            self.idle.set(self.idle.get() + 1);
+            self.notify.notified().await;
+            self.idle.set(self.idle.get() - 1);
+        }
+    }
+
+    fn error(&self, intended: u64, kind: &str) {
+        if intended >= self.measure_from {
+            *self
+                .stats
+                .borrow_mut()
+                .errors
+                .entry(kind.to_string())
+                .or_default() += 1;
+        }
+    }
+}
+
+/// Runs the load and returns its report. Blocks the calling thread for the run.
+pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
+    if !(config.rate > 0.0 && config.rate.is_finite()) {
+        return Err(LabError::Config("--rate must be a positive number".into()));
+    }
+    if config.connections == 0 {
+        return Err(LabError::Config("--connections must be at least 1".into()));
+    }
+    if config.duration.is_zero() {
+        return Err(LabError::Config("--duration must be above 0".into()));
+    }
+    let target = parse_target(&config.url)?;
+    let threads = config.threads.clamp(1, config.connections);
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::HOST,
+        HeaderValue::from_str(&target.authority)
+            .map_err(|_| LabError::Config("host is not a valid header value".into()))?,
+    );
+    for (name, value) in &config.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    let scrape_clock = Arc::new(ScrapeClock::default());
+    let progress = config.progress.then(|| Arc::new(Progress::default()));
+    let start_cell = Arc::new(OnceLock::<u64>::new());
+    let connected = Arc::new(Barrier::new(threads + 1));
+    let started = Arc::new(Barrier::new(threads + 1));
+    let warmup_ns = config.warmup.as_nanos() as u64;
+    let duration_ns = config.duration.as_nanos() as u64;
+
+    let mut handles = Vec::new();
+    for lane in 0..threads {
+        let connections =
+            config.connections / threads + usize::from(lane < config.connections % threads);
+        let schedule = if config.poisson {
+            Schedule::poisson(config.rate, lane as u64, threads as u64, config.seed)
+        } else {
+            Schedule::constant(config.rate, lane as u64, threads as u64)
+        };
+        let template = Template {
+            method: config.method.clone(),
+            path: target.path.clone(),
+            headers: headers.clone(),
+            body: config.body.clone(),
+        };
+        let target = target.clone();
+        let (scrape_clock, progress) = (scrape_clock.clone(), progress.clone());
+        let (start_cell, connected, started) =
+            (start_cell.clone(), connected.clone(), started.clone());
+        let timeout = config.timeout;
+        let handle = std::thread::Builder::new()
+            .name(format!("load-{lane}"))
+            .spawn(move || -> Result<ThreadStats, LabError> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(LabError::Io)?;
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, async move {
+                    let setup = ThreadSetup {
+                        connections,
+                        schedule,
+                        template,
+                        target,
+                        scrape_clock,
+                        progress,
+                        start_cell,
+                        connected,
+                        started,
+                        warmup_ns,
+                        duration_ns,
+                        timeout,
+                    };
+                    run_thread(setup).await
+                })
+            })
+            .map_err(LabError::Io)?;
+        handles.push(handle);
+    }
+
+    connected.wait();
+    // 10 ms of slack so every thread has its timer armed before the first intended send.
+    let start = now_ns() + 10_000_000;
+    start_cell
+        .set(start)
+        .expect("the start time is set exactly once, here");
+    started.wait();
+    let measure_from = start + warmup_ns;
+    let window_end = measure_from + duration_ns;
+
+    let scraper = config.scrape.clone().map(|sc| {
+        let clock = scrape_clock.clone();
+        std::thread::spawn(move || crate::scrape::run(sc, clock, start, measure_from, window_end))
+    });
+
+    let mut last_print = now_ns();
+    while handles.iter().any(|h| !h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        if let Some(p) = &progress {
+            let now = now_ns();
+            if now - last_print >= 1_000_000_000 {
+                last_print = now;
+                print_progress(p, now.saturating_sub(start), config.rate);
+            }
+        }
+    }
+    if progress.is_some() {
+        println!();
+    }
+    let mut total = ThreadStats::default();
+    for h in handles {
+        let stats = h
+            .join()
+            .map_err(|_| LabError::Config("a generator thread panicked".into()))??;
+        total.latency.add(&stats.latency);
+        total.during_scrape.add(&stats.during_scrape);
+        total.latency_ok.add(&stats.latency_ok);
+        for (k, v) in stats.status {
+            *total.status.entry(k).or_default() += v;
+        }
+        for (k, v) in stats.errors {
+            *total.errors.entry(k).or_default() += v;
+        }
+        total.sent += stats.sent;
+        total.completed += stats.completed;
+        total.completed_in_window += stats.completed_in_window;
+        total.bytes += stats.bytes;
+        total.queued += stats.queued;
+        total.max_queue = total.max_queue.max(stats.max_queue);
+    }
+    let scrapes: Vec<Scrape> = match scraper {
+        Some(h) => h.join().unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let duration_s = config.duration.as_secs_f64();
+    Ok(Report {
+        url: config.url.clone(),
+        method: config.method.to_string(),
+        requested_rate: config.rate,
+        poisson: config.poisson,
+        seed: config.seed,
+        duration_s,
+        warmup_s: config.warmup.as_secs_f64(),
+        connections: config.connections,
+        threads,
+        sent: total.sent,
+        completed: total.completed,
+        achieved_rate: total.completed_in_window as f64 / duration_s,
+        bytes_read: total.bytes,
+        queued: total.queued,
+        max_queue: total.max_queue,
+        status: total.status,
+        errors: total.errors,
+        latency: total.latency,
+        latency_ok: total.latency_ok,
+        latency_during_scrape: total.during_scrape,
+        scrapes,
+    })
+}
+
+fn print_progress(p: &Progress, elapsed_ns: u64, rate: f64) {
+    use std::io::Write as _;
+    let interval = {
+        let mut guard = p.interval.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *guard)
+    };
+    let secs = elapsed_ns as f64 / 1e9;
+    let completed = p.completed.load(Ordering::Relaxed);
+    print!(
+        "\r{:>6.1}s  sent {:>9}  done {:>9}  achieved {:>9.1}/{} req/s  P99 (last 1s) {:>9}   ",
+        secs,
+        p.sent.load(Ordering::Relaxed),
+        completed,
+        completed as f64 / secs.max(1e-9),
+        rate,
+        crate::latency::format_us(interval.percentile_us(99.0) as f64)
+    );
+    let _ = std::io::stdout().flush();
+}
+
+struct ThreadSetup {
+    connections: usize,
+    schedule: Schedule,
+    template: Template,
+    target: Target,
+    scrape_clock: Arc<ScrapeClock>,
+    progress: Option<Arc<Progress>>,
+    start_cell: Arc<OnceLock<u64>>,
+    connected: Arc<Barrier>,
+    started: Arc<Barrier>,
+    warmup_ns: u64,
+    duration_ns: u64,
+    timeout: Duration,
+}
+
+async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LabError> {
+    // Connect every connection before the clock starts, so the first second measures the
+    // target, not our handshakes.
+    let mut senders = Vec::with_capacity(setup.connections);
+    let mut connect_errors = 0;
+    for _ in 0..setup.connections {
+        match connect(setup.target.addr).await {
+            Ok(s) => senders.push(Some(s)),
+            Err(_) => {
+                connect_errors += 1;
+                senders.push(None);
+            }
+        }
+    }
+    // Barrier waits block the thread; nothing else runs on it yet, so that is harmless.
+    setup.connected.wait();
+    setup.started.wait();
+    let start = *setup
+        .start_cell
+        .get()
+        .expect("the start time is set before the second barrier");
+    let measure_from = start + setup.warmup_ns;
+    let window_end = measure_from + setup.duration_ns;
+    let shared = Rc::new(Shared {
+        queue: RefCell::new(VecDeque::new()),
+        notify: Notify::new(),
+        closed: Cell::new(false),
+        idle: Cell::new(0),
+        stats: RefCell::new(ThreadStats::default()),
+        template: setup.template,
+        target: setup.target,
+        measure_from,
+        window_end,
+        timeout: setup.timeout,
+        scrape_clock: setup.scrape_clock,
+        progress: setup.progress,
+    });
+    if connect_errors > 0 {
+        shared
+            .stats
+            .borrow_mut()
+            .errors
+            .insert("connect (setup)".to_string(), connect_errors);
+    }
+    let mut tasks = Vec::new();
+    for sender in senders {
+        tasks.push(tokio::task::spawn_local(connection(shared.clone(), sender)));
+    }
+    dispatch(&shared, setup.schedule, start, window_end).await?;
+    shared.closed.set(true);
+    shared.notify.notify_waiters();
+    // Requests still queued or in flight get the timeout to finish; then the rest is counted.
+    let drain_deadline = tokio::time::Instant::now() + setup.timeout + Duration::from_millis(500);
+    for task in &mut tasks {
+        if tokio::time::timeout_at(drain_deadline, &mut *task)
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    for task in &tasks {
+        task.abort();
+    }
+    let left: u64 = shared
+        .queue
+        .borrow()
+        .iter()
+        .filter(|&&t| t >= measure_from)
+        .count() as u64;
+    let mut stats = shared.stats.take();
+    let accounted = stats.completed + stats.errors.values().sum::<u64>() - connect_errors;
+    let unfinished = stats.sent.saturating_sub(accounted).max(left);
+    if unfinished > 0 {
+        stats
+            .errors
+            .insert("unfinished at end".to_string(), unfinished);
+    }
+    Ok(stats)
+}
+
+/// Pushes each intended send time into the FIFO when it comes, sleeping on a timerfd between.
+async fn dispatch(
+    shared: &Shared,
+    mut schedule: Schedule,
+    start: u64,
+    end: u64,
+) -> Result<(), LabError> {
+    let fd = rustix::time::timerfd_create(
+        TimerfdClockId::Monotonic,
+        TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+    )
+    .map_err(|e| LabError::Io(e.into()))?;
+    let timer = register_timer(fd).map_err(LabError::Io)?;
+    let mut next = start + schedule.next_offset();
+    let mut buf = [0u8; 8];
+    while next < end {
+        let now = now_ns();
+        if next <= now {
+            while next <= now && next < end {
+                shared.push(next);
+                next = start + schedule.next_offset();
+            }
+            // Let the connections run before looking at the clock again.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let spec = Itimerspec {
+            it_interval: from_ns(0),
+            it_value: from_ns(next),
+        };
+        rustix::time::timerfd_settime(timer.get_ref(), TimerfdTimerFlags::ABSTIME, &spec)
+            .map_err(|e| LabError::Io(e.into()))?;
+        let mut guard = timer.readable().await.map_err(LabError::Io)?;
+        // Reading resets the expiry count; EAGAIN means it was a spurious wake.
+        let _ = rustix::io::read(timer.get_ref(), &mut buf);
+        guard.clear_ready();
+    }
+    Ok(())
+}
+
+/// Registers a timerfd with the runtime's reactor.
+///
+/// `AsyncFd::new` is deprecated because a borrowed fd could be closed while registered; here
+/// the `AsyncFd` owns the `OwnedFd`, so the fd lives exactly as long as the registration. The
+/// replacement, `AsyncFd::register`, is `unsafe`, which this workspace forbids.
+#[allow(deprecated)]
+pub(crate) fn register_timer(
+    fd: std::os::fd::OwnedFd,
+) -> std::io::Result<AsyncFd<std::os::fd::OwnedFd>> {
+    AsyncFd::new(fd)
+}
+
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, LabError> {
+    let stream = TcpStream::connect(addr).await.map_err(LabError::Io)?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| LabError::Config(e.to_string()))?;
+    tokio::task::spawn_local(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+fn error_kind(e: &hyper::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_incomplete_message() || e.is_closed() || e.is_canceled() {
+        "closed"
+    } else if e.is_parse() || e.is_parse_status() {
+        "parse"
+    } else {
+        "io"
+    }
+}
+
+/// One keep-alive connection: takes the oldest waiting request, sends it, reads the whole
+/// response, records the latency from the intended time; reconnects after any failure.
+async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Bytes>>>) {
+    while let Some(intended) = shared.pop().await {
+        let mut s = match sender.take() {
+            Some(s) if !s.is_closed() => s,
+            _ => match connect(shared.target.addr).await {
+                Ok(s) => s,
+                Err(_) => {
+                    shared.error(intended, "connect");
+                    continue;
+                }
+            },
+        };
+        let req = shared.template.build();
+        let exchange = async {
+            s.ready().await?;
+            let resp = s.send_request(req).await?;
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            let mut bytes = 0u64;
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame?.into_data() {
+                    bytes += data.len() as u64;
+                }
+            }
+            Ok::<_, hyper::Error>((status, bytes))
+        };
+        match tokio::time::timeout(shared.timeout, exchange).await {
+            Ok(Ok((status, bytes))) => {
+                let done = now_ns();
+                sender = Some(s);
+                if let Some(p) = &shared.progress {
+                    p.completed.fetch_add(1, Ordering::Relaxed);
+                    p.interval
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .record_ns(done.saturating_sub(intended));
+                }
+                if intended < shared.measure_from {
+                    continue;
+                }
+                let mut st = shared.stats.borrow_mut();
+                let latency = done.saturating_sub(intended);
+                st.latency.record_ns(latency);
+                if status < 400 {
+                    st.latency_ok.record_ns(latency);
+                }
+                if shared.scrape_clock.overlaps(intended) {
+                    st.during_scrape.record_ns(latency);
+                }
+                *st.status.entry(status).or_default() += 1;
+                st.completed += 1;
+                if done <= shared.window_end {
+                    st.completed_in_window += 1;
+                }
+                st.bytes += bytes;
+            }
+            Ok(Err(e)) => shared.error(intended, error_kind(&e)),
+            // HTTP/1.1 cannot cancel a request in flight: the connection is dropped.
+            Err(_) => shared.error(intended, "timeout"),
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The report of one load run: what was asked, what was achieved, the latency distributions
+//! (all requests and those that overlapped a scrape), statuses, errors and scrapes; printed in
+//! wrk2's layout and saved as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::latency::{Latency, WRK2_PERCENTILES, format_us};
+
+/// One scrape of a metrics endpoint made during the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scrape {
+    /// Start, seconds from the start of the measured run (negative during warmup).
+    pub start_s: f64,
+    /// Time to the last byte of the body, milliseconds.
+    pub duration_ms: f64,
+    /// Body bytes received (as sent on the wire: compressed if the exporter compressed).
+    pub bytes: u64,
+    /// HTTP status, 0 when the scrape failed before a response.
+    pub status: u16,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+}
+
+/// Everything one run of the generator measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Target URL.
+    pub url: String,
+    /// HTTP method.
+    pub method: String,
+    /// Requested rate, requests per second.
+    pub requested_rate: f64,
+    /// Poisson arrivals instead of a constant interval.
+    pub poisson: bool,
+    /// Seed of the Poisson schedule.
+    pub seed: u64,
+    /// Measured duration (after warmup), seconds.
+    pub duration_s: f64,
+    /// Warmup before measuring, seconds.
+    pub warmup_s: f64,
+    /// Connections kept open.
+    pub connections: usize,
+    /// Generator threads.
+    pub threads: usize,
+    /// Requests whose intended time fell in the measured window.
+    pub sent: u64,
+    /// Responses received for them (any status).
+    pub completed: u64,
+    /// Responses completed inside the measured window, per second.
+    pub achieved_rate: f64,
+    /// Response body bytes read.
+    pub bytes_read: u64,
+    /// Requests whose intended time came while every connection was busy (queued in the
+    /// generator, still timed from their intended time).
+    pub queued: u64,
+    /// Largest number of requests waiting for a connection at once.
+    pub max_queue: u64,
+    /// Responses by status code.
+    pub status: BTreeMap<u16, u64>,
+    /// Failed requests by kind (`connect`, `io`, `timeout`, ...).
+    pub errors: BTreeMap<String, u64>,
+    /// Latency of every completed request, from its intended send time.
+    pub latency: Latency,
+    /// Latency of the responses with a status below 400 (the admitted ones when shedding).
+    pub latency_ok: Latency,
+    /// Latency of the requests whose lifetime overlapped a scrape.
+    pub latency_during_scrape: Latency,
+    /// Scrapes made during the run.
+    pub scrapes: Vec<Scrape>,
+}
+
+impl Report {
+    /// Percentile in milliseconds of all requests.
+    pub fn percentile_ms(&self, p: f64) -> f64 {
+        self.latency.percentile_us(p) as f64 / 1000.0
+    }
+
+    /// Requests that got no response.
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Responses with a 2xx/3xx status.
+    pub fn ok_count(&self) -> u64 {
+        self.status
+            .iter()
+            .filter(|(code, _)| **code < 400)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// JSON text of the report.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a report always serializes")
+    }
+
+    /// Reads a report back from its JSON text.
+    pub fn from_json(text: &str) -> Result<Self, crate::LabError> {
+        serde_json::from_str(text).map_err(|e| crate::LabError::Report(e.to_string()))
+    }
+
+    /// The report in wrk2's layout (latency distribution, detailed spectrum, totals), followed
+    /// by statuses, errors, queueing and scrapes.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "Running {} test @ {}", secs(self.duration_s), self.url);
+        let _ = writeln!(
+            o,
+            "  {} threads and {} connections, {} {} req/s{}",
+            self.threads,
+            self.connections,
+            if self.poisson {
+                "poisson"
+            } else {
+                "constant rate"
+            },
+            self.requested_rate,
+            if self.warmup_s > 0.0 {
+                format!(", warmup {}", secs(self.warmup_s))
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(
+            o,
+            "  Latency Distribution (HdrHistogram - Recorded Latency)"
+        );
+        render_distribution(&mut o, &self.latency);
+        let _ = writeln!(o);
+        let _ = writeln!(o, "  Detailed Percentile spectrum:");
+        o.push_str(&crate::hgrm::render(&self.latency));
+        let _ = writeln!(
+            o,
+            "----------------------------------------------------------"
+        );
+        let _ = writeln!(
+            o,
+            "  {} requests in {}, {} read",
+            self.completed,
+            secs(self.duration_s),
+            bytes(self.bytes_read)
+        );
+        let _ = writeln!(
+            o,
+            "Requests/sec: {:>9.2} (requested {:.2}, {:.1}%)",
+            self.achieved_rate,
+            self.requested_rate,
+            if self.requested_rate > 0.0 {
+                self.achieved_rate / self.requested_rate * 100.0
+            } else {
+                0.0
+            }
+        );
+        let statuses: Vec<String> = self
+            .status
+            .iter()
+            .map(|(c, n)| format!("{c}: {n}"))
+            .collect();
+        let _ = writeln!(o, "Status codes: {}", none_if_empty(&statuses.join(", ")));
+        let errors: Vec<String> = self
+            .errors
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        let _ = writeln!(o, "Errors: {}", none_if_empty(&errors.join(", ")));
+        let _ = writeln!(
+            o,
+            "Waited for a free connection: {} requests (max {} queued), timed from their intended send time",
+            self.queued, self.max_queue
+        );
+        if self.latency.saturated() > 0 {
+            let _ = writeln!(
+                o,
+                "Latencies above 60 s (recorded as 60 s): {}",
+                self.latency.saturated()
+            );
+        }
+        if !self.scrapes.is_empty() {
+            let mut durations = Latency::new();
+            let mut failed = 0;
+            let mut total_bytes = 0;
+            for s in &self.scrapes {
+                durations.record_us((s.duration_ms * 1000.0) as u64);
+                total_bytes += s.bytes;
+                if s.error.is_some() || !(200..300).contains(&s.status) {
+                    failed += 1;
+                }
+            }
+            let _ = writeln!(
+                o,
+                "Scrapes: {} ({} failed), duration P50 {} max {}, {} per scrape",
+                self.scrapes.len(),
+                failed,
+                format_us(durations.percentile_us(50.0) as f64),
+                format_us(durations.max_us() as f64),
+                bytes(total_bytes / self.scrapes.len() as u64)
+            );
+            for s in &self.scrapes {
+                let _ = writeln!(
+                    o,
+                    "  scrape at {:>8.3}s: {:>9.3} ms, {:>10} bytes, status {}{}",
+                    s.start_s,
+                    s.duration_ms,
+                    s.bytes,
+                    s.status,
+                    s.error
+                        .as_deref()
+                        .map(|e| format!(", error: {e}"))
+                        .unwrap_or_default()
+                );
+            }
+            let _ = writeln!(
+                o,
+                "  Requests that overlapped a scrape: {} of {}",
+                self.latency_during_scrape.count(),
+                self.latency.count()
+            );
+            render_distribution(&mut o, &self.latency_during_scrape);
+        }
+        o
+    }
+}
+
+/// Appends wrk2's eight-line block: ` 50.000%    1.23ms`.
+pub fn render_distribution(o: &mut String, latency: &Latency) {
+    for p in WRK2_PERCENTILES {
+        let _ = writeln!(
+            o,
+            " {:>7.3}% {:>9}",
+            p,
+            format_us(latency.percentile_us(p) as f64)
+        );
+    }
+}
+
+fn secs(s: f64) -> String {
+    if (s - s.round()).abs() < 1e-9 {
+        format!("{}s", s.round())
+    } else {
+        format!("{s:.2}s")
+    }
+}
+
+fn bytes(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2}GB", b as f64 / (1u64 << 30) as f64)
+    } else if b >= 1 << 20 {
+        format!("{:.2}MB", b as f64 / (1u64 << 20) as f64)
+    } else if b >= 1 << 10 {
+        format!("{:.2}KB", b as f64 / 1024.0)
+    } else {
+        format!("{b}B")
+    }
+}
+
+fn none_if_empty(s: &str) -> &str {
+    if s.is_empty() { "none" } else { s }
+}

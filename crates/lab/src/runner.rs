@@ -1,0 +1,671 @@
+//! The scenario runner: starts the upstream and the gateway (or nginx) as separate, pinned
+//! processes, runs each condition's load, and prints one comparison table with P100 plus an
+//! overlaid SVG plot; every child it started is stopped on the way out, whatever the way out.
+
+use std::fmt::Write as _;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::LabError;
+use crate::latency::{Latency, format_us};
+use crate::load::LoadConfig;
+use crate::plot::Series;
+use crate::procs::{ChildGuard, pinned_command, to_file, wait_for_line, which};
+use crate::report::Report;
+use crate::scenario::{Condition, Scenario, TargetKind};
+use crate::scrape::ScrapeConfig;
+
+/// How to run a scenario.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Scenario name or path.
+    pub scenario: String,
+    /// Directory of scenarios.
+    pub scenarios_dir: PathBuf,
+    /// Short CI run.
+    pub quick: bool,
+    /// Output directory.
+    pub out: PathBuf,
+    /// The `tailguard` executable (`run` and `upstream` subcommands).
+    pub exe: PathBuf,
+}
+
+/// One row of the comparison table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Condition name.
+    pub name: String,
+    /// Requested rate.
+    pub rate: f64,
+    /// Merged report over the seeds, or why the condition was skipped.
+    pub result: Result<Report, String>,
+    /// wrk's closed-loop maximum, when measured.
+    pub max_rate: Option<f64>,
+}
+
+/// What a scenario run produced.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Rows in condition order.
+    pub rows: Vec<Row>,
+    /// The printed table.
+    pub table: String,
+    /// What was pinned where.
+    pub pinning: String,
+}
+
+fn free_addr() -> Result<SocketAddr, LabError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn slug(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut out = String::new();
+    for part in s.split('-').filter(|p| !p.is_empty()) {
+        if !out.is_empty() {
+            out.push('-');
+        }
+        out.push_str(part);
+    }
+    out
+}
+
+/// Runs one scenario end to end.
+pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
+    crate::procs::install_signal_handler()?;
+    let (mut scenario, path) = Scenario::load(&opts.scenario, &opts.scenarios_dir)?;
+    if opts.quick {
+        scenario.make_quick();
+    }
+    std::fs::create_dir_all(&opts.out)?;
+    println!(
+        "scenario {}: {}",
+        scenario.name,
+        scenario.description.trim()
+    );
+    println!("  file {}, output {}", path.display(), opts.out.display());
+
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin = &scenario.pin;
+    let wanted = pin
+        .gateway
+        .iter()
+        .chain(&pin.upstream)
+        .chain(&pin.load)
+        .copied()
+        .max();
+    let can_pin = wanted.is_some_and(|m| m < cores) && which("taskset").is_some();
+    let pinning = if can_pin {
+        if !pin.load.is_empty() {
+            crate::procs::pin_current_thread(&pin.load)?;
+        }
+        format!(
+            "pinned: gateway/nginx to cpu {:?}, upstream to cpu {:?}, load generator to cpu {:?} (taskset / sched_setaffinity)",
+            pin.gateway, pin.upstream, pin.load
+        )
+    } else if wanted.is_none() {
+        "not pinned: the scenario names no cores".to_string()
+    } else {
+        format!(
+            "not pinned: the scenario wants cpu {wanted:?} but this machine has {cores} (or no taskset)"
+        )
+    };
+    println!("  {pinning}");
+    let pins = |cpus: &[usize]| if can_pin { cpus.to_vec() } else { Vec::new() };
+
+    // The upstream, shared by every condition.
+    let (mut cmd, _) = pinned_command(&opts.exe, &pins(&pin.upstream));
+    cmd.arg("upstream")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .args(&scenario.upstream.args)
+        .stdout(Stdio::piped())
+        .stderr(to_file(&opts.out.join("upstream.log"))?);
+    let mut upstream = ChildGuard::spawn("upstream", &mut cmd)?;
+    let upstream_addr = wait_for_line(&mut upstream, "listening on ", Duration::from_secs(20))?;
+    println!(
+        "  upstream: tailguard upstream {} on {upstream_addr}",
+        scenario.upstream.args.join(" ")
+    );
+
+    let ctx = Ctx {
+        opts,
+        scenario: &scenario,
+        upstream_addr: upstream_addr.clone(),
+        gateway_cpus: pins(&pin.gateway),
+        load_cpus: pins(&pin.load),
+    };
+
+    let capacity = match &scenario.capacity {
+        Some(cap) => {
+            let probe = Condition {
+                name: "capacity probe".into(),
+                target: TargetKind::Gateway,
+                gateway: cap.gateway.clone(),
+                scrape_every: None,
+                rate_factor: None,
+                rate: Some(cap.probe_rate),
+                max_rate: false,
+            };
+            let mut load = ctx.load_config("http://0/", cap.probe_rate, 1);
+            load.duration = cap.duration;
+            load.warmup = Duration::ZERO;
+            match ctx.run_condition(&probe, Some(load)) {
+                Ok(r) => {
+                    let ok_rate = r.ok_count() as f64 / r.duration_s;
+                    println!(
+                        "  capacity: {ok_rate:.0} req/s answered below 400 at an offered {} req/s",
+                        cap.probe_rate
+                    );
+                    Some(ok_rate)
+                }
+                Err(why) => {
+                    println!("  capacity probe skipped: {why}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+
+    let mut rows = Vec::new();
+    for cond in &scenario.conditions {
+        let rate = match (cond.rate, cond.rate_factor, capacity) {
+            (Some(r), _, _) => r,
+            (None, Some(f), Some(cap)) => (f * cap).max(1.0),
+            (None, Some(_), None) => {
+                rows.push(Row {
+                    name: cond.name.clone(),
+                    rate: 0.0,
+                    result: Err("no capacity measured, so no rate".into()),
+                    max_rate: None,
+                });
+                continue;
+            }
+            (None, None, _) => scenario.load.rate,
+        };
+        println!("  condition `{}` at {rate:.0} req/s ...", cond.name);
+        let mut merged: Option<Report> = None;
+        let mut result = Ok(());
+        for &seed in &scenario.load.seeds {
+            let load = ctx.load_config("http://0/", rate, seed);
+            match ctx.run_condition(cond, Some(load)) {
+                Ok(r) => {
+                    let file = opts
+                        .out
+                        .join(format!("{}-seed{seed}.json", slug(&cond.name)));
+                    std::fs::write(&file, r.to_json())?;
+                    merged = Some(match merged {
+                        None => r,
+                        Some(m) => merge(m, &r),
+                    });
+                }
+                Err(why) => {
+                    result = Err(why);
+                    break;
+                }
+            }
+        }
+        let max_rate = if cond.max_rate && result.is_ok() {
+            ctx.max_rate(cond)
+        } else {
+            None
+        };
+        let result = match (result, merged) {
+            (Ok(()), Some(m)) => {
+                std::fs::write(
+                    opts.out.join(format!("{}.hgrm", slug(&cond.name))),
+                    crate::hgrm::render(&m.latency),
+                )?;
+                println!(
+                    "    P50 {}  P99 {}  P100 {}  achieved {:.0} req/s",
+                    format_us(m.latency.percentile_us(50.0) as f64),
+                    format_us(m.latency.percentile_us(99.0) as f64),
+                    format_us(m.latency.max_us() as f64),
+                    m.achieved_rate
+                );
+                Ok(m)
+            }
+            (Err(why), _) => {
+                println!("    skipped: {why}");
+                Err(why)
+            }
+            (Ok(()), None) => Err("no run".to_string()),
+        };
+        rows.push(Row {
+            name: cond.name.clone(),
+            rate,
+            result,
+            max_rate,
+        });
+    }
+    drop(upstream);
+
+    let table = render_table(&scenario, &rows);
+    println!("\n{table}");
+    let series: Vec<Series> = rows
+        .iter()
+        .filter_map(|r| {
+            r.result.as_ref().ok().map(|rep| Series {
+                label: r.name.clone(),
+                points: crate::hgrm::points(&rep.latency),
+            })
+        })
+        .collect();
+    if !series.is_empty() {
+        let svg = crate::plot::render(&format!("tailguard lab {}", scenario.name), &series);
+        std::fs::write(opts.out.join("plot.svg"), svg)?;
+    }
+    let mut summary = String::new();
+    let _ = writeln!(summary, "# tailguard lab {}\n", scenario.name);
+    let _ = writeln!(summary, "{}\n", scenario.description.trim());
+    let _ = writeln!(
+        summary,
+        "- command: `tailguard lab {}{}`",
+        scenario.name,
+        if opts.quick { " --quick" } else { "" }
+    );
+    let _ = writeln!(summary, "- machine: {}", machine());
+    let _ = writeln!(summary, "- {pinning}");
+    let _ = writeln!(
+        summary,
+        "- load: {} connections, {} thread(s), {} schedule, {:?} measured after {:?} warmup, seeds {:?}",
+        scenario.load.connections,
+        scenario.load.threads,
+        if scenario.load.poisson {
+            "poisson"
+        } else {
+            "constant-rate"
+        },
+        scenario.load.duration,
+        scenario.load.warmup,
+        scenario.load.seeds
+    );
+    let _ = writeln!(
+        summary,
+        "- upstream: `tailguard upstream {}`\n",
+        scenario.upstream.args.join(" ")
+    );
+    let _ = writeln!(summary, "{table}");
+    std::fs::write(opts.out.join("summary.md"), summary)?;
+    println!(
+        "  wrote {}/summary.md, plot.svg, <condition>.hgrm and <condition>-seed<N>.json",
+        opts.out.display()
+    );
+    Ok(Outcome {
+        rows,
+        table,
+        pinning,
+    })
+}
+
+/// One line about this machine for benchmark summaries.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown cpu".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!("{cpu}, {cores} cores, load average {}", load.join(" "))
+}
+
+fn merge(mut a: Report, b: &Report) -> Report {
+    let runs = (a.duration_s + b.duration_s) / a.duration_s.max(1e-9);
+    a.latency.add(&b.latency);
+    a.latency_ok.add(&b.latency_ok);
+    a.latency_during_scrape.add(&b.latency_during_scrape);
+    for (k, v) in &b.status {
+        *a.status.entry(*k).or_default() += v;
+    }
+    for (k, v) in &b.errors {
+        *a.errors.entry(k.clone()).or_default() += v;
+    }
+    a.achieved_rate = (a.achieved_rate * a.duration_s + b.achieved_rate * b.duration_s)
+        / (a.duration_s + b.duration_s);
+    let _ = runs;
+    a.duration_s += b.duration_s;
+    a.sent += b.sent;
+    a.completed += b.completed;
+    a.bytes_read += b.bytes_read;
+    a.queued += b.queued;
+    a.max_queue = a.max_queue.max(b.max_queue);
+    a.scrapes.extend(b.scrapes.iter().cloned());
+    a
+}
+
+struct Ctx<'a> {
+    opts: &'a RunOptions,
+    scenario: &'a Scenario,
+    upstream_addr: String,
+    gateway_cpus: Vec<usize>,
+    load_cpus: Vec<usize>,
+}
+
+/// A started target: its URL, metrics URL, and the process guard (None for the upstream).
+struct Target {
+    url: String,
+    metrics: Option<String>,
+    _guard: Option<ChildGuard>,
+}
+
+impl Ctx<'_> {
+    fn load_config(&self, url: &str, rate: f64, seed: u64) -> LoadConfig {
+        let l = &self.scenario.load;
+        LoadConfig {
+            threads: l.threads,
+            poisson: l.poisson,
+            seed,
+            timeout: l.timeout,
+            warmup: l.warmup,
+            ..LoadConfig::new(url, rate, l.duration, l.connections)
+        }
+    }
+
+    fn run_condition(&self, cond: &Condition, load: Option<LoadConfig>) -> Result<Report, String> {
+        let target = self.start_target(cond)?;
+        let mut load =
+            load.unwrap_or_else(|| self.load_config("http://0/", self.scenario.load.rate, 1));
+        load.url = format!("{}{}", target.url, self.scenario.load.path);
+        if let (Some(every), Some(metrics)) = (cond.scrape_every, &target.metrics) {
+            load.scrape = Some(ScrapeConfig {
+                url: metrics.clone(),
+                every,
+            });
+        }
+        let report = crate::load::run(&load).map_err(|e| format!("load failed: {e}"))?;
+        drop(target);
+        Ok(report)
+    }
+
+    fn start_target(&self, cond: &Condition) -> Result<Target, String> {
+        match cond.target {
+            TargetKind::Upstream => Ok(Target {
+                url: format!("http://{}", self.upstream_addr),
+                metrics: None,
+                _guard: None,
+            }),
+            TargetKind::Gateway => self.start_gateway(cond),
+            TargetKind::Nginx => self.start_nginx(cond),
+        }
+    }
+
+    /// Replaces `{out}` in gateway arguments with the output directory.
+    fn expand(&self, args: &[String]) -> Vec<String> {
+        let out = self.opts.out.display().to_string();
+        args.iter().map(|a| a.replace("{out}", &out)).collect()
+    }
+
+    fn start_gateway(&self, cond: &Condition) -> Result<Target, String> {
+        let listen = free_addr().map_err(|e| e.to_string())?;
+        let metrics = free_addr().map_err(|e| e.to_string())?;
+        let log = self
+            .opts
+            .out
+            .join(format!("{}.gateway.log", slug(&cond.name)));
+        let (mut cmd, _) = pinned_command(&self.opts.exe, &self.gateway_cpus);
+        cmd.arg("run")
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--upstream")
+            .arg(format!("demo={}", self.upstream_addr))
+            .arg("--metrics-listen")
+            .arg(metrics.to_string())
+            .args(self.expand(&self.scenario.gateway.args))
+            .args(self.expand(&cond.gateway))
+            .stdin(Stdio::null())
+            .stdout(
+                to_file(
+                    &self
+                        .opts
+                        .out
+                        .join(format!("{}.gateway.out", slug(&cond.name))),
+                )
+                .map_err(|e| e.to_string())?,
+            )
+            .stderr(to_file(&log).map_err(|e| e.to_string())?);
+        let mut guard = ChildGuard::spawn("gateway", &mut cmd).map_err(|e| e.to_string())?;
+        wait_ready(&mut guard, listen, &log)?;
+        Ok(Target {
+            url: format!("http://{listen}"),
+            metrics: Some(format!("http://{metrics}/metrics")),
+            _guard: Some(guard),
+        })
+    }
+
+    fn start_nginx(&self, cond: &Condition) -> Result<Target, String> {
+        let Some(nginx) = which("nginx").or_else(|| {
+            let p = PathBuf::from("/usr/sbin/nginx");
+            p.is_file().then_some(p)
+        }) else {
+            return Err("nginx is not installed (apt-get install nginx-light); skipped".into());
+        };
+        let listen = free_addr().map_err(|e| e.to_string())?;
+        let dir = self.opts.out.join(format!("{}.nginx", slug(&cond.name)));
+        std::fs::create_dir_all(dir.join("tmp")).map_err(|e| e.to_string())?;
+        let conf = nginx_config(&dir, listen, &self.upstream_addr);
+        let conf_path = dir.join("nginx.conf");
+        std::fs::write(&conf_path, conf).map_err(|e| e.to_string())?;
+        let log = dir.join("stderr.log");
+        let (mut cmd, _) = pinned_command(&nginx, &self.gateway_cpus);
+        cmd.arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(&conf_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(to_file(&log).map_err(|e| e.to_string())?);
+        let mut guard = ChildGuard::spawn("nginx", &mut cmd).map_err(|e| e.to_string())?;
+        wait_ready(&mut guard, listen, &log)?;
+        Ok(Target {
+            url: format!("http://{listen}"),
+            metrics: None,
+            _guard: Some(guard),
+        })
+    }
+
+    /// wrk's closed-loop maximum through the condition's target, when wrk is installed.
+    fn max_rate(&self, cond: &Condition) -> Option<f64> {
+        let wrk = which("wrk")?;
+        let target = self.start_target(cond).ok()?;
+        let secs = self.scenario.load.duration.as_secs().clamp(1, 30);
+        let (mut cmd, _) = pinned_command(&wrk, &self.load_cpus);
+        let out = cmd
+            .arg("-t1")
+            .arg(format!("-c{}", self.scenario.load.connections))
+            .arg(format!("-d{secs}s"))
+            .arg(format!("{}{}", target.url, self.scenario.load.path))
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rate = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Requests/sec:"))
+            .and_then(|v| v.trim().parse().ok());
+        if let Some(r) = rate {
+            println!("    wrk max rate: {r:.0} req/s");
+        }
+        rate
+    }
+}
+
+/// nginx as a plain reverse proxy with upstream keep-alive, one worker, no access log.
+pub fn nginx_config(dir: &Path, listen: SocketAddr, upstream: &str) -> String {
+    let d = dir.display();
+    format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+events {{ worker_connections 4096; }}\n\
+http {{\n  access_log off;\n  client_body_temp_path {d}/tmp/body;\n  proxy_temp_path {d}/tmp/proxy;\n\
+  fastcgi_temp_path {d}/tmp/fastcgi;\n  uwsgi_temp_path {d}/tmp/uwsgi;\n  scgi_temp_path {d}/tmp/scgi;\n\
+  upstream backend {{ server {upstream}; keepalive 64; }}\n\
+  server {{\n    listen {listen};\n    location = /healthz {{ return 200 \"ok\\n\"; }}\n\
+    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
+    )
+}
+
+/// Waits until `addr` accepts and answers; if the process exits first, says why, naming a
+/// flag the gateway rejected as a missing feature.
+fn wait_ready(guard: &mut ChildGuard, addr: SocketAddr, log: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = guard.exited() {
+            let stderr = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(explain_exit(guard.name(), status, &stderr));
+        }
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n");
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).unwrap_or(0);
+            if n > 0 {
+                let head = String::from_utf8_lossy(&buf[..n]);
+                if !head.starts_with("HTTP/1.1 200") {
+                    println!(
+                        "    note: {} answered GET /healthz with `{}`",
+                        guard.name(),
+                        head.lines().next().unwrap_or("")
+                    );
+                }
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} did not accept on {addr} within 30 s",
+                guard.name()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Turns a gateway's early exit into a sentence; clap's "unexpected argument '--x'" means
+/// the feature behind `--x` has not landed in this build.
+pub fn explain_exit(name: &str, status: std::process::ExitStatus, stderr: &str) -> String {
+    if let Some(rest) = stderr.split("unexpected argument '").nth(1)
+        && let Some(flag) = rest.split('\'').next()
+    {
+        return format!(
+            "feature missing: this {name} build does not accept `{flag}` (the feature behind it has not landed)"
+        );
+    }
+    if stderr.contains("not built yet") {
+        return format!("feature missing: `tailguard run` is not built yet in this {name} build");
+    }
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output");
+    format!("{name} exited ({status}) before it was ready: {last}")
+}
+
+fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
+    let shed = scenario.capacity.is_some();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "tailguard lab {}: latency from the intended send time (constant rate, HdrHistogram)",
+        scenario.name
+    );
+    let _ = writeln!(
+        o,
+        "| condition | rate | achieved | P50 | P99 | P99.9 | P99.99 | P100 | non-2xx | errors | {} |",
+        if shed {
+            "goodput / admitted P99"
+        } else {
+            "notes"
+        }
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        match &row.result {
+            Err(why) => {
+                let _ = writeln!(
+                    o,
+                    "| {} | {:.0} | - | - | - | - | - | - | - | - | skipped: {} |",
+                    row.name, row.rate, why
+                );
+            }
+            Ok(r) => {
+                let p = |q: f64| format_ms(r.latency.percentile_us(q));
+                let non2xx: u64 = r
+                    .status
+                    .iter()
+                    .filter(|(c, _)| !(200..300).contains(*c))
+                    .map(|(_, n)| n)
+                    .sum();
+                let mut notes = Vec::new();
+                if shed {
+                    notes.push(format!(
+                        "{:.0} req/s ok, admitted P99 {}",
+                        r.ok_count() as f64 / r.duration_s,
+                        format_ms(r.latency_ok.percentile_us(99.0))
+                    ));
+                }
+                if !r.scrapes.is_empty() {
+                    let mut d = Latency::new();
+                    for s in &r.scrapes {
+                        d.record_us((s.duration_ms * 1000.0) as u64);
+                    }
+                    let bytes = r.scrapes.iter().map(|s| s.bytes).max().unwrap_or(0);
+                    notes.push(format!(
+                        "{} scrapes, longest {}, {} B; overlapping requests P99 {} P100 {}",
+                        r.scrapes.len(),
+                        format_ms(d.max_us()),
+                        bytes,
+                        format_ms(r.latency_during_scrape.percentile_us(99.0)),
+                        format_ms(r.latency_during_scrape.max_us())
+                    ));
+                }
+                if let Some(m) = row.max_rate {
+                    notes.push(format!("wrk max {m:.0} req/s"));
+                }
+                if r.queued > 0 {
+                    notes.push(format!("{} waited for a connection", r.queued));
+                }
+                let _ = writeln!(
+                    o,
+                    "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    row.name,
+                    row.rate,
+                    r.achieved_rate,
+                    p(50.0),
+                    p(99.0),
+                    p(99.9),
+                    p(99.99),
+                    p(100.0),
+                    non2xx,
+                    r.error_count(),
+                    notes.join("; ")
+                );
+            }
+        }
+    }
+    o
+}
+
+fn format_ms(us: u64) -> String {
+    format!("{:.2} ms", us as f64 / 1000.0)
+}

@@ -1,0 +1,220 @@
+//! The scraper: fetches a metrics endpoint every interval during a load run, on its own
+//! thread, recording each scrape on the generator's clock so requests can be matched to it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags};
+use tokio::net::TcpStream;
+
+use crate::clock::{from_ns, now_ns};
+use crate::report::Scrape;
+
+/// What to scrape and how often.
+#[derive(Debug, Clone)]
+pub struct ScrapeConfig {
+    /// Metrics URL, e.g. `http://127.0.0.1:9091/metrics`.
+    pub url: String,
+    /// Interval between scrape starts.
+    pub every: Duration,
+}
+
+/// When scrapes ran, readable by the generator threads without a lock.
+#[derive(Debug, Default)]
+pub struct ScrapeClock {
+    /// Start of the scrape in progress (monotonic ns), 0 when none is.
+    active_since: AtomicU64,
+    /// End of the last finished scrape (monotonic ns).
+    last_end: AtomicU64,
+}
+
+impl ScrapeClock {
+    /// Whether a request intended at `intended` and completing now overlapped a scrape: one is
+    /// running now, or the last one ended after the request's intended time. Scrapes are
+    /// sequential, so these two cases cover every overlap.
+    pub fn overlaps(&self, intended: u64) -> bool {
+        self.active_since.load(Ordering::Acquire) != 0
+            || self.last_end.load(Ordering::Acquire) >= intended
+    }
+
+    /// Marks a scrape as started at `at`.
+    pub fn begin(&self, at: u64) {
+        self.active_since.store(at.max(1), Ordering::Release);
+    }
+
+    /// Marks the running scrape as finished at `at`.
+    pub fn end(&self, at: u64) {
+        self.last_end.store(at, Ordering::Release);
+        self.active_since.store(0, Ordering::Release);
+    }
+}
+
+/// Scrapes from `start + every/2` every `every` until `end`; returns every scrape made, with
+/// starts relative to `measure_from`.
+pub(crate) fn run(
+    config: ScrapeConfig,
+    clock: std::sync::Arc<ScrapeClock>,
+    start: u64,
+    measure_from: u64,
+    end: u64,
+) -> Vec<Scrape> {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return vec![failed(0.0, format!("cannot start the scraper: {e}"))];
+        }
+    };
+    rt.block_on(scrape_loop(config, clock, start, measure_from, end))
+}
+
+fn failed(start_s: f64, error: String) -> Scrape {
+    Scrape {
+        start_s,
+        duration_ms: 0.0,
+        bytes: 0,
+        status: 0,
+        error: Some(error),
+    }
+}
+
+async fn scrape_loop(
+    config: ScrapeConfig,
+    clock: std::sync::Arc<ScrapeClock>,
+    start: u64,
+    measure_from: u64,
+    end: u64,
+) -> Vec<Scrape> {
+    let mut out = Vec::new();
+    let target = match crate::load::parse_target(&config.url) {
+        Ok(t) => t,
+        Err(e) => return vec![failed(0.0, e.to_string())],
+    };
+    let every = config.every.as_nanos().max(1) as u64;
+    let timer =
+        match rustix::time::timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK)
+            .map_err(std::io::Error::from)
+            .and_then(crate::load::register_timer)
+        {
+            Ok(t) => t,
+            Err(e) => return vec![failed(0.0, e.to_string())],
+        };
+    let mut sender: Option<SendRequest<Empty<Bytes>>> = None;
+    let mut at = start + every / 2;
+    let mut buf = [0u8; 8];
+    while at < end {
+        let spec = Itimerspec {
+            it_interval: from_ns(0),
+            it_value: from_ns(at),
+        };
+        if rustix::time::timerfd_settime(timer.get_ref(), TimerfdTimerFlags::ABSTIME, &spec)
+            .is_err()
+        {
+            break;
+        }
+        while now_ns() < at {
+            match timer.readable().await {
+                Ok(mut guard) => {
+                    let _ = rustix::io::read(timer.get_ref(), &mut buf);
+                    guard.clear_ready();
+                }
+                Err(_) => break,
+            }
+        }
+        let began = now_ns();
+        clock.begin(began);
+        let result = tokio::time::timeout(config.every, scrape_once(&mut sender, &target)).await;
+        let ended = now_ns();
+        clock.end(ended);
+        let start_s = (began as f64 - measure_from as f64) / 1e9;
+        let duration_ms = (ended - began) as f64 / 1e6;
+        out.push(match result {
+            Ok(Ok((status, bytes))) => Scrape {
+                start_s,
+                duration_ms,
+                bytes,
+                status,
+                error: None,
+            },
+            Ok(Err(e)) => {
+                sender = None;
+                Scrape {
+                    duration_ms,
+                    ..failed(start_s, e)
+                }
+            }
+            Err(_) => {
+                sender = None;
+                Scrape {
+                    duration_ms,
+                    ..failed(start_s, "timeout".to_string())
+                }
+            }
+        });
+        at += every;
+    }
+    out
+}
+
+async fn scrape_once(
+    sender: &mut Option<SendRequest<Empty<Bytes>>>,
+    target: &crate::load::Target,
+) -> Result<(u16, u64), String> {
+    let mut s = match sender.take() {
+        Some(s) if !s.is_closed() => s,
+        _ => {
+            let stream = TcpStream::connect(target.addr)
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let _ = stream.set_nodelay(true);
+            let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            s
+        }
+    };
+    let mut req = Request::new(Empty::new());
+    *req.uri_mut() = target.path.clone();
+    let h = req.headers_mut();
+    h.insert(
+        http::header::HOST,
+        HeaderValue::from_str(&target.authority).map_err(|e| e.to_string())?,
+    );
+    // What Prometheus itself sends, so the exporter does the work a real scrape costs.
+    h.insert(
+        http::header::ACCEPT,
+        HeaderValue::from_static(
+            "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1",
+        ),
+    );
+    h.insert(
+        http::header::ACCEPT_ENCODING,
+        HeaderValue::from_static("gzip"),
+    );
+    h.insert(
+        "x-prometheus-scrape-timeout-seconds",
+        HeaderValue::from_static("10"),
+    );
+    s.ready().await.map_err(|e| e.to_string())?;
+    let resp = s.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut bytes = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
+            bytes += data.len() as u64;
+        }
+    }
+    *sender = Some(s);
+    Ok((status, bytes))
+}

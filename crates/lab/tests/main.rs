@@ -1,0 +1,12 @@
+//! Integration tests of the lab: real servers on 127.0.0.1:0, real sockets, real processes.
+
+// Test helpers outside `#[test]` functions panic on a failed setup too; that is the point.
+#![allow(clippy::unwrap_used)]
+
+mod children;
+mod coordinated_omission;
+mod report;
+mod scenario;
+mod schedule;
+mod support;
+mod upstream;
