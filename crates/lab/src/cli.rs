@@ -31,15 +31,12 @@ pub struct LoadArgs {
     /// Generator threads (each a current-thread runtime with its share of connections).
     #[arg(long, short = 't', default_value_t = 1)]
     pub threads: usize,
-    /// HTTP method.
-    #[arg(long, short = 'm', default_value = "GET")]
-    pub method: String,
-    /// Extra header, `Name: value` (repeatable).
-    #[arg(long, short = 'H')]
-    pub header: Vec<String>,
-    /// File whose contents are sent as the request body.
-    #[arg(long)]
-    pub body: Option<PathBuf>,
+    /// What each request carries.
+    #[command(flatten)]
+    pub request: Box<RequestArgs>,
+    /// Where the results go.
+    #[command(flatten)]
+    pub output: Box<OutputArgs>,
     /// Run at the same rate for this long before measuring.
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub warmup: Duration,
@@ -52,6 +49,31 @@ pub struct LoadArgs {
     /// Per-request timeout from the moment it is written.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Scrape this metrics URL during the run.
+    #[arg(long)]
+    pub scrape: Option<String>,
+    /// Interval between scrapes.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub every: Duration,
+}
+
+/// The request `tailguard load` sends.
+#[derive(Debug, clap::Args)]
+pub struct RequestArgs {
+    /// HTTP method.
+    #[arg(long, short = 'm', default_value = "GET")]
+    pub method: String,
+    /// Extra header, `Name: value` (repeatable).
+    #[arg(long, short = 'H')]
+    pub header: Vec<String>,
+    /// File whose contents are sent as the request body.
+    #[arg(long)]
+    pub body: Option<PathBuf>,
+}
+
+/// Where `tailguard load` writes its results.
+#[derive(Debug, clap::Args)]
+pub struct OutputArgs {
     /// Write the full report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -67,12 +89,6 @@ pub struct LoadArgs {
     /// Legend label of this run on the plot.
     #[arg(long)]
     pub label: Option<String>,
-    /// Scrape this metrics URL during the run.
-    #[arg(long)]
-    pub scrape: Option<String>,
-    /// Interval between scrapes.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub every: Duration,
     /// Skip the detailed percentile spectrum in the printed report.
     #[arg(long)]
     pub brief: bool,
@@ -81,10 +97,10 @@ pub struct LoadArgs {
 impl LoadArgs {
     /// The generator's configuration from these arguments.
     pub fn to_config(&self) -> anyhow::Result<LoadConfig> {
-        let method = Method::from_bytes(self.method.as_bytes())
-            .with_context(|| format!("--method `{}` is not an HTTP method", self.method))?;
+        let method = Method::from_bytes(self.request.method.as_bytes())
+            .with_context(|| format!("--method `{}` is not an HTTP method", self.request.method))?;
         let mut headers = Vec::new();
-        for h in &self.header {
+        for h in &self.request.header {
             let (name, value) = h
                 .split_once(':')
                 .with_context(|| format!("--header `{h}` must be `Name: value`"))?;
@@ -95,7 +111,7 @@ impl LoadArgs {
                     .with_context(|| format!("--header `{h}`: bad value"))?,
             ));
         }
-        let body = match &self.body {
+        let body = match &self.request.body {
             Some(path) => Bytes::from(
                 std::fs::read(path).with_context(|| format!("--body {}", path.display()))?,
             ),
@@ -170,25 +186,26 @@ pub fn load(args: LoadArgs) -> anyhow::Result<ExitCode> {
     let config = args.to_config()?;
     let report = crate::load::run(&config)?;
     let mut text = report.render();
-    if args.brief {
+    if args.output.brief {
         text = brief(&text);
     }
     print!("{text}");
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.output.json {
         std::fs::write(path, report.to_json())
             .with_context(|| format!("--json {}", path.display()))?;
     }
-    if let Some(path) = &args.hgrm {
+    if let Some(path) = &args.output.hgrm {
         std::fs::write(path, crate::hgrm::render(&report.latency))
             .with_context(|| format!("--hgrm {}", path.display()))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.output.plot {
         let mut series = Vec::new();
-        for other in &args.compare {
+        for other in &args.output.compare {
             series.push(read_series(other)?);
         }
         series.push(Series {
             label: args
+                .output
                 .label
                 .clone()
                 .unwrap_or_else(|| format!("{} req/s, {}", report.requested_rate, report.url)),
