@@ -1,0 +1,12 @@
+//! Integration tests of tailguard-overload: one binary, one module per concern.
+
+// Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod balance;
+mod breaker;
+mod cgroup;
+mod layers;
+mod props;
+mod scripted;
+mod sim;

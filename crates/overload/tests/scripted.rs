@@ -1,0 +1,260 @@
+//! Scripted fake-clock tests of the adaptive controller: triggers, cool-off, minRt expiry,
+//! the CPU factor and floor, priority classes, outcomes.
+
+use std::time::Duration;
+
+use tailguard_overload::{Class, Controller, Outcome, Permit, ShedderConfig};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A controller whose first bucket (0-100 ms) served `passes` requests of `rt` each, ticked
+/// at 100 ms with `cpu`.
+fn warmed(passes: u32, rt: Duration, cpu: u32) -> Controller {
+    let c = Controller::new("g", ShedderConfig::adaptive()).unwrap();
+    c.tick(ms(0), 0);
+    for _ in 0..passes {
+        c.admit(ms(0), Class::Normal)
+            .unwrap()
+            .complete(rt, Outcome::Served);
+    }
+    c.tick(ms(100), cpu);
+    c
+}
+
+fn hold(c: &Controller, now: Duration, n: usize) -> Vec<Permit<'_>> {
+    (0..n)
+        .map(|_| c.admit(now, Class::Critical).unwrap())
+        .collect()
+}
+
+#[test]
+fn cold_controller_admits_everything() {
+    let c = warmed(50, ms(10), 500);
+    let held = hold(&c, ms(100), 40); // far above C = 5, under the cap, CPU 50 %
+    assert!(c.admit(ms(100), Class::Normal).is_ok());
+    assert_eq!(c.snapshot(ms(100)).shed, [0; 4]);
+    drop(held);
+}
+
+#[test]
+fn cpu_factor_scales_the_limit_down_to_a_tenth() {
+    // C = 50 passes x 10/s x 0.1 s = 50
+    let c = warmed(50, ms(100), 0);
+    assert_eq!(c.snapshot(ms(100)).capacity, 50.0);
+    for (cpu, limit) in [
+        (899, 50.0),
+        (900, 50.0),
+        (950, 25.0),
+        (990, 5.0),
+        (1000, 5.0),
+    ] {
+        c.tick(ms(150), cpu);
+        assert_eq!(c.snapshot(ms(150)).limit, limit, "cpu {cpu}");
+    }
+}
+
+#[test]
+fn limit_never_falls_below_the_core_count() {
+    let c = warmed(50, ms(1), 1000); // C = 0.5
+    c.set_cores(2.0);
+    c.tick(ms(150), 1000);
+    assert_eq!(c.snapshot(ms(150)).limit, 2.0);
+}
+
+#[test]
+fn cool_off_lasts_one_second_after_the_last_hot_tick_if_something_was_shed() {
+    let c = warmed(50, ms(10), 950); // L = 2.5, hot; at 50 % CPU L = C = 5
+    let held = hold(&c, ms(100), 6);
+    assert!(c.admit(ms(100), Class::Normal).is_err());
+    c.tick(ms(200), 950); // last overloaded moment
+    c.tick(ms(300), 500); // CPU back under the threshold
+    assert!(c.admit(ms(1199), Class::Normal).is_err(), "still hot");
+    assert!(c.admit(ms(1200), Class::Normal).is_ok(), "cooled off");
+    drop(held);
+}
+
+#[test]
+fn without_a_drop_there_is_no_cool_off() {
+    let c = warmed(50, ms(10), 950);
+    c.tick(ms(200), 500);
+    let held = hold(&c, ms(250), 10);
+    assert!(c.admit(ms(250), Class::Normal).is_ok());
+    drop(held);
+}
+
+#[test]
+fn in_flight_cap_rejects_at_once_and_turns_hot_when_pinned_for_25_ms() {
+    // C = 5, cores 1: the cap is 10 x 5 + 1 = 51 in flight; CPU at 0 %.
+    let c = warmed(50, ms(10), 0);
+    let mut held = hold(&c, ms(100), 51);
+    assert!(
+        c.admit(ms(100), Class::Normal).is_ok(),
+        "51 is not above 51"
+    );
+    held.push(c.admit(ms(100), Class::Critical).unwrap());
+    let capped = c.admit(ms(100), Class::Normal).unwrap_err();
+    assert!(capped.severe);
+    assert!(
+        c.admit(ms(100), Class::High).is_ok(),
+        "high's cap is 1.5 x 51"
+    );
+    assert!(!c.snapshot(ms(100)).hot, "a cap, not yet hot");
+    assert!(c.admit(ms(124), Class::Normal).is_err());
+    assert!(!c.snapshot(ms(124)).hot, "pinned for 24 ms");
+    assert!(c.admit(ms(125), Class::Normal).is_err());
+    let s = c.snapshot(ms(125));
+    assert!(s.hot, "pinned at the cap for 25 ms: overloaded");
+    assert_eq!(s.limit, 5.0, "no CPU factor at 0 % CPU");
+    drop(held);
+    // Drained: the next tick releases the trigger; the cool-off keeps the gate for 1 s
+    // after the moment it turned hot (125 ms).
+    c.tick(ms(200), 0);
+    let held = hold(&c, ms(200), 6);
+    assert!(
+        c.admit(ms(200), Class::Normal).is_err(),
+        "6 > L = 5 during cool-off"
+    );
+    assert!(c.admit(ms(1124), Class::Normal).is_err());
+    assert!(c.admit(ms(1125), Class::Normal).is_ok());
+    drop(held);
+}
+
+#[test]
+fn in_flight_trigger_turns_hot_after_three_ticks_without_cpu() {
+    // Trigger level 8 x 5 + 1 = 41, under the cap of 51.
+    let c = warmed(50, ms(10), 0);
+    let held = hold(&c, ms(100), 45);
+    assert!(c.admit(ms(100), Class::Normal).is_ok());
+    c.tick(ms(200), 0);
+    c.tick(ms(300), 0);
+    assert!(!c.snapshot(ms(300)).hot, "two ticks are not enough");
+    assert!(c.admit(ms(300), Class::Normal).is_ok());
+    c.tick(ms(400), 0);
+    assert!(c.snapshot(ms(400)).hot, "three ticks above the level");
+    assert!(c.admit(ms(400), Class::Normal).is_err());
+    drop(held);
+}
+
+#[test]
+fn min_rt_ignores_thin_buckets_and_expires_after_30_s() {
+    let c = Controller::new("g", ShedderConfig::adaptive()).unwrap();
+    c.tick(ms(0), 0);
+    let serve = |n: u32, rt: Duration, at: Duration| {
+        for _ in 0..n {
+            c.admit(at, Class::Normal)
+                .unwrap()
+                .complete_with_rt(Outcome::Served, rt);
+        }
+    };
+    serve(10, ms(1), ms(0)); // bucket ending at 0.1 s: 1 ms
+    c.tick(ms(100), 0);
+    serve(4, Duration::from_micros(100), ms(100)); // only 4 samples: ignored
+    c.tick(ms(200), 0);
+    serve(10, ms(10), ms(1000)); // bucket ending at 1.1 s: 10 ms
+    let mut t = 300;
+    while t <= 30_000 {
+        c.tick(ms(t), 0);
+        t += 100;
+    }
+    assert_eq!(
+        c.snapshot(ms(30_000)).min_rt,
+        1000.0,
+        "1 ms still in the window"
+    );
+    c.tick(ms(30_100), 0);
+    assert_eq!(
+        c.snapshot(ms(30_100)).min_rt,
+        10_000.0,
+        "expired after 30 s"
+    );
+}
+
+#[test]
+fn a_late_tick_does_not_inflate_max_pass() {
+    let c = Controller::new("g", ShedderConfig::adaptive()).unwrap();
+    c.tick(ms(0), 0);
+    for _ in 0..150 {
+        c.admit(ms(0), Class::Normal)
+            .unwrap()
+            .complete(ms(1), Outcome::Served);
+    }
+    c.tick(ms(300), 0); // the sampler thread was starved for 200 ms
+    assert!((c.snapshot(ms(300)).max_pass - 50.0).abs() < 1e-9);
+}
+
+#[test]
+fn only_served_requests_feed_the_window() {
+    let c = Controller::new("g", ShedderConfig::adaptive()).unwrap();
+    c.tick(ms(0), 0);
+    for _ in 0..10 {
+        c.admit(ms(0), Class::Normal)
+            .unwrap()
+            .complete(ms(1), Outcome::Failed);
+        c.admit(ms(0), Class::Normal)
+            .unwrap()
+            .complete(ms(1), Outcome::Cancelled);
+        drop(c.admit(ms(0), Class::Normal).unwrap());
+    }
+    c.tick(ms(100), 0);
+    let s = c.snapshot(ms(100));
+    assert_eq!(
+        (s.max_pass, s.served, s.admitted, s.inflight),
+        (1.0, 0, 30, 0)
+    );
+    assert_eq!(s.min_rt, 1_000_000.0, "default 1 s");
+}
+
+#[test]
+fn priority_classes_are_monotone_and_critical_bypasses() {
+    let c = warmed(50, ms(10), 950); // L = 2.5: low 1.25, normal 2.5, high 3.75
+    let mut held = Vec::new();
+    let mut seen = Vec::new();
+    for flying in 0..6 {
+        let admitted = |class| c.admit(ms(100), class).is_ok();
+        let row = [
+            admitted(Class::Low),
+            admitted(Class::Normal),
+            admitted(Class::High),
+            admitted(Class::Critical),
+        ];
+        seen.push((flying, row));
+        held.push(c.admit(ms(100), Class::Critical).unwrap());
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (0, [true, true, true, true]),
+            (1, [true, true, true, true]),
+            (2, [false, true, true, true]),
+            (3, [false, false, true, true]),
+            (4, [false, false, false, true]),
+            (5, [false, false, false, true]),
+        ]
+    );
+    let shed = c.snapshot(ms(100)).shed;
+    assert_eq!(shed, [4, 3, 2, 0], "shed counted per class");
+}
+
+#[test]
+fn gozero_mode_high_priority_uses_the_950_threshold() {
+    let c = Controller::new("g", ShedderConfig::gozero()).unwrap();
+    c.tick(ms(0), 0);
+    c.tick(ms(100), 920); // overloaded for normal (900), not for high (950)
+    let mut held = hold(&c, ms(100), 50); // far above maxFlight 10...
+    assert!(
+        c.admit(ms(100), Class::Normal).is_ok(),
+        "...but avgFlying is still 0: go-zero needs both above the limit"
+    );
+    // 20 completions with ~40 in flight lift avgFlying to ~33.
+    for p in held.drain(..20) {
+        p.complete(ms(105), Outcome::Served);
+    }
+    assert!(
+        c.admit(ms(110), Class::Normal).is_err(),
+        "normal sheds at 900"
+    );
+    assert!(c.admit(ms(110), Class::High).is_ok(), "high waits for 950");
+    drop(held);
+}
