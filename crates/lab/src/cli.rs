@@ -31,6 +31,9 @@ pub struct LoadArgs {
     /// Generator threads (each a current-thread runtime with its share of connections).
     #[arg(long, short = 't', default_value_t = 1)]
     pub threads: usize,
+    /// Pin the generator threads to these cores (comma-separated), e.g. `--pin 0`.
+    #[arg(long, value_delimiter = ',')]
+    pub pin: Vec<usize>,
     /// What each request carries.
     #[command(flatten)]
     pub request: Box<RequestArgs>,
@@ -135,6 +138,7 @@ impl LoadArgs {
                 every: self.every,
             }),
             progress: std::io::stdout().is_terminal(),
+            pin: self.pin.clone(),
         })
     }
 }

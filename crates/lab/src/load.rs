@@ -65,6 +65,8 @@ pub struct LoadConfig {
     pub scrape: Option<ScrapeConfig>,
     /// Print a progress line every second (stdout).
     pub progress: bool,
+    /// Cores to pin the generator threads to (empty: not pinned).
+    pub pin: Vec<usize>,
 }
 
 impl LoadConfig {
@@ -85,6 +87,7 @@ impl LoadConfig {
             timeout: Duration::from_secs(10),
             scrape: None,
             progress: false,
+            pin: Vec::new(),
         }
     }
 }
@@ -287,9 +290,13 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
         let (start_cell, connected, started) =
             (start_cell.clone(), connected.clone(), started.clone());
         let timeout = config.timeout;
+        let pin = config.pin.clone();
         let handle = std::thread::Builder::new()
             .name(format!("load-{lane}"))
             .spawn(move || -> Result<ThreadStats, LabError> {
+                if !pin.is_empty() {
+                    crate::procs::pin_current_thread(&pin)?;
+                }
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

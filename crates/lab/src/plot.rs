@@ -11,7 +11,7 @@ use crate::hgrm::Point;
 const W: f64 = 860.0;
 const H: f64 = 480.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 20.0;
+const RIGHT: f64 = 40.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 const COLORS: [&str; 8] = [
@@ -37,14 +37,15 @@ fn nines(q: f64, max_nines: f64) -> f64 {
 
 /// Renders the series into one SVG document.
 pub fn render(title: &str, series: &[Series]) -> String {
-    // The axis reaches one nine past the deepest measured quantile below 100%, at least 99.9%.
+    // The axis ends at the first whole nine past the deepest quantile below 100% (at least 99.9%);
+    // the maximum is drawn there.
     let deepest = series
         .iter()
         .flat_map(|s| s.points.iter())
         .filter(|p| p.quantile < 1.0)
         .map(|p| (1.0 / (1.0 - p.quantile)).log10())
         .fold(0.0_f64, f64::max);
-    let max_nines = (deepest.ceil() + 1.0).clamp(3.0, 7.0);
+    let max_nines = deepest.ceil().clamp(3.0, 7.0);
     let max_ms = series
         .iter()
         .flat_map(|s| s.points.iter())

@@ -90,6 +90,11 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         scenario.make_quick();
     }
     std::fs::create_dir_all(&opts.out)?;
+    // Absolute, because nginx resolves paths against its own prefix.
+    let opts = &RunOptions {
+        out: opts.out.canonicalize()?,
+        ..opts.clone()
+    };
     println!(
         "scenario {}: {}",
         scenario.name,
@@ -108,9 +113,6 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         .max();
     let can_pin = wanted.is_some_and(|m| m < cores) && which("taskset").is_some();
     let pinning = if can_pin {
-        if !pin.load.is_empty() {
-            crate::procs::pin_current_thread(&pin.load)?;
-        }
         format!(
             "pinned: gateway/nginx to cpu {:?}, upstream to cpu {:?}, load generator to cpu {:?} (taskset / sched_setaffinity)",
             pin.gateway, pin.upstream, pin.load
@@ -376,6 +378,7 @@ impl Ctx<'_> {
             seed,
             timeout: l.timeout,
             warmup: l.warmup,
+            pin: self.load_cpus.clone(),
             ..LoadConfig::new(url, rate, l.duration, l.connections)
         }
     }
