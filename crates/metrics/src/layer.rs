@@ -1,0 +1,300 @@
+//! Request metrics for any hyper/axum/tower service: requests by route, method and status,
+//! a duration histogram and an in-flight gauge per route, with every handle resolved once
+//! per route.
+//!
+//! Per request this costs: an `Instant::now()` at the start and the end, a table lookup for
+//! the method and the status, and four relaxed atomic adds on the thread's own shard. No
+//! lock, no hash, no allocation, and no reference count touched (the route's metrics are
+//! `'static`, so the response future holds a plain reference).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, Response};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::family::lock;
+use crate::{Counter, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry};
+
+/// Methods with their own `method` label value; the rest are `other`.
+const METHODS: [&str; 10] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "other",
+];
+
+/// Statuses with a dense slot. Others are still counted exactly, through the family's cold
+/// path (a lock and a hash), which only rare statuses take.
+const STATUSES: [u16; 37] = [
+    100, 101, 200, 201, 202, 204, 206, 301, 302, 303, 304, 307, 308, 400, 401, 403, 404, 405, 406,
+    408, 409, 410, 411, 413, 414, 415, 416, 421, 422, 429, 431, 499, 500, 501, 502, 503, 504,
+];
+
+/// Slot of requests whose service returned an error instead of a response
+/// (`status="error"`).
+const ERROR_SLOT: usize = STATUSES.len();
+const STATUS_SLOTS: usize = STATUSES.len() + 1;
+const NO_SLOT: u8 = u8::MAX;
+
+/// Status code → dense slot, `NO_SLOT` for codes without one.
+static STATUS_INDEX: [u8; 600] = {
+    let mut table = [NO_SLOT; 600];
+    let mut i = 0;
+    while i < STATUSES.len() {
+        table[STATUSES[i] as usize] = i as u8;
+        i += 1;
+    }
+    table
+};
+
+/// nginx's code for "the client closed the connection before the response": recorded for a
+/// request whose future was dropped before it completed.
+const CLIENT_CLOSED: u16 = 499;
+
+fn method_index(method: &Method) -> usize {
+    let known = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::CONNECT,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ];
+    known
+        .iter()
+        .position(|m| m == method)
+        .unwrap_or(METHODS.len() - 1)
+}
+
+/// The request-metric families of one service, and its routes.
+#[derive(Debug)]
+pub struct RequestMetrics {
+    requests: Family<Counter>,
+    duration: Family<Histogram>,
+    in_flight: Family<Gauge>,
+    routes: Mutex<HashMap<String, &'static RouteMetrics>>,
+}
+
+impl RequestMetrics {
+    /// Registers `{prefix}_requests_total{route,method,status}`,
+    /// `{prefix}_request_duration_seconds{route}` (latency buckets) and
+    /// `{prefix}_requests_in_flight{route}`.
+    pub fn register(registry: &Registry, prefix: &str) -> Result<Self, MetricsError> {
+        Ok(RequestMetrics {
+            requests: registry.counter(
+                &format!("{prefix}_requests"),
+                "Requests answered, by route, method and status.",
+                &["route", "method", "status"],
+            )?,
+            duration: registry.histogram(
+                &format!("{prefix}_request_duration_seconds"),
+                "Time from receiving a request to sending its response head.",
+                &["route"],
+                &LATENCY_BUCKETS,
+            )?,
+            in_flight: registry.gauge(
+                &format!("{prefix}_requests_in_flight"),
+                "Requests received and not yet answered.",
+                &["route"],
+            )?,
+            routes: Mutex::default(),
+        })
+    }
+
+    /// The metrics of `route` (a route name or pattern, never a raw path: it is a label
+    /// value). Resolved once and kept for the life of the process, so asking again for
+    /// the same route (e.g. after a config reload) returns the same object.
+    pub fn route(&self, route: &str) -> Result<&'static RouteMetrics, MetricsError> {
+        let mut routes = lock(&self.routes);
+        if let Some(found) = routes.get(route) {
+            return Ok(found);
+        }
+        let metrics: &'static RouteMetrics = Box::leak(Box::new(RouteMetrics {
+            route: route.into(),
+            requests: self.requests.clone(),
+            by_status: (0..METHODS.len() * STATUS_SLOTS)
+                .map(|_| OnceLock::new())
+                .collect(),
+            duration: self.duration.get_or_create(&[route])?,
+            in_flight: self.in_flight.get_or_create(&[route])?,
+        }));
+        routes.insert(route.to_owned(), metrics);
+        Ok(metrics)
+    }
+}
+
+/// The handles of one route. Get it from [`RequestMetrics::route`]; put
+/// [`RouteMetrics::layer`] on the route's service, or call [`RouteMetrics::start`] yourself.
+#[derive(Debug)]
+pub struct RouteMetrics {
+    route: Box<str>,
+    requests: Family<Counter>,
+    /// `[method][status slot]`, each created on first use.
+    by_status: Box<[OnceLock<Counter>]>,
+    duration: Histogram,
+    in_flight: Gauge,
+}
+
+impl RouteMetrics {
+    /// A layer recording this route's metrics around a service.
+    pub fn layer(&'static self) -> RequestMetricsLayer {
+        RequestMetricsLayer { route: self }
+    }
+
+    /// Starts timing one request: counts it in flight until the returned guard is finished
+    /// or dropped (a drop without [`InFlight::finish`] records status 499, as nginx does).
+    pub fn start(&'static self, method: &Method) -> InFlight {
+        self.in_flight.inc();
+        InFlight {
+            route: self,
+            method: method_index(method) as u8,
+            start: Instant::now(),
+            finished: false,
+        }
+    }
+
+    fn record(&self, method: usize, status: Option<u16>, elapsed: Duration) {
+        self.duration.observe_duration(elapsed);
+        let slot = match status {
+            None => ERROR_SLOT,
+            Some(code) => match STATUS_INDEX.get(code as usize) {
+                Some(&slot) if slot != NO_SLOT => slot as usize,
+                _ => {
+                    // Cold path for a rare status: exact, but takes the family lock.
+                    if let Ok(counter) = self.requests.get_or_create(&[
+                        &self.route,
+                        METHODS[method],
+                        &code.to_string(),
+                    ]) {
+                        counter.inc();
+                    }
+                    return;
+                }
+            },
+        };
+        self.by_status[method * STATUS_SLOTS + slot]
+            .get_or_init(|| {
+                let status = match status {
+                    Some(code) => code.to_string(),
+                    None => "error".to_owned(),
+                };
+                self.requests
+                    .get_or_create(&[&self.route, METHODS[method], &status])
+                    .expect("the requests family has exactly three labels")
+            })
+            .inc();
+    }
+}
+
+/// One request in flight on a route (RAII: dropping it unfinished records status 499).
+#[derive(Debug)]
+pub struct InFlight {
+    route: &'static RouteMetrics,
+    method: u8,
+    start: Instant,
+    finished: bool,
+}
+
+impl InFlight {
+    /// Records the request as answered with `status` (`None`: the service failed without a
+    /// response).
+    pub fn finish(mut self, status: Option<u16>) {
+        self.complete(status);
+    }
+
+    fn complete(&mut self, status: Option<u16>) {
+        if !self.finished {
+            self.finished = true;
+            self.route.in_flight.dec();
+            self.route
+                .record(self.method as usize, status, self.start.elapsed());
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.complete(Some(CLIENT_CLOSED));
+    }
+}
+
+/// Tower layer recording one route's request metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestMetricsLayer {
+    route: &'static RouteMetrics,
+}
+
+impl<S> Layer<S> for RequestMetricsLayer {
+    type Service = RequestMetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestMetricsService {
+            inner,
+            route: self.route,
+        }
+    }
+}
+
+/// The service made by [`RequestMetricsLayer`].
+#[derive(Debug, Clone)]
+pub struct RequestMetricsService<S> {
+    inner: S,
+    route: &'static RouteMetrics,
+}
+
+impl<S, B, RB> Service<Request<B>> for RequestMetricsService<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+{
+    type Response = Response<RB>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let in_flight = self.route.start(req.method());
+        ResponseFuture {
+            inner: self.inner.call(req),
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`RequestMetricsService`]: records when the inner future resolves.
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<F, RB, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let output = match this.inner.poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(output) => output,
+        };
+        if let Some(in_flight) = this.in_flight.take() {
+            in_flight.finish(output.as_ref().ok().map(|r| r.status().as_u16()));
+        }
+        Poll::Ready(output)
+    }
+}

@@ -1,0 +1,148 @@
+//! The exporter over real sockets: negotiation, gzip, paths, the scrape budget.
+
+use std::io::Read;
+
+use tailguard_metrics::{Exporter, ExporterConfig, Format, Priority, Registry};
+
+use crate::support::{every_type, get};
+
+fn spawn(registry: Registry, priority: Priority) -> Exporter {
+    Exporter::spawn(
+        registry,
+        ExporterConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            priority,
+            ..ExporterConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn serves_text_by_default_and_openmetrics_when_asked() {
+    let registry = every_type();
+    let exporter = spawn(registry.clone(), Priority::Normal);
+    let addr = exporter.local_addr();
+
+    let text = get(addr, "/metrics", &[]);
+    assert_eq!(text.status, 200);
+    assert!(text.complete);
+    assert_eq!(
+        text.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert_eq!(text.body, registry.render(Format::Text));
+
+    let prometheus_accept = "application/openmetrics-text;version=1.0.0;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    let om = get(addr, "/metrics", &[("Accept", prometheus_accept)]);
+    assert_eq!(om.status, 200);
+    assert_eq!(
+        om.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(om.body.ends_with(b"# EOF\n"));
+    assert_eq!(om.body, registry.render(Format::OpenMetrics));
+
+    assert_eq!(get(addr, "/other", &[]).status, 404);
+    exporter.shutdown();
+}
+
+#[test]
+fn gzips_when_accept_encoding_allows() {
+    let registry = Registry::builder()
+        .self_metrics_prefix(None)
+        .build()
+        .unwrap();
+    let family = registry.counter("many", "Many series.", &["i"]).unwrap();
+    for i in 0..20_000 {
+        family.get_or_create(&[&i.to_string()]).unwrap().inc();
+    }
+    let exporter = spawn(registry.clone(), Priority::Nice(10));
+    let response = get(
+        exporter.local_addr(),
+        "/metrics",
+        &[("Accept-Encoding", "gzip")],
+    );
+    assert_eq!(response.status, 200);
+    assert!(response.complete);
+    assert_eq!(response.header("content-encoding"), Some("gzip"));
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(&response.body[..])
+        .read_to_end(&mut plain)
+        .unwrap();
+    assert_eq!(plain, registry.render(Format::Text));
+    assert!(
+        response.body.len() * 4 < plain.len(),
+        "gzip should shrink the text"
+    );
+
+    let identity = get(
+        exporter.local_addr(),
+        "/metrics",
+        &[("Accept-Encoding", "identity")],
+    );
+    assert_eq!(identity.header("content-encoding"), None);
+    assert_eq!(identity.body, plain);
+}
+
+#[test]
+fn a_scrape_past_its_budget_is_aborted_not_truncated() {
+    let registry = Registry::new();
+    let family = registry
+        .counter("many", "Many series.", &["route", "status"])
+        .unwrap();
+    for i in 0..300_000 {
+        family
+            .get_or_create(&[
+                &format!("/a/rather/long/route/{}", i / 100),
+                &(i % 100).to_string(),
+            ])
+            .unwrap();
+    }
+    let exporter = spawn(registry.clone(), Priority::Normal);
+    // 0.01 s leaves a 10 ms budget: far less than rendering 300k series takes.
+    let response = get(
+        exporter.local_addr(),
+        "/metrics",
+        &[("X-Prometheus-Scrape-Timeout-Seconds", "0.01")],
+    );
+    assert_eq!(response.status, 200);
+    assert!(
+        !response.complete,
+        "an over-budget scrape must not end like a whole one"
+    );
+    // The next scrape, without a tight budget, is whole and counts the timeout.
+    let whole = get(exporter.local_addr(), "/metrics", &[]);
+    assert!(whole.complete);
+    let text = String::from_utf8(whole.body).unwrap();
+    assert!(
+        text.contains("metrics_scrapes_total{outcome=\"timeout\"} 1\n"),
+        "{}",
+        &text[..2000]
+    );
+}
+
+#[test]
+fn runs_at_idle_priority() {
+    let registry = every_type();
+    let exporter = spawn(registry.clone(), Priority::Idle);
+    let response = get(exporter.local_addr(), "/metrics", &[]);
+    assert_eq!(response.status, 200);
+    assert_eq!(response.body, registry.render(Format::Text));
+    // The exporter thread is named; find it and check its policy is SCHED_IDLE (5).
+    let mut found = false;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "metrics-exporte" {
+            let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+            // policy is field 41 of /proc/<pid>/task/<tid>/stat.
+            let policy: u32 = fields[41 - 3].parse().unwrap();
+            let nice: i32 = fields[19 - 3].parse().unwrap();
+            assert!(policy == 5 || nice == 19, "policy {policy}, nice {nice}");
+            found = true;
+        }
+    }
+    assert!(found, "no metrics-exporter thread");
+}
