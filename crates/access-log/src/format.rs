@@ -5,6 +5,7 @@
 //! allocation (the output buffer is reused). `combined` is the nginx template itself,
 //! compiled the same way, so the two can never disagree.
 
+use std::cell::RefCell;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime};
@@ -188,7 +189,19 @@ impl Format {
 
     /// Appends `record` as one line (ending in `\n`) to `out`.
     pub fn write(&self, record: &Record<'_>, out: &mut Vec<u8>) {
-        self.write_cached(record, out, &mut TimeCache::default());
+        thread_local! {
+            static TIMES: RefCell<TimeCache> = RefCell::new(TimeCache::default());
+        }
+        let cached = TIMES.try_with(|times| match times.try_borrow_mut() {
+            Ok(mut times) => {
+                self.write_cached(record, out, &mut times);
+                true
+            }
+            Err(_) => false,
+        });
+        if cached != Ok(true) {
+            self.write_cached(record, out, &mut TimeCache::default());
+        }
     }
 
     /// Like [`Format::write`], with this thread's cached timestamp rendering.
@@ -249,9 +262,9 @@ fn int(out: &mut Vec<u8>, v: u64) {
 
 /// Seconds with millisecond resolution, as nginx prints `$request_time`.
 fn secs_ms(out: &mut Vec<u8>, d: Duration) {
-    let ms = d.as_millis();
-    out.extend_from_slice(itoa::Buffer::new().format(ms / 1000).as_bytes());
-    let frac = (ms % 1000) as u16;
+    // as_secs + subsec_millis: no 128-bit division (as_millis would need one).
+    out.extend_from_slice(itoa::Buffer::new().format(d.as_secs()).as_bytes());
+    let frac = d.subsec_millis();
     out.extend_from_slice(&[
         b'.',
         b'0' + (frac / 100) as u8,
