@@ -170,6 +170,7 @@ impl Shared {
         buffers: usize,
         on_full: OnFull,
         tx: SyncSender<Msg>,
+        counters: Counters,
     ) -> Self {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -182,7 +183,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             reopen: AtomicBool::new(false),
             wake_pending: AtomicBool::new(false),
-            counters: Counters::default(),
+            counters,
         }
     }
 
@@ -284,7 +285,7 @@ impl Shared {
     }
 
     pub(crate) fn count_dropped(&self, lines: u64) {
-        self.counters.dropped.0.fetch_add(lines, Ordering::Relaxed);
+        self.counters.dropped(lines);
     }
 
     /// Sends a `Wake` unless one is already queued.

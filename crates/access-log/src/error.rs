@@ -36,6 +36,9 @@ pub enum Error {
         /// The operating system's reason.
         source: std::io::Error,
     },
+    /// The metric families could not be registered.
+    #[error("access log metrics: {0}")]
+    Metrics(#[from] tailguard_metrics::MetricsError),
     /// The writer thread could not be started.
     #[error("cannot start the access log writer thread: {0}")]
     Spawn(std::io::Error),

@@ -63,7 +63,7 @@ pub use config::{
 pub use error::Error;
 pub use format::{COMBINED, Format, VARIABLES};
 pub use record::Record;
-pub use stats::Stats;
+pub use stats::{LogMetrics, Metrics, Stats};
 
 use buffer::{Msg, Shared};
 use writer::{Sink, WriterThread};
@@ -108,6 +108,14 @@ impl AccessLog {
     ///
     /// With [`Output::Off`] no thread starts and the log is [`AccessLog::off`].
     pub fn start(config: &Config) -> Result<(Self, Writer), Error> {
+        Self::start_with_metrics(config, None)
+    }
+
+    /// Like [`AccessLog::start`], also counting into `metrics` (see [`Metrics`]).
+    pub fn start_with_metrics(
+        config: &Config,
+        metrics: Option<LogMetrics>,
+    ) -> Result<(Self, Writer), Error> {
         let format = config.validate()?;
         let sink = match &config.path {
             Output::Off => return Ok((Self::off(), Writer { inner: None })),
@@ -128,6 +136,7 @@ impl AccessLog {
             config.buffers,
             config.on_full,
             tx,
+            stats::Counters::new(metrics),
         ));
         let thread = WriterThread::new(Arc::clone(&shared), sink, config.flush_interval());
         let handle = std::thread::Builder::new()

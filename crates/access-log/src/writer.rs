@@ -166,16 +166,13 @@ impl WriterThread {
     /// Writes the backlog in order; on an error keeps the failed buffer (and the rest)
     /// for the next tick.
     fn write_backlog(&mut self) {
-        let c = &self.shared.counters;
         while let Some(buf) = self.backlog.front_mut() {
             let lag = buf.sealed.elapsed();
             match write_buf(&mut self.sink, buf) {
                 Ok(()) => {
-                    c.lines_written.fetch_add(buf.lines, Relaxed);
-                    c.bytes_written.fetch_add(buf.data.len() as u64, Relaxed);
-                    c.flushes.fetch_add(1, Relaxed);
-                    c.lag_us
-                        .store(u64::try_from(lag.as_micros()).unwrap_or(u64::MAX), Relaxed);
+                    self.shared
+                        .counters
+                        .written(buf.lines, buf.data.len() as u64, lag);
                     let buf = self.backlog.pop_front().expect("front_mut returned Some");
                     self.shared.pool.give(buf.data);
                 }
@@ -194,7 +191,7 @@ impl WriterThread {
         if self.failing || !self.backlog.is_empty() {
             return;
         }
-        let dropped = self.shared.counters.dropped.0.load(Relaxed);
+        let dropped = self.shared.counters.dropped_total();
         if dropped <= self.dropped_reported {
             return;
         }
@@ -211,10 +208,7 @@ impl WriterThread {
         match write_buf(&mut self.sink, &mut buf) {
             Ok(()) => {
                 self.dropped_reported = dropped;
-                self.shared
-                    .counters
-                    .bytes_written
-                    .fetch_add(buf.data.len() as u64, Relaxed);
+                self.shared.counters.note_written(buf.data.len() as u64);
             }
             // A partly written note is left as is; the next one counts from the old mark.
             Err(e) => self.error("write", &e),
@@ -229,7 +223,7 @@ impl WriterThread {
             Ok(new) => {
                 // Dropping the old file closes it; the kernel has every byte written.
                 *file = new;
-                self.shared.counters.reopens.fetch_add(1, Relaxed);
+                self.shared.counters.reopened();
                 // A buffer that failed halfway must not continue mid-line in the new file:
                 // skip to its next line boundary and count the cut line as lost.
                 if let Some(buf) = self
@@ -244,7 +238,7 @@ impl WriterThread {
                         .map_or(rest.len(), |p| p + 1);
                     buf.written += skip;
                     buf.lines = buf.lines.saturating_sub(1);
-                    self.shared.counters.lost_lines.fetch_add(1, Relaxed);
+                    self.shared.counters.lost(1);
                 }
                 tracing::info!(path = %path.display(), "access log reopened");
             }
@@ -262,7 +256,7 @@ impl WriterThread {
     }
 
     fn error(&mut self, op: &'static str, e: &io::Error) {
-        self.shared.counters.write_errors.fetch_add(1, Relaxed);
+        self.shared.counters.write_error();
         self.errors_unreported += 1;
         let due = self
             .last_report
@@ -301,7 +295,7 @@ impl WriterThread {
             // One more try, then give up: shutdown must end. What is left is counted.
             self.write_backlog();
             let lost: u64 = self.backlog.iter().map(|b| b.lines).sum();
-            self.shared.counters.lost_lines.fetch_add(lost, Relaxed);
+            self.shared.counters.lost(lost);
             if lost > 0 {
                 tracing::error!(
                     lost,

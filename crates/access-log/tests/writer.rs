@@ -385,3 +385,68 @@ fn json_file_lines_all_parse() {
     }
     assert_eq!(count, 500);
 }
+
+#[test]
+fn metrics_count_lines_bytes_drops_and_errors() {
+    let registry = tailguard_metrics::Registry::builder()
+        .self_metrics_prefix(None)
+        .build()
+        .unwrap();
+    let metrics = tailguard_access_log::Metrics::register(&registry).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let (log, writer) = AccessLog::start_with_metrics(
+        &lossless(&path, 4096, 4),
+        Some(metrics.log("main").unwrap()),
+    )
+    .unwrap();
+    log_from_threads(&log, 2, 1000);
+    let ok = writer.shutdown();
+    let full_cfg = Config {
+        flush_ms: 10,
+        ..config(Path::new("/dev/full"), 4096, 2)
+    };
+    let (log, writer) =
+        AccessLog::start_with_metrics(&full_cfg, Some(metrics.log("full").unwrap())).unwrap();
+    log_from_threads(&log, 1, 1000);
+    eventually("a write error", || writer.stats().write_errors > 0);
+    let full = writer.shutdown();
+    let text = String::from_utf8(registry.render(tailguard_metrics::Format::Text)).unwrap();
+    let value = |series: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+    };
+    assert_eq!(
+        value("tailguard_access_log_lines_written_total{log=\"main\"}"),
+        2000
+    );
+    assert_eq!(
+        value("tailguard_access_log_bytes_written_total{log=\"main\"}"),
+        ok.bytes_written
+    );
+    assert_eq!(
+        value("tailguard_access_log_flushes_total{log=\"main\"}"),
+        ok.flushes
+    );
+    assert_eq!(
+        value("tailguard_access_log_dropped_lines_total{log=\"main\"}"),
+        0
+    );
+    assert_eq!(
+        value("tailguard_access_log_dropped_lines_total{log=\"full\"}"),
+        full.dropped_lines
+    );
+    assert_eq!(
+        value("tailguard_access_log_lost_lines_total{log=\"full\"}"),
+        full.lost_lines
+    );
+    assert_eq!(
+        value("tailguard_access_log_write_errors_total{log=\"full\"}"),
+        full.write_errors
+    );
+    assert!(full.write_errors > 0 && full.dropped_lines > 0);
+    assert!(text.contains("# TYPE tailguard_access_log_writer_lag_seconds gauge"));
+}
