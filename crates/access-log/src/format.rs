@@ -23,7 +23,7 @@ pub const COMBINED: &str = "$remote_addr - $remote_user [$time_local] \"$request
 pub const VARIABLES: &str = "remote_addr, remote_user, time_local, time_iso8601, msec, request, \
      request_method, request_uri, uri, args, server_protocol, status, body_bytes_sent, \
      bytes_sent, request_time, upstream_addr, upstream_status, upstream_response_time, \
-     http_referer, http_user_agent, http_<header name>, route";
+     http_referer, http_user_agent, http_<header name>, route, request_id, error";
 
 /// How records become lines. Cheap to clone; build it once per configuration.
 #[derive(Debug, Clone)]
@@ -67,6 +67,8 @@ enum Var {
     HttpUserAgent,
     Header(http::HeaderName),
     Route,
+    RequestId,
+    Error,
 }
 
 impl Var {
@@ -93,6 +95,8 @@ impl Var {
             "http_referer" => Self::HttpReferer,
             "http_user_agent" => Self::HttpUserAgent,
             "route" => Self::Route,
+            "request_id" => Self::RequestId,
+            "error" => Self::Error,
             _ => {
                 // nginx maps `$http_x_request_id` to the header `X-Request-Id`.
                 let header = name
@@ -355,6 +359,8 @@ fn write_var(var: &Var, r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache
         Var::HttpUserAgent => opt_text(out, r.user_agent),
         Var::Header(name) => opt_text(out, header(r, name)),
         Var::Route => opt_text(out, r.route.map(str::as_bytes)),
+        Var::RequestId => opt_text(out, r.request_id),
+        Var::Error => opt_text(out, r.error.map(str::as_bytes)),
     }
 }
 
@@ -424,6 +430,10 @@ fn write_json(r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache) {
     json_opt_str(out, r.user_agent);
     out.extend_from_slice(b",\"route\":");
     json_opt_str(out, r.route.map(str::as_bytes));
+    out.extend_from_slice(b",\"request_id\":");
+    json_opt_str(out, r.request_id);
+    out.extend_from_slice(b",\"error\":");
+    json_opt_str(out, r.error.map(str::as_bytes));
     out.push(b'}');
 }
 

@@ -44,6 +44,10 @@ pub struct Record<'a> {
     pub user_agent: Option<&'a [u8]>,
     /// The name of the route that matched (`$route`).
     pub route: Option<&'a str>,
+    /// The request id sent upstream, the client's or a generated one (`$request_id`).
+    pub request_id: Option<&'a [u8]>,
+    /// Why the gateway answered with an error itself, e.g. `upstream_timeout` (`$error`).
+    pub error: Option<&'a str>,
     /// All request headers, for `$http_<name>` template variables.
     pub headers: Option<&'a http::HeaderMap>,
 }
@@ -68,6 +72,8 @@ impl Default for Record<'_> {
             referer: None,
             user_agent: None,
             route: None,
+            request_id: None,
+            error: None,
             headers: None,
         }
     }

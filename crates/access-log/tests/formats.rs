@@ -155,7 +155,7 @@ fn template_with_every_variable() {
         "$remote_addr|$remote_user|$time_local|$time_iso8601|$msec|$request|$request_method|\
          $request_uri|$uri|$args|$server_protocol|$status|$body_bytes_sent|$bytes_sent|\
          $request_time|$upstream_addr|$upstream_status|$upstream_response_time|$http_referer|\
-         $http_user_agent|$http_x_request_id|$route",
+         $http_user_agent|$http_x_request_id|$route|$request_id|$error",
     )
     .unwrap();
     let mut headers = http::HeaderMap::new();
@@ -165,13 +165,16 @@ fn template_with_every_variable() {
     );
     let r = Record {
         headers: Some(&headers),
+        request_id: Some(b"r-7"),
+        error: Some("upstream_timeout"),
         ..base()
     };
     assert_eq!(
         line(&f, &r),
         "192.0.2.7|-|21/Nov/2026:21:19:53 +0000|2026-11-21T21:19:53+00:00|1795295993.000|\
          GET /api/users?id=7 HTTP/1.1|GET|/api/users?id=7|/api/users|id=7|HTTP/1.1|200|512|700|\
-         0.012|127.0.0.1:9000|200|0.011|https://example.com/|curl/8.5.0|id\\x221|users\n"
+         0.012|127.0.0.1:9000|200|0.011|https://example.com/|curl/8.5.0|id\\x221|users|r-7|\
+         upstream_timeout\n"
     );
     let r = Record {
         target: b"/x",
@@ -227,7 +230,7 @@ fn json_lines_parse_and_round_trip_every_field() {
         assert_eq!(v["route"].as_str(), r.route);
         assert_eq!(
             v.as_object().unwrap().len(),
-            16,
+            18,
             "case {}: {text}",
             case.name
         );
