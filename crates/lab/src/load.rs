@@ -294,13 +294,25 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
         let handle = std::thread::Builder::new()
             .name(format!("load-{lane}"))
             .spawn(move || -> Result<ThreadStats, LabError> {
-                if !pin.is_empty() {
-                    crate::procs::pin_current_thread(&pin)?;
+                if !pin.is_empty()
+                    && let Err(e) = crate::procs::pin_current_thread(&pin)
+                {
+                    eprintln!(
+                        "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
+                    );
                 }
-                let rt = tokio::runtime::Builder::new_current_thread()
+                let rt = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .map_err(LabError::Io)?;
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        // Still meet the other threads at both barriers, or they wait forever.
+                        connected.wait();
+                        started.wait();
+                        return Err(LabError::Io(e));
+                    }
+                };
                 let local = tokio::task::LocalSet::new();
                 local.block_on(&rt, async move {
                     let setup = ThreadSetup {
@@ -445,9 +457,9 @@ async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LabError> {
     let mut senders = Vec::with_capacity(setup.connections);
     let mut connect_errors = 0;
     for _ in 0..setup.connections {
-        match connect(setup.target.addr).await {
-            Ok(s) => senders.push(Some(s)),
-            Err(_) => {
+        match tokio::time::timeout(setup.timeout, connect(setup.target.addr)).await {
+            Ok(Ok(s)) => senders.push(Some(s)),
+            _ => {
                 connect_errors += 1;
                 senders.push(None);
             }
