@@ -167,6 +167,7 @@ struct ThreadStats {
     latency: Latency,
     latency_ok: Latency,
     during_scrape: Latency,
+    lag: Latency,
     status: BTreeMap<u16, u64>,
     errors: BTreeMap<String, u64>,
     sent: u64,
@@ -301,6 +302,9 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
                         "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
                     );
                 }
+                // The default 50 us timer slack would let every timerfd wake-up come late by
+                // up to that much, and the lateness would count as latency.
+                let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
                 let rt = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -373,6 +377,7 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
         total.latency.add(&stats.latency);
         total.during_scrape.add(&stats.during_scrape);
         total.latency_ok.add(&stats.latency_ok);
+        total.lag.add(&stats.lag);
         for (k, v) in stats.status {
             *total.status.entry(k).or_default() += v;
         }
@@ -411,6 +416,7 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
         errors: total.errors,
         latency: total.latency,
         latency_ok: total.latency_ok,
+        generator_lag: total.lag,
         latency_during_scrape: total.during_scrape,
         scrapes,
     })
@@ -612,6 +618,12 @@ fn error_kind(e: &hyper::Error) -> &'static str {
 /// response, records the latency from the intended time; reconnects after any failure.
 async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Bytes>>>) {
     while let Some(intended) = shared.pop().await {
+        if intended >= shared.measure_from {
+            // How late the generator itself was: timer wake-up, scheduling, and the wait for
+            // a free connection.
+            let lag = now_ns().saturating_sub(intended);
+            shared.stats.borrow_mut().lag.record_ns(lag);
+        }
         let mut s = match sender.take() {
             Some(s) if !s.is_closed() => s,
             _ => match connect(shared.target.addr).await {

@@ -66,6 +66,9 @@ pub struct Report {
     pub latency: Latency,
     /// Latency of the responses with a status below 400 (the admitted ones when shedding).
     pub latency_ok: Latency,
+    /// How late each request was picked up by a connection, from its intended time: the
+    /// generator's own timer and scheduling lateness, plus the wait for a free connection.
+    pub generator_lag: Latency,
     /// Latency of the requests whose lifetime overlapped a scrape.
     pub latency_during_scrape: Latency,
     /// Scrapes made during the run.
@@ -170,6 +173,13 @@ impl Report {
             o,
             "Waited for a free connection: {} requests (max {} queued), timed from their intended send time",
             self.queued, self.max_queue
+        );
+        let _ = writeln!(
+            o,
+            "Generator lag (picked up by a connection - intended): P50 {}, P99 {}, max {}",
+            format_us(self.generator_lag.percentile_us(50.0) as f64),
+            format_us(self.generator_lag.percentile_us(99.0) as f64),
+            format_us(self.generator_lag.max_us() as f64)
         );
         if self.latency.saturated() > 0 {
             let _ = writeln!(

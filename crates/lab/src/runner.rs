@@ -334,6 +334,7 @@ fn merge(mut a: Report, b: &Report) -> Report {
     let runs = (a.duration_s + b.duration_s) / a.duration_s.max(1e-9);
     a.latency.add(&b.latency);
     a.latency_ok.add(&b.latency_ok);
+    a.generator_lag.add(&b.generator_lag);
     a.latency_during_scrape.add(&b.latency_during_scrape);
     for (k, v) in &b.status {
         *a.status.entry(*k).or_default() += v;
