@@ -133,8 +133,40 @@ impl<E> P2c<E> {
     pub fn pick_with(
         &self,
         now: Duration,
-        mut rand: impl FnMut(usize) -> usize,
+        rand: impl FnMut(usize) -> usize,
     ) -> Option<Pick<'_, E>> {
+        let index = self.pick_index_with(now, rand)?;
+        Some(Pick {
+            p2c: self,
+            index,
+            start: now,
+            done: false,
+        })
+    }
+
+    /// Index-based picking for callers that keep their own per-request state (the gateway's
+    /// `Balance` trait): counts the endpoint in flight; end it with exactly one of
+    /// [`complete_index`](Self::complete_index) or [`release_index`](Self::release_index).
+    pub fn pick_index(&self, now: Duration) -> Option<usize> {
+        self.pick_index_with(now, |n| fastrand::usize(..n))
+    }
+
+    /// Ends an index pick with its latency and result.
+    pub fn complete_index(&self, index: usize, now: Duration, latency: Duration, ok: bool) {
+        self.loads[index].inflight.fetch_sub(1, Ordering::Relaxed);
+        self.observe(index, now, latency, ok);
+    }
+
+    /// Ends an index pick without a sample (the request was cancelled).
+    pub fn release_index(&self, index: usize) {
+        self.loads[index].inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn pick_index_with(
+        &self,
+        now: Duration,
+        mut rand: impl FnMut(usize) -> usize,
+    ) -> Option<usize> {
         let n = self.endpoints.len();
         let chosen = match n {
             0 => return None,
@@ -158,12 +190,7 @@ impl<E> P2c<E> {
         let l = &self.loads[chosen];
         l.inflight.fetch_add(1, Ordering::Relaxed);
         l.picks.fetch_add(1, Ordering::Relaxed);
-        Some(Pick {
-            p2c: self,
-            index: chosen,
-            start: now,
-            done: false,
-        })
+        Some(chosen)
     }
 
     fn choose(&self, now: Duration, a: usize, b: usize) -> usize {
@@ -259,19 +286,15 @@ impl<'a, E> Pick<'a, E> {
     /// Records the result at `now`: latency `now − pick time`, success or failure.
     pub fn finish(mut self, now: Duration, ok: bool) {
         self.done = true;
-        let l = &self.p2c.loads[self.index];
-        l.inflight.fetch_sub(1, Ordering::Relaxed);
         self.p2c
-            .observe(self.index, now, now.saturating_sub(self.start), ok);
+            .complete_index(self.index, now, now.saturating_sub(self.start), ok);
     }
 }
 
 impl<E> Drop for Pick<'_, E> {
     fn drop(&mut self) {
         if !self.done {
-            self.p2c.loads[self.index]
-                .inflight
-                .fetch_sub(1, Ordering::Relaxed);
+            self.p2c.release_index(self.index);
         }
     }
 }

@@ -46,9 +46,11 @@
 mod balance;
 mod breaker;
 mod clock;
+mod config;
 pub mod cpu;
 mod error;
 mod layer;
+mod metrics;
 mod retry;
 mod sampler;
 mod shedder;
@@ -59,12 +61,14 @@ pub use breaker::{
     failure_status,
 };
 pub use clock::{Clock, FakeClock, MonotonicClock};
+pub use config::{OverloadConfig, OverloadMode};
 pub use cpu::{CpuReader, CpuSourceKind, CpuTotals};
 pub use error::Error;
 pub use layer::{
     BreakerFuture, BreakerLayer, BreakerService, NoopBreaker, NoopShedder, Overloaded, Shed,
     ShedFuture, ShedderLayer, ShedderService, Trip, overloaded_response,
 };
+pub use metrics::OverloadMetrics;
 pub use retry::RetryBudget;
 pub use sampler::{CpuGauge, CpuSampler, CpuSource, SamplerHandle, Smoothing};
 pub use shedder::{

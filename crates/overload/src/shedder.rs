@@ -256,6 +256,8 @@ struct Acc {
     pass: AtomicU64,
     rt_sum: AtomicU64,
     rt_n: AtomicU64,
+    /// Completions of any outcome (for the admitted total: done + in flight).
+    done: AtomicU64,
 }
 
 /// What the request path reads; written by `tick` (and by rejections: `dropped`).
@@ -292,11 +294,10 @@ impl AtomicF64 {
     }
 }
 
-/// Counters for metrics (until they move onto tailguard-metrics' per-thread shards).
+/// Rejections per class (written only on the reject path). Admissions are not counted
+/// separately: admitted = completions + in flight, so the admit path writes one line.
 #[derive(Debug, Default)]
 struct Counters {
-    admitted: AtomicU64,
-    served: AtomicU64,
     shed: [AtomicU64; 4],
 }
 
@@ -341,6 +342,8 @@ struct Window {
     started: Option<Duration>,
     records: VecDeque<Record>,
     dwell: u32,
+    served_total: u64,
+    done_total: u64,
     max_pass: f64,
     min_rt: f64,
     capacity: f64,
@@ -414,7 +417,6 @@ impl Controller {
             return Err(self.reject(class, severe));
         }
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
         Ok(Permit {
             ctl: self,
             start: now,
@@ -570,8 +572,8 @@ impl Controller {
             self.acc.pass.fetch_add(1, Ordering::Relaxed);
             self.acc.rt_sum.fetch_add(rt, Ordering::Relaxed);
             self.acc.rt_n.fetch_add(1, Ordering::Relaxed);
-            self.counters.served.fetch_add(1, Ordering::Relaxed);
         }
+        self.acc.done.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The decision loop, run off the request path once per bucket (and whenever the CPU
@@ -586,6 +588,8 @@ impl Controller {
             let pass = self.acc.pass.swap(0, Ordering::Relaxed) as f64;
             let rt_sum = self.acc.rt_sum.swap(0, Ordering::Relaxed) as f64;
             let rt_n = self.acc.rt_n.swap(0, Ordering::Relaxed);
+            w.served_total += pass as u64;
+            w.done_total += self.acc.done.swap(0, Ordering::Relaxed);
             let next = started + cfg.bucket * n;
             match cfg.mode {
                 Mode::GoZero => {
@@ -729,9 +733,16 @@ impl Controller {
 
     /// A consistent-enough view for metrics and tests.
     pub fn snapshot(&self, now: Duration) -> ControllerSnapshot {
-        let (max_pass, min_rt, capacity, cpu) = {
+        let (max_pass, min_rt, capacity, cpu, served, done) = {
             let w = self.window.lock().unwrap_or_else(|e| e.into_inner());
-            (w.max_pass, w.min_rt, w.capacity, w.cpu)
+            (
+                w.max_pass,
+                w.min_rt,
+                w.capacity,
+                w.cpu,
+                w.served_total + self.acc.pass.load(Ordering::Relaxed),
+                w.done_total + self.acc.done.load(Ordering::Relaxed),
+            )
         };
         let g = &self.gate;
         let hot = g.overloaded.load(Ordering::Relaxed)
@@ -749,8 +760,8 @@ impl Controller {
             min_rt,
             cpu,
             hot,
-            admitted: self.counters.admitted.load(Ordering::Relaxed),
-            served: self.counters.served.load(Ordering::Relaxed),
+            admitted: done + self.inflight().max(0) as u64,
+            served,
             shed: std::array::from_fn(|i| self.counters.shed[i].load(Ordering::Relaxed)),
         }
     }
@@ -894,6 +905,11 @@ impl Shedder {
         for g in self.groups() {
             g.set_cores(cores);
         }
+    }
+
+    /// Allowed cores `N`.
+    pub fn cores(&self) -> f64 {
+        self.inner.cores.get()
     }
 
     /// Latest CPU value given to `tick` (millicpu).

@@ -7,6 +7,7 @@ mod balance;
 mod breaker;
 mod cgroup;
 mod layers;
+mod metrics;
 mod props;
 mod scripted;
 mod sim;
