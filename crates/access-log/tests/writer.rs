@@ -90,6 +90,28 @@ fn clean_stop_after_n_records_leaves_exactly_n_lines() {
 }
 
 #[test]
+fn idle_collection_racing_appenders_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    // A 1 ms flush interval: the writer swaps buffers out from under busy appenders
+    // hundreds of times during the run.
+    let cfg = Config {
+        flush_ms: 1,
+        ..lossless(&path, 65536, 16)
+    };
+    let (log, writer) = AccessLog::start(&cfg).unwrap();
+    log_from_threads(&log, 4, 5_000);
+    let stats = writer.shutdown();
+    assert_each_once(
+        &combined_targets(&fs::read_to_string(&path).unwrap()),
+        4,
+        5_000,
+    );
+    assert_eq!(stats.lines_written, 20_000);
+    assert!(stats.flushes > 4, "idle collection ran: {stats:?}");
+}
+
+#[test]
 fn clean_stop_from_a_tokio_multi_thread_runtime() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("access.log");
