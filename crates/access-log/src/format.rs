@@ -280,15 +280,27 @@ fn secs_ms(out: &mut Vec<u8>, d: Duration) {
 fn ip(out: &mut Vec<u8>, addr: IpAddr) {
     match addr {
         IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            let mut buf = itoa::Buffer::new();
-            out.extend_from_slice(buf.format(a).as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(buf.format(b).as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(buf.format(c).as_bytes());
-            out.push(b'.');
-            out.extend_from_slice(buf.format(d).as_bytes());
+            // Into a stack array, then one copy: a quarter of the instructions of four
+            // itoa calls and seven small copies (callgrind).
+            let mut text = [0u8; 15];
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text[len] = b'.';
+                    len += 1;
+                }
+                if octet >= 100 {
+                    text[len] = b'0' + octet / 100;
+                    len += 1;
+                }
+                if octet >= 10 {
+                    text[len] = b'0' + octet / 10 % 10;
+                    len += 1;
+                }
+                text[len] = b'0' + octet % 10;
+                len += 1;
+            }
+            out.extend_from_slice(&text[..len]);
         }
         IpAddr::V6(v6) => {
             // Writing into a Vec cannot fail.
