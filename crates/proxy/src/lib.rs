@@ -1,1 +1,58 @@
 //! The gateway: config, routes, upstreams, pools, balancing and the HTTP data path.
+//!
+//! A [`Config`] (parsed and validated from TOML, every error with file:line:column) is
+//! built into a [`gateway::Snapshot`]: a [`route::Router`] with the routes in precedence
+//! order, the [`upstream::Upstream`]s with their endpoints and [`balance::Balance`]r, and a
+//! pooled keep-alive upstream client. A [`Server`] binds the listeners and serves each
+//! connection (HTTP/1.1, h2c, or TLS with ALPN) through the current snapshot;
+//! [`Server::reload`] swaps in a new one atomically and [`Server::shutdown`] drains.
+//!
+//! A request goes: head parsed → [`admission::admit`] → route → pick endpoint → forward
+//! (hop-by-hop headers removed, forwarding headers added, body streamed under its limit)
+//! → response streamed back → [`record::finish`]. Failures are [`Error`]s, each with a
+//! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`.
+//!
+//! ```
+//! use std::path::Path;
+//! use tailguard_proxy::Config;
+//!
+//! let config = Config::parse(
+//!     r#"
+//! [[listeners]]
+//! address = "127.0.0.1:8080"
+//!
+//! [[routes]]
+//! id = "api"
+//! upstream = "missing"
+//! bogus = 1
+//! "#,
+//!     "gw.toml",
+//!     Path::new("."),
+//! );
+//! let err = config.unwrap_err().to_string();
+//! assert_eq!(
+//!     err,
+//!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
+//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`"
+//! );
+//! ```
+
+pub mod admission;
+pub mod balance;
+pub mod body;
+pub mod builtin;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod headers;
+pub mod record;
+pub mod route;
+pub mod server;
+pub mod shard;
+pub mod tls;
+pub mod upstream;
+
+pub use config::Config;
+pub use error::{Blame, Error};
+pub use gateway::Gateway;
+pub use server::Server;

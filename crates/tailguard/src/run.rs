@@ -1,8 +1,21 @@
 //! `tailguard run` and `tailguard check`: build the gateway's runtimes from a config and wait
 //! for shutdown.
+//!
+//! The serving runtime's workers only serve traffic. Signals are handled on the main thread
+//! (`block_on` runs its future on the calling thread), so a SIGHUP reload reads and parses
+//! the file there, off the serving threads, and swaps the result in with a pointer store.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tailguard_proxy::{Config, Error, Server};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Exit status for a config the user must fix (sysexits.h `EX_USAGE`).
+const EX_USAGE: u8 = 64;
 
 /// Arguments of `tailguard run`.
 #[derive(Debug, clap::Args)]
@@ -10,6 +23,15 @@ pub(crate) struct RunArgs {
     /// Config file (TOML). Without it the embedded default config is used.
     #[arg(long, short)]
     config: Option<PathBuf>,
+    /// Replace the first listener's address (e.g. 127.0.0.1:0 for any free port).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Worker threads of the serving runtime (default: number of cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Replace the endpoints of upstream NAME: NAME=ADDR[,ADDR...] (repeatable).
+    #[arg(long, value_name = "NAME=ADDR[,ADDR...]", value_parser = parse_upstream)]
+    upstream: Vec<(String, Vec<SocketAddr>)>,
 }
 
 /// Arguments of `tailguard check`.
@@ -20,10 +42,150 @@ pub(crate) struct CheckArgs {
     config: PathBuf,
 }
 
+fn parse_upstream(s: &str) -> Result<(String, Vec<SocketAddr>), String> {
+    let (name, addrs) = s.split_once('=').ok_or("expected NAME=ADDR[,ADDR...]")?;
+    let addrs = addrs
+        .split(',')
+        .map(|a| {
+            a.trim()
+                .parse::<SocketAddr>()
+                .map_err(|_| format!("`{a}` is not an IP:PORT address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if name.is_empty() || addrs.is_empty() {
+        return Err("expected NAME=ADDR[,ADDR...]".into());
+    }
+    Ok((name.to_owned(), addrs))
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Loads the config the run arguments name and applies the command-line overrides.
+fn load(args: &RunArgs) -> Result<Config, Error> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::embedded_default(),
+    };
+    if let Some(addr) = args.listen {
+        config.override_listen(addr);
+    }
+    for (name, addrs) in &args.upstream {
+        config.override_upstream(name, addrs)?;
+    }
+    Ok(config)
+}
+
+fn print_errors(err: &Error) {
+    match err {
+        Error::Config(diags) => {
+            for d in diags {
+                eprintln!("{d}");
+            }
+            eprintln!(
+                "{} error{} in config",
+                diags.len(),
+                if diags.len() == 1 { "" } else { "s" }
+            );
+        }
+        other => eprintln!("{other}"),
+    }
+}
+
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("run is not built yet (config {:?})", args.config)
+    init_logging();
+    let config = match load(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            print_errors(&e);
+            return Ok(ExitCode::from(EX_USAGE));
+        }
+    };
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+        .max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("tailguard-serve")
+        .enable_all()
+        .build()
+        .context("building the serving runtime")?;
+    let server = runtime.block_on(async { Server::start(config) })?;
+    runtime.block_on(wait_for_signals(server, &args))?;
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signals(server: Server, args: &RunArgs) -> anyhow::Result<()> {
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => reload(&server, args),
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    let deadline = server.gateway().snapshot().config.timeouts.shutdown_ms;
+    tracing::info!("tailguard: shutting down, draining in-flight requests for up to {deadline} ms");
+    if server.shutdown(Duration::from_millis(deadline)).await {
+        tracing::info!("tailguard: drained, exiting");
+    } else {
+        tracing::warn!("tailguard: drain deadline reached with requests in flight, exiting");
+    }
+    Ok(())
+}
+
+fn reload(server: &Server, args: &RunArgs) {
+    let name = args.config.as_deref().map_or_else(
+        || "<embedded default config>".to_owned(),
+        |p| p.display().to_string(),
+    );
+    match load(args).and_then(|config| server.reload(config)) {
+        Ok(()) => tracing::info!("tailguard: reloaded {name}"),
+        Err(Error::Config(diags)) => {
+            for d in &diags {
+                tracing::error!("{d}");
+            }
+            tracing::error!(
+                "tailguard: reload of {name} rejected ({} errors); the running config keeps serving",
+                diags.len()
+            );
+        }
+        Err(e) => tracing::error!(
+            "tailguard: reload of {name} failed: {e}; the running config keeps serving"
+        ),
+    }
 }
 
 pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("check is not built yet (config {:?})", args.config)
+    match Config::load(&args.config) {
+        Ok(config) => {
+            println!(
+                "{}: ok ({} listeners, {} upstreams, {} routes)",
+                display(&args.config),
+                config.listeners.len(),
+                config.upstreams.len(),
+                config.routes.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            print_errors(&e);
+            Ok(ExitCode::from(EX_USAGE))
+        }
+    }
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
 }

@@ -1,0 +1,137 @@
+//! Choosing an endpoint: the `Balance` trait and weighted round robin.
+//!
+//! The trait is the seam for other algorithms (p2c over peak-EWMA latency comes with the
+//! overload work): `pick` runs once per dispatch, `complete` once when that exchange ends,
+//! with its latency and outcome. Both run on the request path, so implementations follow
+//! design.md §2: no locks, no allocation, no cache line shared between serving threads.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::shard::{PerThread, SHARDS};
+
+/// How an upstream exchange ended, as the balancer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream answered with this status (any status: the balancer decides what a
+    /// 5xx means to it).
+    Status(u16),
+    /// Connect refused or reset: the request never reached the endpoint.
+    ConnectFailed,
+    /// Connect or response head timed out.
+    Timeout,
+    /// The connection broke after the request was sent.
+    Broken,
+    /// The downstream side ended the exchange (its body broke or went over the limit); this
+    /// says nothing about the endpoint.
+    Aborted,
+}
+
+/// Picks one endpoint of an upstream per request.
+pub trait Balance: Send + Sync + fmt::Debug {
+    /// The endpoint (index into the upstream's endpoints) for the next request.
+    fn pick(&self) -> usize;
+
+    /// Called exactly once for every `pick` whose request was dispatched, when the exchange
+    /// ends (response head received or failure). `latency` runs from dispatch to then.
+    fn complete(&self, endpoint: usize, outcome: Outcome, latency: Duration) {
+        let _ = (endpoint, outcome, latency);
+    }
+}
+
+/// Smooth weighted round robin (nginx's algorithm), precomputed into a schedule at config
+/// load, with one cursor per serving thread.
+///
+/// Why a schedule: nginx's smooth WRR mutates every endpoint's current weight on each pick,
+/// which would need a lock or a CAS loop over shared state. Replaying the same sequence from
+/// a per-thread cursor gives each thread nginx's interleaving (no bursts to one endpoint)
+/// and writes only the thread's own cache line.
+pub struct RoundRobin {
+    schedule: Box<[u32]>,
+    cursors: PerThread<AtomicUsize>,
+}
+
+impl fmt::Debug for RoundRobin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoundRobin")
+            .field("schedule_len", &self.schedule.len())
+            .finish()
+    }
+}
+
+impl RoundRobin {
+    /// A balancer over endpoints with these weights (each >= 1; config validation ensures
+    /// it, and a 0 is treated as 1).
+    pub fn new(weights: &[u32]) -> RoundRobin {
+        let weights: Vec<u64> = weights.iter().map(|&w| u64::from(w.max(1))).collect();
+        let divisor = weights.iter().copied().fold(0, gcd).max(1);
+        let weights: Vec<i64> = weights
+            .iter()
+            .map(|w| i64::try_from(w / divisor).unwrap_or(i64::MAX))
+            .collect();
+        let total: i64 = weights.iter().sum();
+        let mut current = vec![0i64; weights.len()];
+        let mut schedule = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+        for _ in 0..total {
+            let mut best = 0;
+            for (i, w) in weights.iter().enumerate() {
+                current[i] += w;
+                if current[i] > current[best] {
+                    best = i;
+                }
+            }
+            current[best] -= total;
+            schedule.push(u32::try_from(best).unwrap_or(0));
+        }
+        if schedule.is_empty() {
+            schedule.push(0);
+        }
+        // Each thread starts at a different offset so that N threads do not all send their
+        // first request to the same endpoint.
+        let len = schedule.len();
+        let cursors = PerThread::new(|shard| AtomicUsize::new(shard * len / SHARDS));
+        RoundRobin {
+            schedule: schedule.into_boxed_slice(),
+            cursors,
+        }
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl Balance for RoundRobin {
+    fn pick(&self) -> usize {
+        let cursor = self.cursors.get();
+        // Relaxed load + store, not fetch_add: the cursor is this thread's own; a rare race
+        // (two threads on one shard) costs a repeated pick, never a wrong index.
+        let n = cursor.load(Ordering::Relaxed);
+        cursor.store(n.wrapping_add(1), Ordering::Relaxed);
+        self.schedule[n % self.schedule.len()] as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighted_schedule_is_smooth_and_proportional() {
+        let rr = RoundRobin::new(&[5, 1, 1]);
+        // nginx's documented sequence for weights 5,1,1: a a b a c a a
+        assert_eq!(&*rr.schedule, &[0, 0, 1, 0, 2, 0, 0]);
+        let mut counts = [0; 3];
+        for _ in 0..700 {
+            counts[rr.pick()] += 1;
+        }
+        assert_eq!(counts, [500, 100, 100]);
+    }
+
+    #[test]
+    fn weights_reduced_by_gcd() {
+        let rr = RoundRobin::new(&[200, 400]);
+        assert_eq!(&*rr.schedule, &[1, 0, 1]);
+    }
+}

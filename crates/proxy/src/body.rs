@@ -1,0 +1,181 @@
+//! Bodies streamed through the gateway: the request body with its size limit and byte
+//! count, and the response body that counts bytes out and finishes the request record.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::error::Error;
+use crate::record::Finish;
+
+/// The downstream request body on its way upstream: errors with [`Error::BodyTooLarge`]
+/// as soon as more than the limit has streamed, whatever the framing (chunked or not), so
+/// the gateway never buffers or forwards more than the limit.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: Incoming,
+    limit: u64,
+    seen: u64,
+    count: Option<Arc<AtomicU64>>,
+}
+
+impl RequestBody {
+    /// Wraps a body; `count` (if any) is updated with the bytes read.
+    pub fn new(inner: Incoming, limit: u64, count: Option<Arc<AtomicU64>>) -> RequestBody {
+        RequestBody {
+            inner,
+            limit,
+            seen: 0,
+            count,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.seen += data.len() as u64;
+                    if let Some(c) = &this.count {
+                        c.store(this.seen, Ordering::Relaxed);
+                    }
+                    if this.seen > this.limit {
+                        return Poll::Ready(Some(Err(Error::BodyTooLarge)));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => Poll::Ready(Some(Err(Error::DownstreamBody(e.to_string())))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[derive(Debug)]
+enum Source {
+    Upstream(Incoming),
+    Local(Option<Bytes>),
+}
+
+/// The response body sent downstream: the upstream's body streamed as it arrives, or a
+/// local answer. Counts bytes out; when it ends, errors, or is dropped, the request's
+/// [`Finish`] runs.
+#[derive(Debug)]
+pub struct ResponseBody {
+    source: Source,
+    finish: Option<Finish>,
+}
+
+impl ResponseBody {
+    /// Streams an upstream body.
+    pub(crate) fn upstream(body: Incoming, finish: Option<Finish>) -> ResponseBody {
+        ResponseBody {
+            source: Source::Upstream(body),
+            finish,
+        }
+    }
+
+    /// A body made by the gateway.
+    pub(crate) fn local(body: Bytes, finish: Option<Finish>) -> ResponseBody {
+        ResponseBody {
+            source: Source::Local(Some(body)),
+            finish,
+        }
+    }
+
+    fn count(&mut self, n: usize) {
+        if let Some(f) = &mut self.finish {
+            f.record.bytes_out += n as u64;
+        }
+    }
+
+    fn end(&mut self, completed: bool) {
+        if let Some(mut f) = self.finish.take() {
+            f.record.completed = completed;
+            drop(f);
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = match &mut this.source {
+            Source::Local(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
+            Source::Upstream(body) => Pin::new(body).poll_frame(cx),
+        };
+        match ready!(polled) {
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    let n = d.len();
+                    this.count(n);
+                }
+                if Body::is_end_stream(this) {
+                    this.end(true);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => {
+                this.end(false);
+                Poll::Ready(Some(Err(e)))
+            }
+            None => {
+                this.end(true);
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.source {
+            Source::Local(b) => b.is_none(),
+            Source::Upstream(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.source {
+            Source::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Source::Upstream(b) => b.size_hint(),
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        // Dropped before its end: the client went away or the connection was torn down.
+        // hyper also drops a body it knows is empty (`is_end_stream`) without polling it,
+        // which is a completed response.
+        let done = Body::is_end_stream(self);
+        if let Some(f) = &mut self.finish {
+            f.record.completed = done;
+        }
+    }
+}

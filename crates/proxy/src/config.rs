@@ -1,0 +1,695 @@
+//! The config file: TOML parsed with `toml`, validated, and every error reported with
+//! `file:line:column: field: message`.
+//!
+//! Parsing goes in two steps so that one mistake does not hide the next: the document is
+//! first parsed into spanned TOML values (collecting every syntax error), then each section
+//! and each element of each array is deserialized on its own, and finally the semantic checks
+//! (addresses, references between sections, duplicates, certificates) run over everything
+//! that did deserialize. `tailguard check` and a SIGHUP reload both print this same list.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+
+use crate::error::Error;
+
+/// The config compiled into the binary: what `tailguard run` serves with no `--config`.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// The name the embedded default config goes by in error messages.
+pub const DEFAULT_CONFIG_NAME: &str = "<embedded default config>";
+
+/// One problem in a config file, with its position when it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// File name as given (or `<embedded default config>`, or `command line`).
+    pub file: String,
+    /// 1-based line and column of the offending value, when known.
+    pub position: Option<(usize, usize)>,
+    /// Dotted path of the field, e.g. `routes[2].upstream`.
+    pub field: String,
+    /// What is wrong, in one line.
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.position {
+            Some((line, col)) => write!(f, "{}:{line}:{col}: ", self.file)?,
+            None => write!(f, "{}: ", self.file)?,
+        }
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// A listening socket.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// `IP:PORT` to bind.
+    pub address: Spanned<String>,
+    /// Serve TLS (with ALPN `h2`, `http/1.1`) instead of plain HTTP/1.1 + h2c.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+/// Certificate chain and private key for a TLS listener, PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain (PEM); relative paths are relative to the config file.
+    pub cert: Spanned<PathBuf>,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: Spanned<PathBuf>,
+}
+
+/// How an upstream spreads requests over its endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalanceKind {
+    /// Smooth weighted round robin (nginx's algorithm), per serving thread.
+    #[default]
+    RoundRobin,
+}
+
+/// A named service with one or more endpoints.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Name that routes refer to.
+    pub name: Spanned<String>,
+    /// Balancing algorithm.
+    #[serde(default)]
+    pub balance: BalanceKind,
+    /// Endpoints (`IP:PORT` with a weight). Exactly one of `endpoints` and `builtin`.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointConfig>,
+    /// A responder started inside the gateway on 127.0.0.1 (an ephemeral port), so a demo
+    /// needs no other process. Exactly one of `endpoints` and `builtin`.
+    #[serde(default)]
+    pub builtin: Option<BuiltinConfig>,
+}
+
+/// One address of an upstream.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// `IP:PORT` (resolved at load; no DNS on the request path).
+    pub address: Spanned<String>,
+    /// Relative share of requests, 1..=1000.
+    #[serde(default = "default_weight")]
+    pub weight: Spanned<u32>,
+}
+
+fn default_weight() -> Spanned<u32> {
+    Spanned::new(0..0, 1)
+}
+
+/// The built-in responder's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinConfig {
+    /// Status code of every answer.
+    #[serde(default = "default_status")]
+    pub status: u16,
+    /// Text sent first in every answer.
+    #[serde(default)]
+    pub body: String,
+    /// Append the request as the responder received it (request line, headers), which
+    /// shows what the gateway added and removed.
+    #[serde(default)]
+    pub echo: bool,
+}
+
+fn default_status() -> u16 {
+    200
+}
+
+/// How a route matches the request path.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PathMatch {
+    /// The path (without query) equals this.
+    Exact(String),
+    /// The path starts with this, on a segment boundary (`/api` matches `/api` and `/api/x`,
+    /// not `/apix`), as in the Gateway API's `PathPrefix`.
+    Prefix(String),
+}
+
+/// A header the request must carry with exactly this value.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatch {
+    /// Header name (case-insensitive).
+    pub name: Spanned<String>,
+    /// Exact value.
+    pub value: String,
+}
+
+/// A route: what requests it matches and the upstream it sends them to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Unique id, used in logs and metrics.
+    pub id: Spanned<String>,
+    /// Name of the upstream.
+    pub upstream: Spanned<String>,
+    /// Higher wins before any other precedence rule; default 0.
+    #[serde(default)]
+    pub priority: i32,
+    /// Host to match (exact, or `*.example.com` for any subdomain); none matches any host.
+    #[serde(default)]
+    pub host: Option<Spanned<String>>,
+    /// Path match; none matches every path (same as `prefix = "/"`).
+    #[serde(default)]
+    pub path: Option<Spanned<PathMatch>>,
+    /// Method to match (`GET`, ...); none matches any.
+    #[serde(default)]
+    pub method: Option<Spanned<String>>,
+    /// Headers that must all be present with these values.
+    #[serde(default)]
+    pub headers: Vec<HeaderMatch>,
+    /// Replace the `Host` header sent upstream.
+    #[serde(default)]
+    pub host_rewrite: Option<Spanned<String>>,
+}
+
+/// Timeouts, in milliseconds; 0 disables one.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// TCP connect to an endpoint.
+    #[serde(default = "default_connect_ms")]
+    pub connect_ms: u64,
+    /// From dispatch to the upstream's response head.
+    #[serde(default = "default_request_ms")]
+    pub request_ms: u64,
+    /// An idle keep-alive connection (downstream waiting for the next request head, and
+    /// pooled upstream connections) is closed after this.
+    #[serde(default = "default_idle_ms")]
+    pub idle_ms: u64,
+    /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
+    #[serde(default = "default_shutdown_ms")]
+    pub shutdown_ms: u64,
+}
+
+fn default_connect_ms() -> u64 {
+    2_000
+}
+fn default_request_ms() -> u64 {
+    30_000
+}
+fn default_idle_ms() -> u64 {
+    60_000
+}
+fn default_shutdown_ms() -> u64 {
+    10_000
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect_ms: default_connect_ms(),
+            request_ms: default_request_ms(),
+            idle_ms: default_idle_ms(),
+            shutdown_ms: default_shutdown_ms(),
+        }
+    }
+}
+
+/// Size and count limits.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Request line + headers, in bytes (431 above it).
+    #[serde(default = "default_header_bytes")]
+    pub header_bytes: usize,
+    /// Request body, in bytes, declared or streamed (413 above it).
+    #[serde(default = "default_body_bytes")]
+    pub body_bytes: u64,
+    /// Open downstream connections per listener; more wait in the kernel's backlog.
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+}
+
+fn default_header_bytes() -> usize {
+    // 16 KiB: above what browsers send with large cookies, well under hyper's 400 KiB buffer.
+    16 * 1024
+}
+fn default_body_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+fn default_connections() -> usize {
+    10_000
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_bytes: default_header_bytes(),
+            body_bytes: default_body_bytes(),
+            connections: default_connections(),
+        }
+    }
+}
+
+/// A validated config. Only [`Config::parse`] and [`Config::load`] make one, so every
+/// `Config` has passed every check.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Name used in messages (the file path).
+    pub source: String,
+    /// Directory relative paths (certificates) are resolved against.
+    pub base_dir: PathBuf,
+    /// Listening sockets (at least one).
+    pub listeners: Vec<ListenerConfig>,
+    /// Upstreams.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// Routes, in file order.
+    pub routes: Vec<RouteConfig>,
+    /// Timeouts.
+    pub timeouts: Timeouts,
+    /// Limits.
+    pub limits: Limits,
+}
+
+/// Collects diagnostics with positions computed from byte offsets.
+struct Diags<'a> {
+    file: &'a str,
+    text: &'a str,
+    list: Vec<(usize, Diagnostic)>,
+}
+
+impl Diags<'_> {
+    fn push(
+        &mut self,
+        span: Option<Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        let offset = span.as_ref().map_or(usize::MAX, |s| s.start);
+        let position = span.map(|s| line_col(self.text, s.start));
+        self.list.push((
+            offset,
+            Diagnostic {
+                file: self.file.to_owned(),
+                position,
+                field: field.into(),
+                message: message.into(),
+            },
+        ));
+    }
+
+    fn de_error(&mut self, field: &str, err: &toml::de::Error) {
+        self.push(
+            err.span(),
+            field,
+            err.message().trim_end().replace('\n', " "),
+        );
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().map(Path::to_owned).unwrap_or_default();
+        Config::parse(&text, &path.display().to_string(), &base)
+    }
+
+    /// The embedded default config.
+    pub fn embedded_default() -> Config {
+        Config::parse(DEFAULT_CONFIG, DEFAULT_CONFIG_NAME, Path::new("."))
+            .expect("the embedded default config is checked by a test")
+    }
+
+    /// Parses and validates config text. `name` is used in messages; relative certificate
+    /// paths are resolved against `base_dir`. On failure every error found is returned.
+    pub fn parse(text: &str, name: &str, base_dir: &Path) -> Result<Config, Error> {
+        let mut diags = Diags {
+            file: name,
+            text,
+            list: Vec::new(),
+        };
+        let (root, syntax_errors) = DeTable::parse_recoverable(text);
+        for err in &syntax_errors {
+            diags.de_error("(syntax)", err);
+        }
+        if !syntax_errors.is_empty() {
+            return Err(diags.finish());
+        }
+        let root = root.into_inner();
+
+        let mut listeners = Vec::new();
+        let mut upstreams = Vec::new();
+        let mut routes = Vec::new();
+        let mut timeouts = Timeouts::default();
+        let mut limits = Limits::default();
+        let mut listeners_span = None;
+        let mut declared_upstreams = HashSet::new();
+        let mut idx = FileIndexes::default();
+
+        for (key, value) in root.iter() {
+            let key_name: &str = key.get_ref();
+            match key_name {
+                "listeners" => {
+                    listeners_span = Some(value.span());
+                    (idx.listeners, listeners) = array_of(&mut diags, "listeners", value);
+                }
+                "upstreams" => {
+                    (idx.upstreams, upstreams) = array_of(&mut diags, "upstreams", value);
+                    // Names of upstreams that failed to deserialize still count as declared,
+                    // so a route naming one is not reported a second time.
+                    if let Some(items) = value.get_ref().as_array() {
+                        for item in items.iter() {
+                            if let Some(name) = item
+                                .get_ref()
+                                .get("name")
+                                .and_then(|n| n.get_ref().as_str())
+                            {
+                                declared_upstreams.insert(name.to_owned());
+                            }
+                        }
+                    }
+                }
+                "routes" => (idx.routes, routes) = array_of(&mut diags, "routes", value),
+                "timeouts" => {
+                    if let Some(t) = one_of(&mut diags, "timeouts", value) {
+                        timeouts = t;
+                    }
+                }
+                "limits" => {
+                    if let Some(l) = one_of(&mut diags, "limits", value) {
+                        limits = l;
+                    }
+                }
+                other => diags.push(
+                    Some(key.span()),
+                    other,
+                    "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
+                     `timeouts`, `limits`",
+                ),
+            }
+        }
+
+        let config = Config {
+            source: name.to_owned(),
+            base_dir: base_dir.to_owned(),
+            listeners,
+            upstreams,
+            routes,
+            timeouts,
+            limits,
+        };
+        config.validate(&mut diags, listeners_span, &declared_upstreams, &idx);
+        if diags.list.is_empty() {
+            Ok(config)
+        } else {
+            Err(diags.finish())
+        }
+    }
+
+    fn validate(
+        &self,
+        d: &mut Diags<'_>,
+        listeners_span: Option<Range<usize>>,
+        declared: &HashSet<String>,
+        idx: &FileIndexes,
+    ) {
+        if self.listeners.is_empty() {
+            d.push(
+                listeners_span,
+                "listeners",
+                "at least one listener is required",
+            );
+        }
+        let mut seen_addrs = HashSet::new();
+        for (&i, l) in idx.listeners.iter().zip(&self.listeners) {
+            match l.address.get_ref().parse::<SocketAddr>() {
+                Ok(addr) => {
+                    if !seen_addrs.insert(addr) && addr.port() != 0 {
+                        d.push(
+                            Some(l.address.span()),
+                            format!("listeners[{i}].address"),
+                            format!("duplicate listener address {addr}"),
+                        );
+                    }
+                }
+                Err(_) => d.push(
+                    Some(l.address.span()),
+                    format!("listeners[{i}].address"),
+                    format!("`{}` is not an IP:PORT address", l.address.get_ref()),
+                ),
+            }
+            if let Some(tls) = &l.tls {
+                for (what, path) in [("cert", &tls.cert), ("key", &tls.key)] {
+                    let full = self.base_dir.join(path.get_ref());
+                    if let Err(e) = std::fs::read(&full) {
+                        d.push(
+                            Some(path.span()),
+                            format!("listeners[{i}].tls.{what}"),
+                            format!("cannot read {}: {e}", full.display()),
+                        );
+                    }
+                }
+                if d.list.is_empty()
+                    && let Err(e) = crate::tls::server_config(&self.base_dir, tls)
+                {
+                    d.push(
+                        Some(tls.cert.span()),
+                        format!("listeners[{i}].tls"),
+                        e.to_string(),
+                    );
+                }
+            }
+        }
+
+        let mut names = HashSet::new();
+        for (&i, u) in idx.upstreams.iter().zip(&self.upstreams) {
+            let name = u.name.get_ref();
+            if !names.insert(name.as_str()) {
+                d.push(
+                    Some(u.name.span()),
+                    format!("upstreams[{i}].name"),
+                    format!("duplicate upstream name `{name}`"),
+                );
+            }
+            match (u.endpoints.is_empty(), &u.builtin) {
+                (true, None) => d.push(
+                    Some(u.name.span()),
+                    format!("upstreams[{i}]"),
+                    "needs `endpoints` or `builtin`",
+                ),
+                (false, Some(_)) => d.push(
+                    Some(u.name.span()),
+                    format!("upstreams[{i}]"),
+                    "has both `endpoints` and `builtin`; choose one",
+                ),
+                _ => {}
+            }
+            if let Some(b) = &u.builtin
+                && http::StatusCode::from_u16(b.status).is_err()
+            {
+                d.push(
+                    Some(u.name.span()),
+                    format!("upstreams[{i}].builtin.status"),
+                    format!("{} is not an HTTP status", b.status),
+                );
+            }
+            for (j, e) in u.endpoints.iter().enumerate() {
+                if e.address.get_ref().parse::<SocketAddr>().is_err() {
+                    d.push(
+                        Some(e.address.span()),
+                        format!("upstreams[{i}].endpoints[{j}].address"),
+                        format!("`{}` is not an IP:PORT address", e.address.get_ref()),
+                    );
+                }
+                let w = *e.weight.get_ref();
+                if !(1..=1000).contains(&w) {
+                    d.push(
+                        Some(e.weight.span()),
+                        format!("upstreams[{i}].endpoints[{j}].weight"),
+                        format!("{w} is outside 1..=1000"),
+                    );
+                }
+            }
+        }
+
+        let mut ids = HashSet::new();
+        for (&i, r) in idx.routes.iter().zip(&self.routes) {
+            let id = r.id.get_ref();
+            if !ids.insert(id.as_str()) {
+                d.push(
+                    Some(r.id.span()),
+                    format!("routes[{i}].id"),
+                    format!("duplicate route id `{id}`"),
+                );
+            }
+            if !declared.contains(r.upstream.get_ref()) {
+                d.push(
+                    Some(r.upstream.span()),
+                    format!("routes[{i}].upstream"),
+                    format!("unknown upstream `{}`", r.upstream.get_ref()),
+                );
+            }
+            if let Some(p) = &r.path {
+                let (PathMatch::Exact(s) | PathMatch::Prefix(s)) = p.get_ref();
+                if !s.starts_with('/') {
+                    d.push(
+                        Some(p.span()),
+                        format!("routes[{i}].path"),
+                        format!("`{s}` must start with `/`"),
+                    );
+                }
+            }
+            if let Some(m) = &r.method
+                && (m.get_ref().is_empty() || !m.get_ref().bytes().all(|b| b.is_ascii_uppercase()))
+            {
+                d.push(
+                    Some(m.span()),
+                    format!("routes[{i}].method"),
+                    format!("`{}` is not an uppercase HTTP method", m.get_ref()),
+                );
+            }
+            for (field, host) in [("host", &r.host), ("host_rewrite", &r.host_rewrite)] {
+                if let Some(h) = host
+                    && (h.get_ref().is_empty()
+                        || http::HeaderValue::from_str(h.get_ref()).is_err()
+                        || h.get_ref().contains(['/', ' ']))
+                {
+                    d.push(
+                        Some(h.span()),
+                        format!("routes[{i}].{field}"),
+                        format!("`{}` is not a host name", h.get_ref()),
+                    );
+                }
+            }
+            for (j, h) in r.headers.iter().enumerate() {
+                if http::HeaderName::from_bytes(h.name.get_ref().as_bytes()).is_err() {
+                    d.push(
+                        Some(h.name.span()),
+                        format!("routes[{i}].headers[{j}].name"),
+                        format!("`{}` is not a header name", h.name.get_ref()),
+                    );
+                }
+                if http::HeaderValue::from_str(&h.value).is_err() {
+                    d.push(
+                        Some(h.name.span()),
+                        format!("routes[{i}].headers[{j}].value"),
+                        "not a valid header value",
+                    );
+                }
+            }
+        }
+        if self.limits.header_bytes < 1024 {
+            d.push(None, "limits.header_bytes", "must be at least 1024");
+        }
+        if self.limits.connections == 0 {
+            d.push(None, "limits.connections", "must be at least 1");
+        }
+    }
+
+    /// Replaces the first listener's address (`tailguard run --listen`).
+    pub fn override_listen(&mut self, addr: SocketAddr) {
+        if let Some(first) = self.listeners.first_mut() {
+            first.address = Spanned::new(0..0, addr.to_string());
+        }
+    }
+
+    /// Replaces the endpoints of upstream `name` (`tailguard run --upstream NAME=ADDR,...`),
+    /// each with weight 1.
+    pub fn override_upstream(&mut self, name: &str, addrs: &[SocketAddr]) -> Result<(), Error> {
+        let Some(u) = self.upstreams.iter_mut().find(|u| u.name.get_ref() == name) else {
+            return Err(Error::Config(vec![Diagnostic {
+                file: "command line".to_owned(),
+                position: None,
+                field: "--upstream".to_owned(),
+                message: format!("no upstream named `{name}` in {}", self.source),
+            }]));
+        };
+        u.builtin = None;
+        u.endpoints = addrs
+            .iter()
+            .map(|a| EndpointConfig {
+                address: Spanned::new(0..0, a.to_string()),
+                weight: default_weight(),
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+impl Diags<'_> {
+    fn finish(mut self) -> Error {
+        self.list.sort_by_key(|(offset, _)| *offset);
+        Error::Config(self.list.into_iter().map(|(_, d)| d).collect())
+    }
+}
+
+fn one_of<T: for<'de> Deserialize<'de>>(
+    d: &mut Diags<'_>,
+    field: &str,
+    value: &Spanned<DeValue<'_>>,
+) -> Option<T> {
+    match T::deserialize(ValueDeserializer::from(value.clone())) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let span = e.span().or(Some(value.span()));
+            d.push(span, field, e.message().trim_end().replace('\n', " "));
+            None
+        }
+    }
+}
+
+/// Deserializes each element on its own; returns the good ones with their index in the
+/// file, so later messages name the element the user wrote (`routes[3]`), not its position
+/// among the ones that parsed.
+fn array_of<T: for<'de> Deserialize<'de>>(
+    d: &mut Diags<'_>,
+    field: &str,
+    value: &Spanned<DeValue<'_>>,
+) -> (Vec<usize>, Vec<T>) {
+    let Some(items) = value.get_ref().as_array() else {
+        d.push(
+            Some(value.span()),
+            field,
+            format!("expected an array (`[[{field}]]`)"),
+        );
+        return (Vec::new(), Vec::new());
+    };
+    let mut indexes = Vec::new();
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(v) = one_of(d, &format!("{field}[{i}]"), item) {
+            indexes.push(i);
+            out.push(v);
+        }
+    }
+    (indexes, out)
+}
+
+/// File index of each element that deserialized, per array section.
+#[derive(Default)]
+struct FileIndexes {
+    listeners: Vec<usize>,
+    upstreams: Vec<usize>,
+    routes: Vec<usize>,
+}

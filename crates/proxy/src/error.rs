@@ -1,0 +1,198 @@
+//! The crate's one error type: every failure has a blame, a retryability and one status.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use http::StatusCode;
+
+use crate::config::Diagnostic;
+
+/// Who caused a failure: the answer decides which side's metrics and alerts it lands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The client sent something we refuse (too large, malformed, nothing routes it).
+    Downstream,
+    /// The upstream refused, reset or was too slow.
+    Upstream,
+    /// The gateway itself (a bug, or a resource it ran out of).
+    Internal,
+}
+
+impl Blame {
+    /// Lowercase name used in log fields.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Blame::Downstream => "downstream",
+            Blame::Upstream => "upstream",
+            Blame::Internal => "internal",
+        }
+    }
+}
+
+/// Everything that can go wrong in the gateway, from config load to a forwarded request.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config has errors; each one carries file, line, column and field.
+    #[error("{}", display_diagnostics(.0))]
+    Config(Vec<Diagnostic>),
+    /// A file (config, certificate, key) could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// No route matches the request.
+    #[error("no route matches the request")]
+    NoRoute,
+    /// The request head is larger than `limits.header_bytes`.
+    #[error("request headers are larger than the limit")]
+    HeadersTooLarge,
+    /// The request body is larger than `limits.body_bytes` (declared or streamed).
+    #[error("request body is larger than the limit")]
+    BodyTooLarge,
+    /// The request cannot be forwarded as sent.
+    #[error("malformed request: {0}")]
+    BadRequest(&'static str),
+    /// The client went away or broke the body stream while we were forwarding it.
+    #[error("downstream body: {0}")]
+    DownstreamBody(String),
+    /// The admission seam refused the request (overload).
+    #[error("overloaded")]
+    Overloaded,
+    /// The upstream endpoint refused or reset the connection attempt.
+    #[error("upstream connect to {addr} failed: {reason}")]
+    UpstreamConnect {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// What the OS said.
+        reason: String,
+    },
+    /// The upstream did not connect or answer within the configured timeout.
+    #[error("upstream {addr} timed out ({phase})")]
+    UpstreamTimeout {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// `connect` or `request`.
+        phase: &'static str,
+    },
+    /// The upstream connection broke after it was established.
+    #[error("upstream {addr} failed: {reason}")]
+    UpstreamBroken {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// What hyper said.
+        reason: String,
+    },
+    /// TLS setup failed (bad certificate or key).
+    #[error("tls: {0}")]
+    Tls(String),
+    /// A bug or an exhausted resource in the gateway.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn display_diagnostics(diags: &[Diagnostic]) -> String {
+    let mut out = String::new();
+    for (i, d) in diags.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&d.to_string());
+    }
+    out
+}
+
+impl Error {
+    /// Who is at fault.
+    pub fn blame(&self) -> Blame {
+        match self {
+            Error::NoRoute
+            | Error::HeadersTooLarge
+            | Error::BodyTooLarge
+            | Error::BadRequest(_)
+            | Error::DownstreamBody(_) => Blame::Downstream,
+            Error::UpstreamConnect { .. }
+            | Error::UpstreamTimeout { .. }
+            | Error::UpstreamBroken { .. } => Blame::Upstream,
+            Error::Config(_)
+            | Error::Read { .. }
+            | Error::Bind { .. }
+            | Error::Overloaded
+            | Error::Tls(_)
+            | Error::Internal(_) => Blame::Internal,
+        }
+    }
+
+    /// Whether sending the same request again (elsewhere, or later) may succeed without
+    /// the client changing it. A refused connect never reached the upstream, so it is safe
+    /// to retry on another endpoint; a timeout or a broken exchange may have had effects.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Error::UpstreamConnect { .. } | Error::Overloaded)
+    }
+
+    /// THE mapping from error to HTTP status. Every error response the gateway makes goes
+    /// through here, so the table in docs/life-of-a-request.md is this function.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::NoRoute => StatusCode::NOT_FOUND,
+            Error::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Error::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::BadRequest(_) | Error::DownstreamBody(_) => StatusCode::BAD_REQUEST,
+            Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } => StatusCode::BAD_GATEWAY,
+            Error::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Error::Config(_)
+            | Error::Read { .. }
+            | Error::Bind { .. }
+            | Error::Tls(_)
+            | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The short plain-text body sent with the status; it never leaks addresses or
+    /// internals to the client (those go to the log line).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::NoRoute => "no route\n",
+            Error::HeadersTooLarge => "request headers too large\n",
+            Error::BodyTooLarge => "request body too large\n",
+            Error::BadRequest(_) | Error::DownstreamBody(_) => "bad request\n",
+            Error::Overloaded => "overloaded, retry later\n",
+            Error::UpstreamConnect { .. } => "upstream connect failed\n",
+            Error::UpstreamBroken { .. } => "upstream connection failed\n",
+            Error::UpstreamTimeout { .. } => "upstream timed out\n",
+            _ => "internal error\n",
+        }
+    }
+
+    /// A stable short name for the error kind, for log fields and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Read { .. } => "read",
+            Error::Bind { .. } => "bind",
+            Error::NoRoute => "no_route",
+            Error::HeadersTooLarge => "headers_too_large",
+            Error::BodyTooLarge => "body_too_large",
+            Error::BadRequest(_) => "bad_request",
+            Error::DownstreamBody(_) => "downstream_body",
+            Error::Overloaded => "overloaded",
+            Error::UpstreamConnect { .. } => "upstream_connect",
+            Error::UpstreamTimeout { .. } => "upstream_timeout",
+            Error::UpstreamBroken { .. } => "upstream_broken",
+            Error::Tls(_) => "tls",
+            Error::Internal(_) => "internal",
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! The request path: a config snapshot (router, upstreams, pooled client) swapped
+//! atomically on reload, and the function that takes a request from head to response.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, VIA};
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::admission::{self, AdmitGuard};
+use crate::balance::Outcome;
+use crate::body::{RequestBody, ResponseBody};
+use crate::builtin::Responder;
+use crate::config::{Config, Timeouts};
+use crate::error::Error;
+use crate::headers;
+use crate::record::{Finish, RequestRecord};
+use crate::route::{Route, Router};
+use crate::upstream::Upstream;
+
+/// The pooled keep-alive HTTP/1.1 client to upstream endpoints.
+pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+
+fn millis(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// Everything built from one config: what a request needs, found by index, never by name.
+/// Immutable once built; a reload builds a new one and swaps it in.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The config it was built from.
+    pub config: Config,
+    /// Routes in precedence order.
+    pub router: Router,
+    /// Upstreams in config order (routes hold indexes into this).
+    pub upstreams: Vec<Upstream>,
+    client: UpstreamClient,
+    request_timeout: Option<Duration>,
+    /// Set when a newer snapshot replaced this one: connections that cached this snapshot
+    /// switch to the current one for their next request.
+    retired: AtomicBool,
+    _responders: Vec<Responder>,
+}
+
+impl Snapshot {
+    /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
+    /// The upstream pool of `previous` is reused when its timeouts are unchanged, so a
+    /// reload keeps warm upstream connections.
+    pub fn build(config: Config, previous: Option<&Snapshot>) -> Result<Snapshot, Error> {
+        let mut responders = Vec::new();
+        let mut upstreams = Vec::with_capacity(config.upstreams.len());
+        for u in &config.upstreams {
+            let addrs: Vec<(SocketAddr, u32)> = match &u.builtin {
+                Some(b) => {
+                    let r = Responder::start(b)?;
+                    let addr = r.addr();
+                    responders.push(r);
+                    vec![(addr, 1)]
+                }
+                None => u
+                    .endpoints
+                    .iter()
+                    .filter_map(|e| Some((e.address.get_ref().parse().ok()?, *e.weight.get_ref())))
+                    .collect(),
+            };
+            upstreams.push(Upstream::build(u, &addrs));
+        }
+        let routes = config
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let up = config
+                    .upstreams
+                    .iter()
+                    .position(|u| u.name.get_ref() == r.upstream.get_ref())?;
+                Some(Route::build(r, up))
+            })
+            .collect();
+        let client = match previous {
+            Some(p) if same_pool_settings(&p.config.timeouts, &config.timeouts) => p.client.clone(),
+            _ => new_client(&config.timeouts),
+        };
+        Ok(Snapshot {
+            request_timeout: millis(config.timeouts.request_ms),
+            router: Router::new(routes),
+            upstreams,
+            client,
+            retired: AtomicBool::new(false),
+            _responders: responders,
+            config,
+        })
+    }
+}
+
+fn same_pool_settings(a: &Timeouts, b: &Timeouts) -> bool {
+    a.connect_ms == b.connect_ms && a.idle_ms == b.idle_ms
+}
+
+fn new_client(t: &Timeouts) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(millis(t.connect_ms));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(millis(t.idle_ms))
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// The gateway: the current snapshot, replaced atomically by [`Gateway::reload`].
+#[derive(Debug)]
+pub struct Gateway {
+    current: ArcSwap<Snapshot>,
+}
+
+impl Gateway {
+    /// Builds the gateway's first snapshot (inside a tokio runtime).
+    pub fn new(config: Config) -> Result<Arc<Gateway>, Error> {
+        let snapshot = Snapshot::build(config, None)?;
+        Ok(Arc::new(Gateway {
+            current: ArcSwap::from_pointee(snapshot),
+        }))
+    }
+
+    /// Swaps in a new config. Requests already running finish on the old snapshot; every
+    /// request that starts after this returns uses the new one. On error nothing changes.
+    pub fn reload(&self, config: Config) -> Result<(), Error> {
+        let old = self.current.load_full();
+        let new = Snapshot::build(config, Some(&old))?;
+        let old = self.current.swap(Arc::new(new));
+        old.retired.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+}
+
+/// Per downstream connection: the snapshot it started with, so a request touches only this
+/// connection's reference count, not one shared by every serving thread.
+#[derive(Debug)]
+pub(crate) struct ConnCtx {
+    pub(crate) gateway: Arc<Gateway>,
+    pub(crate) snapshot: Arc<Snapshot>,
+    pub(crate) remote: SocketAddr,
+    pub(crate) tls: bool,
+}
+
+/// How a request holds its snapshot until its response finishes.
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// Through its connection (the common case).
+    Conn(Arc<ConnCtx>),
+    /// Its connection's snapshot was retired by a reload: the current one, held directly.
+    Fresh(Arc<Snapshot>),
+}
+
+impl Held {
+    pub(crate) fn snapshot(&self) -> &Snapshot {
+        match self {
+            Held::Conn(c) => &c.snapshot,
+            Held::Fresh(s) => s,
+        }
+    }
+}
+
+fn hold(conn: &Arc<ConnCtx>) -> Held {
+    if conn.snapshot.retired.load(Ordering::Acquire) {
+        Held::Fresh(conn.gateway.snapshot())
+    } else {
+        Held::Conn(Arc::clone(conn))
+    }
+}
+
+fn local_response(
+    status: StatusCode,
+    body: &'static str,
+    finish: Option<Finish>,
+) -> Response<ResponseBody> {
+    let mut resp = Response::new(ResponseBody::local(
+        Bytes::from_static(body.as_bytes()),
+        finish,
+    ));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Serves one request from its parsed head to the response head (the body then streams).
+pub(crate) async fn serve(
+    conn: Arc<ConnCtx>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let start = Instant::now();
+    // Answered locally on every listener, before admission, so it is never shed and never
+    // touches an upstream.
+    if req.uri().path() == "/healthz"
+        && (req.method() == Method::GET || req.method() == Method::HEAD)
+    {
+        return Ok(local_response(StatusCode::OK, "ok\n", None));
+    }
+    let held = hold(&conn);
+    let mut record = RequestRecord::new(start, conn.remote, conn.tls, &req);
+    let admitted = match admission::admit(held.snapshot(), &req) {
+        Ok(guard) => guard,
+        Err(e) => return Ok(error_response(e, record, held, None)),
+    };
+    match forward(held.snapshot(), &conn, req, &mut record).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            record.status = parts.status.as_u16();
+            let finish = Finish {
+                record,
+                held,
+                _admitted: Some(admitted),
+            };
+            Ok(Response::from_parts(
+                parts,
+                ResponseBody::upstream(body, Some(finish)),
+            ))
+        }
+        Err(e) => Ok(error_response(e, record, held, Some(admitted))),
+    }
+}
+
+/// Turns an error into its response (status from [`Error::status`], the only mapping) and
+/// writes the request's one structured log line saying who was at fault.
+fn error_response(
+    err: Error,
+    mut record: RequestRecord,
+    held: Held,
+    admitted: Option<AdmitGuard>,
+) -> Response<ResponseBody> {
+    let status = err.status();
+    {
+        let snapshot = held.snapshot();
+        let route = record.route.map(|r| &*snapshot.router.get(r).id);
+        let upstream = record
+            .endpoint
+            .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
+        let blame = err.blame().as_str();
+        macro_rules! line {
+            ($level:ident) => {
+                tracing::$level!(
+                    target: "tailguard::request",
+                    status = status.as_u16(),
+                    kind = err.kind(),
+                    blame,
+                    retryable = err.retryable(),
+                    route,
+                    upstream = ?upstream,
+                    method = %record.method,
+                    uri = %record.uri,
+                    remote = %record.remote,
+                    "{err}"
+                )
+            };
+        }
+        match err.blame() {
+            // A client's mistake is routine for the gateway; an upstream's or our own is not.
+            crate::error::Blame::Downstream => line!(info),
+            _ => line!(warn),
+        }
+    }
+    record.status = status.as_u16();
+    record.error = Some(err.kind());
+    let mut resp = local_response(
+        status,
+        err.reason(),
+        Some(Finish {
+            record,
+            held,
+            _admitted: admitted,
+        }),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+/// The request's host without port: from the URI (HTTP/2 `:authority`, absolute form) or
+/// the `Host` header.
+fn host_of<B>(req: &Request<B>) -> &str {
+    let raw = req
+        .uri()
+        .host()
+        .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
+        .unwrap_or("");
+    if let Some(rest) = raw.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    raw.rsplit_once(':').map_or(raw, |(h, _)| h)
+}
+
+/// Bytes of the request head as a limit sees them (request line and header lines).
+fn head_bytes<B>(req: &Request<B>) -> usize {
+    let line = req.method().as_str().len()
+        + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
+        + 12;
+    req.headers()
+        .iter()
+        .fold(line, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
+}
+
+async fn forward(
+    snap: &Snapshot,
+    conn: &ConnCtx,
+    req: Request<Incoming>,
+    record: &mut RequestRecord,
+) -> Result<Response<Incoming>, Error> {
+    let limits = &snap.config.limits;
+    if head_bytes(&req) > limits.header_bytes {
+        return Err(Error::HeadersTooLarge);
+    }
+    let route_index = snap
+        .router
+        .find(host_of(&req), req.uri().path(), req.method(), req.headers())
+        .ok_or(Error::NoRoute)?;
+    record.route = Some(route_index);
+    let route = snap.router.get(route_index);
+
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.body_bytes) {
+        return Err(Error::BodyTooLarge);
+    }
+
+    let upstream = &snap.upstreams[route.upstream];
+    let endpoint_index = upstream.balance.pick();
+    let endpoint = &upstream.endpoints[endpoint_index];
+    record.endpoint = Some((route.upstream, endpoint_index));
+
+    let (mut parts, body) = req.into_parts();
+    headers::remove_hop_by_hop(&mut parts.headers);
+    if let Some(host) = &route.host_rewrite {
+        parts.headers.insert(HOST, host.clone());
+    } else if !parts.headers.contains_key(HOST)
+        && let Some(authority) = parts.uri.authority()
+    {
+        // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`.
+        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+            parts.headers.insert(HOST, v);
+        }
+    }
+    record.request_id = Some(headers::request_id(&mut parts.headers));
+    headers::add_forwarding(
+        &mut parts.headers,
+        conn.remote.ip(),
+        conn.tls,
+        parts.version,
+    );
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    parts.uri = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(endpoint.authority.clone())
+        .path_and_query(path)
+        .build()
+        .map_err(|_| Error::BadRequest("request target cannot be forwarded"))?;
+    parts.version = Version::HTTP_11;
+
+    let count = (!body.is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
+    record.bytes_in = count.clone();
+    let body = RequestBody::new(body, limits.body_bytes, count);
+
+    let dispatched = Instant::now();
+    let exchange = snap.client.request(Request::from_parts(parts, body));
+    let result = match snap.request_timeout {
+        Some(limit) => match tokio::time::timeout(limit, exchange).await {
+            Ok(r) => r.map_err(|e| classify(&e, endpoint.addr)),
+            Err(_) => Err(Error::UpstreamTimeout {
+                addr: endpoint.addr,
+                phase: "request",
+            }),
+        },
+        None => exchange.await.map_err(|e| classify(&e, endpoint.addr)),
+    };
+    let elapsed = dispatched.elapsed();
+    record.upstream_time = Some(elapsed);
+    let outcome = match &result {
+        Ok(r) => Outcome::Status(r.status().as_u16()),
+        Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
+        Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
+        Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
+        Err(_) => Outcome::Aborted,
+    };
+    upstream.balance.complete(endpoint_index, outcome, elapsed);
+
+    let mut resp = result?;
+    record.upstream_status = Some(resp.status().as_u16());
+    headers::remove_hop_by_hop(resp.headers_mut());
+    let via = headers::via_value(resp.version());
+    resp.headers_mut().append(VIA, via);
+    Ok(resp)
+}
+
+/// Sorts a client error into blame: our own body errors (the downstream's fault) are found
+/// in the source chain; a failed connect is the endpoint refusing (or timing out); anything
+/// after that is a broken upstream exchange.
+fn classify(err: &hyper_util::client::legacy::Error, addr: SocketAddr) -> Error {
+    let mut io_kind = None;
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        if let Some(own) = s.downcast_ref::<Error>() {
+            return match own {
+                Error::BodyTooLarge => Error::BodyTooLarge,
+                other => Error::DownstreamBody(other.to_string()),
+            };
+        }
+        if let Some(e) = s.downcast_ref::<io::Error>() {
+            io_kind.get_or_insert(e.kind());
+        }
+        source = s.source();
+    }
+    let reason = chain(err);
+    if err.is_connect() {
+        if io_kind == Some(io::ErrorKind::TimedOut) {
+            Error::UpstreamTimeout {
+                addr,
+                phase: "connect",
+            }
+        } else {
+            Error::UpstreamConnect { addr, reason }
+        }
+    } else {
+        Error::UpstreamBroken { addr, reason }
+    }
+}
+
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,129 @@
+//! Header rewriting between downstream and upstream: hop-by-hop removal (RFC 9110 §7.6.1)
+//! and the forwarding headers (`X-Forwarded-For`, `X-Forwarded-Proto`, `Via`,
+//! `X-Request-Id`).
+
+use std::net::IpAddr;
+
+use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE, VIA};
+use http::{HeaderMap, HeaderName, HeaderValue, Version};
+
+/// `X-Forwarded-For`.
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`.
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Request-Id`.
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Removes the hop-by-hop headers: the fixed list of RFC 9110 §7.6.1 and every header the
+/// `Connection` header names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(CONNECTION) {
+        // Collected first because the map cannot be changed while its values are borrowed;
+        // this allocation happens only when a client sends `Connection`.
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+        headers.remove(CONNECTION);
+    }
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(TE);
+    headers.remove(TRANSFER_ENCODING);
+    headers.remove(UPGRADE);
+}
+
+/// The `Via` entry this gateway adds for a message received with `version`.
+pub fn via_value(version: Version) -> HeaderValue {
+    HeaderValue::from_static(match version {
+        Version::HTTP_2 => "2 tailguard",
+        Version::HTTP_10 => "1.0 tailguard",
+        _ => "1.1 tailguard",
+    })
+}
+
+/// Adds `X-Forwarded-For` (appending the client to any list already there),
+/// `X-Forwarded-Proto` (replacing it: only this hop knows the scheme it was reached by) and
+/// `Via` (appending).
+pub fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, tls: bool, version: Version) {
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prior) if headers.get_all(&X_FORWARDED_FOR).iter().count() == 1 => {
+            format!("{prior}, {client}")
+        }
+        Some(_) => {
+            let all: Vec<&str> = headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            format!("{}, {client}", all.join(", "))
+        }
+        None => client.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(&X_FORWARDED_FOR, v);
+    }
+    headers.insert(
+        &X_FORWARDED_PROTO,
+        HeaderValue::from_static(if tls { "https" } else { "http" }),
+    );
+    headers.append(VIA, via_value(version));
+}
+
+/// The request's id: the client's `X-Request-Id` if it sent one, else a new random one
+/// (128 bits, hex), which is also set on the request.
+pub fn request_id(headers: &mut HeaderMap) -> HeaderValue {
+    if let Some(id) = headers.get(&X_REQUEST_ID) {
+        return id.clone();
+    }
+    let id = HeaderValue::from_str(&format!("{:032x}", fastrand::u128(..)))
+        .expect("hex digits are a valid header value");
+    headers.insert(&X_REQUEST_ID, id.clone());
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removes_fixed_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        remove_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn appends_forwarded_for() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
+        add_forwarding(
+            &mut h,
+            "127.0.0.1".parse().expect("ip"),
+            true,
+            Version::HTTP_11,
+        );
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["via"], "1.1 tailguard");
+    }
+}

@@ -1,0 +1,134 @@
+//! What is known about a request when it finishes, and the one place where a finished
+//! request is reported.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::{HeaderValue, Method, Uri, Version};
+
+use crate::admission::AdmitGuard;
+use crate::gateway::{Held, Snapshot};
+
+/// Everything about one request that metrics and the access log need. Filled in as the
+/// request goes (head, route, upstream exchange, response), read once in [`finish`].
+#[derive(Debug)]
+pub struct RequestRecord {
+    /// When the request head was handed to the gateway.
+    pub start: Instant,
+    /// The downstream peer.
+    pub remote: SocketAddr,
+    /// Whether the downstream connection is TLS.
+    pub tls: bool,
+    /// Request method.
+    pub method: Method,
+    /// Request URI as received.
+    pub uri: Uri,
+    /// Downstream HTTP version.
+    pub version: Version,
+    /// `User-Agent`, if sent.
+    pub user_agent: Option<HeaderValue>,
+    /// `Referer`, if sent.
+    pub referer: Option<HeaderValue>,
+    /// `X-Request-Id` as sent upstream (the client's, or generated).
+    pub request_id: Option<HeaderValue>,
+    /// Index of the matched route in the snapshot's router.
+    pub route: Option<usize>,
+    /// Index of the upstream and of the endpoint the request was sent to.
+    pub endpoint: Option<(usize, usize)>,
+    /// Status the upstream answered with.
+    pub upstream_status: Option<u16>,
+    /// From dispatch to the upstream's response head (or failure).
+    pub upstream_time: Option<Duration>,
+    /// Status sent downstream.
+    pub status: u16,
+    /// Request body bytes read from the client (shared with the body while it streams).
+    pub bytes_in: Option<Arc<AtomicU64>>,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// Kind of the error that ended the request, if one did ([`crate::Error::kind`]).
+    pub error: Option<&'static str>,
+    /// False when the response body did not reach its end (client gone, upstream broke).
+    pub completed: bool,
+}
+
+impl RequestRecord {
+    /// A record for a request whose head just arrived.
+    pub fn new<B>(
+        start: Instant,
+        remote: SocketAddr,
+        tls: bool,
+        head: &http::Request<B>,
+    ) -> RequestRecord {
+        RequestRecord {
+            start,
+            remote,
+            tls,
+            method: head.method().clone(),
+            uri: head.uri().clone(),
+            version: head.version(),
+            user_agent: head.headers().get(http::header::USER_AGENT).cloned(),
+            referer: head.headers().get(http::header::REFERER).cloned(),
+            request_id: None,
+            route: None,
+            endpoint: None,
+            upstream_status: None,
+            upstream_time: None,
+            status: 0,
+            bytes_in: None,
+            bytes_out: 0,
+            error: None,
+            completed: false,
+        }
+    }
+
+    /// Request body bytes read so far.
+    pub fn bytes_in(&self) -> u64 {
+        self.bytes_in
+            .as_ref()
+            .map_or(0, |b| b.load(Ordering::Relaxed))
+    }
+}
+
+/// Carried by a response body; when the body ends or is dropped, the request is finished.
+#[derive(Debug)]
+pub struct Finish {
+    pub(crate) record: RequestRecord,
+    pub(crate) held: Held,
+    pub(crate) _admitted: Option<AdmitGuard>,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        finish(&self.record, self.held.snapshot(), Instant::now());
+    }
+}
+
+/// Seam: THE place a finished request is reported, once per request, after the last
+/// response byte was handed to the connection (or the response was abandoned). Metrics
+/// (status, durations, bytes) and the access-log line are recorded here, through handles
+/// held by the route and endpoint (`snapshot.router.get(route)`,
+/// `snapshot.upstreams[u].endpoints[e]`), never looked up by name.
+pub fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
+    let route = record.route.map(|r| &*snapshot.router.get(r).id);
+    let upstream_addr = record
+        .endpoint
+        .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
+    tracing::trace!(
+        target: "tailguard::request",
+        remote = %record.remote,
+        method = %record.method,
+        uri = %record.uri,
+        status = record.status,
+        route,
+        upstream = ?upstream_addr,
+        upstream_status = record.upstream_status,
+        upstream_us = record.upstream_time.map(|d| d.as_micros() as u64),
+        bytes_in = record.bytes_in(),
+        bytes_out = record.bytes_out,
+        duration_us = end.duration_since(record.start).as_micros() as u64,
+        completed = record.completed,
+        "request finished"
+    );
+}

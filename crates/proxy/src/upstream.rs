@@ -1,0 +1,65 @@
+//! Upstreams and their endpoints, built once per config load, with the balancer that
+//! picks between the endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::uri::Authority;
+
+use crate::balance::{Balance, RoundRobin};
+use crate::config::{BalanceKind, UpstreamConfig};
+
+/// One address of an upstream, as built at config load.
+///
+/// Seam: per-endpoint state (metric handles with the endpoint label resolved, breaker
+/// state, in-flight counters) is added here, so the request path reaches it through the
+/// index the balancer returns, with no lookup.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The socket address.
+    pub addr: SocketAddr,
+    /// `addr` as a URI authority, made once so a request does not format it.
+    pub authority: Authority,
+    /// Relative share of requests.
+    pub weight: u32,
+}
+
+/// A named service: endpoints plus the balancer over them.
+///
+/// Seam: per-upstream state (metrics, retry budget) is added here.
+#[derive(Debug)]
+pub struct Upstream {
+    /// The name routes refer to.
+    pub name: Arc<str>,
+    /// Endpoints, in config order; the balancer's indexes point here.
+    pub endpoints: Vec<Endpoint>,
+    /// Picks the endpoint for each request.
+    pub balance: Box<dyn Balance>,
+}
+
+impl Upstream {
+    /// Builds an upstream from its config and the resolved endpoint addresses (for a
+    /// `builtin` upstream, the responder's bound address).
+    pub fn build(config: &UpstreamConfig, addrs: &[(SocketAddr, u32)]) -> Upstream {
+        let endpoints: Vec<Endpoint> = addrs
+            .iter()
+            .map(|&(addr, weight)| Endpoint {
+                addr,
+                authority: addr
+                    .to_string()
+                    .parse()
+                    .expect("a socket address is a valid URI authority"),
+                weight,
+            })
+            .collect();
+        let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();
+        let balance: Box<dyn Balance> = match config.balance {
+            BalanceKind::RoundRobin => Box::new(RoundRobin::new(&weights)),
+        };
+        Upstream {
+            name: Arc::from(config.name.get_ref().as_str()),
+            endpoints,
+            balance,
+        }
+    }
+}

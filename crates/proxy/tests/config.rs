@@ -1,0 +1,129 @@
+//! Config parsing and validation: every error reported, with file:line:column and field.
+
+use std::path::Path;
+
+use tailguard_proxy::{Config, Error};
+
+fn errors(text: &str) -> Vec<String> {
+    match Config::parse(text, "gw.toml", Path::new(".")) {
+        Ok(_) => panic!("config unexpectedly valid"),
+        Err(Error::Config(diags)) => diags.iter().map(ToString::to_string).collect(),
+        Err(other) => panic!("not a config error: {other}"),
+    }
+}
+
+#[test]
+fn embedded_default_is_valid_and_has_the_demo_upstream() {
+    let c = Config::embedded_default();
+    assert_eq!(c.listeners[0].address.get_ref(), "127.0.0.1:8080");
+    assert!(
+        c.upstreams
+            .iter()
+            .any(|u| u.name.get_ref() == "demo" && u.builtin.is_some())
+    );
+}
+
+#[test]
+fn reports_every_error_with_position_and_field() {
+    let text = r#"
+[[listeners]]
+address = "not-an-address"
+
+[[upstreams]]
+name = "a"
+endpoints = [{ address = "127.0.0.1:1", weight = 0 }]
+
+[[upstreams]]
+name = "a"
+endpoints = [{ address = "127.0.0.1:2" }]
+
+[[routes]]
+id = "r"
+upstream = "nope"
+
+[[routes]]
+id = "r"
+upstream = "a"
+path = { prefix = "no-slash" }
+method = "get"
+
+[[routes]]
+id = "x"
+upstream = "a"
+colour = "blue"
+
+[bogus]
+"#;
+    let errs = errors(text);
+    let expected = [
+        "gw.toml:3:11: listeners[0].address: `not-an-address` is not an IP:PORT address",
+        "gw.toml:7:50: upstreams[0].endpoints[0].weight: 0 is outside 1..=1000",
+        "gw.toml:10:8: upstreams[1].name: duplicate upstream name `a`",
+        "gw.toml:15:12: routes[0].upstream: unknown upstream `nope`",
+        "gw.toml:18:6: routes[1].id: duplicate route id `r`",
+        "gw.toml:20:8: routes[1].path: `no-slash` must start with `/`",
+        "gw.toml:21:10: routes[1].method: `get` is not an uppercase HTTP method",
+    ];
+    for e in expected {
+        assert!(
+            errs.iter().any(|got| got == e),
+            "missing {e:?} in {errs:#?}"
+        );
+    }
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("gw.toml:26:1: routes[2]: unknown field `colour`")),
+        "{errs:#?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("gw.toml:28:2: bogus: unknown section")),
+        "{errs:#?}"
+    );
+    assert_eq!(errs.len(), 9, "{errs:#?}");
+}
+
+#[test]
+fn syntax_errors_have_positions() {
+    let errs = errors("[[listeners]]\naddress = \"127.0.0.1:80\n");
+    assert!(errs[0].starts_with("gw.toml:2:"), "{errs:?}");
+}
+
+#[test]
+fn unreadable_certificate_is_reported() {
+    let errs = errors(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = { cert = \"/nonexistent/cert.pem\", key = \"/nonexistent/key.pem\" }\n",
+    );
+    assert!(
+        errs[0]
+            .starts_with("gw.toml:3:16: listeners[0].tls.cert: cannot read /nonexistent/cert.pem"),
+        "{errs:?}"
+    );
+    assert!(
+        errs[1].starts_with("gw.toml:3:47: listeners[0].tls.key: cannot read"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn override_upstream_replaces_builtin_and_rejects_unknown_names() {
+    let mut c = Config::embedded_default();
+    c.override_upstream("demo", &["127.0.0.1:9".parse().unwrap()])
+        .unwrap();
+    let demo = c
+        .upstreams
+        .iter()
+        .find(|u| u.name.get_ref() == "demo")
+        .unwrap();
+    assert!(demo.builtin.is_none());
+    assert_eq!(demo.endpoints[0].address.get_ref(), "127.0.0.1:9");
+    let err = c.override_upstream("nope", &[]).unwrap_err().to_string();
+    assert!(err.contains("no upstream named `nope`"), "{err}");
+}
+
+#[test]
+fn docs_example_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/config.example.toml");
+    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.routes.len() >= 3);
+}

@@ -1,0 +1,236 @@
+//! Forwarding: headers, keep-alive reuse, balancing, streaming, HTTP/2 and TLS.
+
+use std::collections::HashMap;
+
+use http::{Request, Version};
+use http_body_util::BodyExt;
+use tailguard_test_support::{Source, TestCert, Upstream, h2c_client, http1_client, tls_get};
+
+use crate::support;
+
+/// Parses the echo upstream's header lines into a map (last value wins).
+fn echoed_headers(body: &str) -> HashMap<String, String> {
+    body.lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn forwarding_headers_added_and_hop_by_hop_removed() {
+    let upstream = Upstream::start().await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    let req = Request::get(format!("{url}/echo/x?q=1"))
+        .header("host", "api.example.com")
+        .header("connection", "keep-alive, x-drop-me")
+        .header("x-drop-me", "secret")
+        .header("keep-alive", "timeout=5")
+        .header("te", "trailers")
+        .header("x-forwarded-for", "10.0.0.1")
+        .header("x-kept", "yes")
+        .body(support::empty())
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["via"], "1.1 tailguard");
+    let body = support::text(resp).await;
+    assert!(body.starts_with("GET /echo/x?q=1 HTTP/1.1\n"), "{body}");
+    let h = echoed_headers(&body);
+    assert_eq!(h["host"], "api.example.com", "Host passes through");
+    assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["via"], "1.1 tailguard");
+    assert_eq!(h["x-kept"], "yes");
+    assert_eq!(h["x-request-id"].len(), 32, "generated id: {body}");
+    assert!(h["x-request-id"].bytes().all(|b| b.is_ascii_hexdigit()));
+    for gone in ["x-drop-me", "keep-alive", "te"] {
+        assert!(!h.contains_key(gone), "{gone} forwarded: {body}");
+    }
+    // hyper's client adds its own `connection` only when it wants to close; ours is gone.
+    assert_ne!(
+        h.get("connection").map(String::as_str),
+        Some("keep-alive, x-drop-me")
+    );
+
+    // A client's request id is kept.
+    let req = Request::get(format!("{url}/echo"))
+        .header("x-request-id", "abc-123")
+        .body(support::empty())
+        .unwrap();
+    let body = support::text(client.request(req).await.unwrap()).await;
+    assert_eq!(echoed_headers(&body)["x-request-id"], "abc-123");
+}
+
+#[tokio::test]
+async fn host_rewrite_replaces_host() {
+    let upstream = Upstream::start().await;
+    let config = support::with_listener(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n[[routes]]\nid = \"r\"\nupstream = \"up\"\nhost_rewrite = \"internal.svc\"\n",
+        upstream.addr
+    ));
+    let (_server, url) = support::start(config);
+    let (status, body) = tailguard_test_support::get(&http1_client(), &format!("{url}/echo")).await;
+    assert_eq!(status, 200);
+    assert_eq!(echoed_headers(&body)["host"], "internal.svc");
+}
+
+#[tokio::test]
+async fn upstream_keep_alive_connections_are_reused() {
+    let upstream = Upstream::start().await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    for _ in 0..50 {
+        let (status, _) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(upstream.requests(), 50);
+    assert_eq!(
+        upstream.connections(),
+        1,
+        "sequential requests share one pooled connection"
+    );
+}
+
+#[tokio::test]
+async fn weighted_round_robin_splits_by_weight() {
+    let a = Upstream::builder().body("a").start().await;
+    let b = Upstream::builder().body("b").start().await;
+    let config = support::with_listener(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\", weight = 3 }}, {{ address = \"{}\", weight = 1 }}]\n\n[[routes]]\nid = \"r\"\nupstream = \"up\"\n",
+        a.addr, b.addr
+    ));
+    let (_server, url) = support::start(config);
+    let client = http1_client();
+    let mut seq = String::new();
+    for _ in 0..400 {
+        let (_, body) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+        seq.push_str(&body);
+    }
+    // One serving thread (current-thread test runtime), so one cursor: exactly 3:1, and
+    // smooth (never more than three `a` in a row).
+    assert_eq!((a.requests(), b.requests()), (300, 100));
+    assert!(!seq.contains("aaaa"), "{seq}");
+}
+
+#[tokio::test]
+async fn bodies_stream_both_ways() {
+    let upstream = Upstream::start().await;
+    let (_server, url) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[limits]\nbody_bytes = 100_000_000\n",
+    ));
+    let client = http1_client();
+    let n: u64 = 8 * 1024 * 1024;
+    // Chunked upload (no Content-Length): the upstream counts what arrives.
+    let req = Request::post(format!("{url}/sink"))
+        .body(Source::chunked(n).boxed())
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(support::text(resp).await, n.to_string());
+    // Download.
+    let resp = client
+        .request(support::get(&format!("{url}/source/{n}")))
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-length"], n.to_string().as_str());
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got.len() as u64, n);
+}
+
+#[tokio::test]
+async fn h2c_downstream_to_http1_upstream() {
+    let upstream = Upstream::start().await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = h2c_client();
+    let resp = client
+        .request(support::get(&format!("{url}/echo")))
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let body = support::text(resp).await;
+    assert!(
+        body.starts_with("GET /echo HTTP/1.1\n"),
+        "upstream speaks HTTP/1.1: {body}"
+    );
+    let h = echoed_headers(&body);
+    assert_eq!(
+        h["host"],
+        url.trim_start_matches("http://"),
+        ":authority becomes Host"
+    );
+    assert_eq!(h["via"], "2 tailguard");
+    // Several concurrent streams on one connection.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let client = client.clone();
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .request(support::get(&format!("{url}/delay/20")))
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+}
+
+#[tokio::test]
+async fn tls_listener_negotiates_h2_and_http1_by_alpn() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = TestCert::generate(dir.path());
+    let upstream = Upstream::start().await;
+    let config = support::config(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{}\", key = \"{}\" }}\n\n[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n[[routes]]\nid = \"r\"\nupstream = \"up\"\n",
+        cert.cert_path.display(),
+        cert.key_path.display(),
+        upstream.addr
+    ));
+    let (server, _) = support::start(config);
+    let addr = server.local_addrs()[0];
+    let (alpn, status, body) = tls_get(addr, &cert.cert_der, &[b"h2", b"http/1.1"], "/echo").await;
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    assert_eq!(status, 200);
+    assert_eq!(echoed_headers(&body)["x-forwarded-proto"], "https");
+    let (alpn, status, body) = tls_get(addr, &cert.cert_der, &[b"http/1.1"], "/echo").await;
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert_eq!(status, 200);
+    assert_eq!(echoed_headers(&body)["via"], "1.1 tailguard");
+}
+
+#[tokio::test]
+async fn healthz_is_answered_locally() {
+    // The only upstream endpoint refuses connections: /healthz must not care.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (_server, url) = support::start(support::proxy_to(&[dead], ""));
+    let (status, body) =
+        tailguard_test_support::get(&http1_client(), &format!("{url}/healthz")).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+}
+
+#[tokio::test]
+async fn builtin_responder_answers_through_the_proxy() {
+    let mut config = tailguard_proxy::Config::embedded_default();
+    config.override_listen("127.0.0.1:0".parse().unwrap());
+    let (_server, url) = support::start(config);
+    let (status, body) =
+        tailguard_test_support::get(&http1_client(), &format!("{url}/hello")).await;
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with("\nHello from tailguard!") || body.starts_with("Hello from tailguard!"),
+        "{body}"
+    );
+    assert!(body.contains("GET /hello HTTP/1.1"), "{body}");
+    assert!(body.contains("x-forwarded-for: 127.0.0.1"), "{body}");
+    assert!(body.contains("via: 1.1 tailguard"), "{body}");
+}

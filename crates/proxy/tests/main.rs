@@ -1,0 +1,8 @@
+//! Integration tests of the gateway: real listeners, upstreams and clients on 127.0.0.1:0.
+
+mod config;
+mod errors;
+mod forwarding;
+mod lifecycle;
+mod routing;
+mod support;

@@ -1,0 +1,59 @@
+//! Starting a gateway in the test process from config text.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use tailguard_proxy::{Config, Server};
+use tailguard_test_support::TestBody;
+
+/// Parses config text, panicking with every diagnostic if it is invalid.
+pub(crate) fn config(text: &str) -> Config {
+    match Config::parse(text, "test.toml", Path::new(".")) {
+        Ok(c) => c,
+        Err(e) => panic!("invalid test config:\n{e}"),
+    }
+}
+
+/// A config with one plain listener on 127.0.0.1:0 followed by `rest`.
+pub(crate) fn with_listener(rest: &str) -> Config {
+    config(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n{rest}"
+    ))
+}
+
+/// One upstream named `up` with these endpoints and a catch-all route to it.
+pub(crate) fn proxy_to(endpoints: &[std::net::SocketAddr], extra: &str) -> Config {
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\" }}"))
+        .collect();
+    with_listener(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [{}]\n\n[[routes]]\nid = \"all\"\nupstream = \"up\"\n\n{extra}",
+        eps.join(", ")
+    ))
+}
+
+/// Starts a gateway and returns it with its base URL.
+pub(crate) fn start(config: Config) -> (Server, String) {
+    let server = Server::start(config).expect("gateway starts");
+    let url = format!("http://{}", server.local_addrs()[0]);
+    (server, url)
+}
+
+/// An empty request body.
+pub(crate) fn empty() -> TestBody {
+    Full::new(Bytes::new()).boxed()
+}
+
+/// A GET request builder with a body type the test clients take.
+pub(crate) fn get(url: &str) -> Request<TestBody> {
+    Request::get(url).body(empty()).expect("request")
+}
+
+/// Collects a response body as text.
+pub(crate) async fn text(resp: http::Response<hyper::body::Incoming>) -> String {
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}

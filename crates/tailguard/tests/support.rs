@@ -1,0 +1,150 @@
+//! Running the built binary and reading its stderr.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// A `tailguard run` child process.
+pub(crate) struct Gateway {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Gateway {
+    /// Starts `tailguard run ARGS` and waits (at most 20 s) for its listening line.
+    pub(crate) fn run(args: &[&str]) -> Gateway {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tailguard"))
+            .arg("run")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tailguard");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("tailguard: listening on ").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = tx.send(addr);
+                }
+                log2.lock().expect("log lock").push_str(&line);
+                log2.lock().expect("log lock").push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(a) => a.parse().expect("listening address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("gateway did not start:\n{}", log.lock().expect("log lock"));
+            }
+        };
+        Gateway {
+            child,
+            addr,
+            stderr: log,
+        }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Sends a signal by name (`HUP`, `TERM`) with kill(1).
+    pub(crate) fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill(1)")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Everything the gateway wrote to stderr so far.
+    pub(crate) fn log(&self) -> String {
+        self.stderr.lock().expect("log lock").clone()
+    }
+
+    /// Waits until the log contains `needle` (at most `limit`).
+    pub(crate) fn wait_for_log(&self, needle: &str, limit: Duration) {
+        let start = Instant::now();
+        while !self.log().contains(needle) {
+            assert!(
+                start.elapsed() < limit,
+                "log never showed {needle:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the process to exit (at most `limit`).
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "gateway did not exit:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A field of /proc/PID/status in KiB (e.g. `VmHWM`, peak resident set).
+    pub(crate) fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .expect("status field")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tailguard check --config FILE`: exit code, stdout, stderr.
+pub(crate) fn check(path: &std::path::Path) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tailguard"))
+        .arg("check")
+        .arg("--config")
+        .arg(path)
+        .output()
+        .expect("run tailguard check");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A config file proxying everything to `addrs`, plus `extra` TOML.
+pub(crate) fn proxy_config(addrs: &[SocketAddr], extra: &str) -> String {
+    let eps: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\" }}"))
+        .collect();
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[[upstreams]]\nname = \"up\"\nendpoints = [{}]\n\n[[routes]]\nid = \"all\"\nupstream = \"up\"\n\n{extra}",
+        eps.join(", ")
+    )
+}
