@@ -168,6 +168,7 @@ struct ThreadStats {
     latency_ok: Latency,
     during_scrape: Latency,
     lag: Latency,
+    from_release: Latency,
     status: BTreeMap<u16, u64>,
     errors: BTreeMap<String, u64>,
     sent: u64,
@@ -180,7 +181,8 @@ struct ThreadStats {
 
 /// The FIFO between the dispatcher and the connections of one thread.
 struct Shared {
-    queue: RefCell<VecDeque<u64>>,
+    /// `(intended, released)`: when the request was due, and when the dispatcher saw it due.
+    queue: RefCell<VecDeque<(u64, u64)>>,
     notify: Notify,
     closed: Cell<bool>,
     /// Connections waiting for work right now.
@@ -196,9 +198,9 @@ struct Shared {
 }
 
 impl Shared {
-    fn push(&self, intended: u64) {
+    fn push(&self, intended: u64, released: u64) {
         let mut q = self.queue.borrow_mut();
-        q.push_back(intended);
+        q.push_back((intended, released));
         let waiting = q.len().saturating_sub(self.idle.get()) as u64;
         drop(q);
         if intended >= self.measure_from {
@@ -215,7 +217,7 @@ impl Shared {
         self.notify.notify_one();
     }
 
-    async fn pop(&self) -> Option<u64> {
+    async fn pop(&self) -> Option<(u64, u64)> {
         loop {
             if let Some(t) = self.queue.borrow_mut().pop_front() {
                 return Some(t);
@@ -378,6 +380,7 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
         total.during_scrape.add(&stats.during_scrape);
         total.latency_ok.add(&stats.latency_ok);
         total.lag.add(&stats.lag);
+        total.from_release.add(&stats.from_release);
         for (k, v) in stats.status {
             *total.status.entry(k).or_default() += v;
         }
@@ -417,6 +420,7 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
         latency: total.latency,
         latency_ok: total.latency_ok,
         generator_lag: total.lag,
+        latency_from_release: total.from_release,
         latency_during_scrape: total.during_scrape,
         scrapes,
     })
@@ -525,7 +529,7 @@ async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LabError> {
         .queue
         .borrow()
         .iter()
-        .filter(|&&t| t >= measure_from)
+        .filter(|&&(t, _)| t >= measure_from)
         .count() as u64;
     let mut stats = shared.stats.take();
     let accounted = stats.completed + stats.errors.values().sum::<u64>() - connect_errors;
@@ -557,7 +561,7 @@ async fn dispatch(
         let now = now_ns();
         if next <= now {
             while next <= now && next < end {
-                shared.push(next);
+                shared.push(next, now);
                 next = start + schedule.next_offset();
             }
             // Let the connections run before looking at the clock again.
@@ -617,7 +621,7 @@ fn error_kind(e: &hyper::Error) -> &'static str {
 /// One keep-alive connection: takes the oldest waiting request, sends it, reads the whole
 /// response, records the latency from the intended time; reconnects after any failure.
 async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Bytes>>>) {
-    while let Some(intended) = shared.pop().await {
+    while let Some((intended, released)) = shared.pop().await {
         if intended >= shared.measure_from {
             // How late the generator itself was: timer wake-up, scheduling, and the wait for
             // a free connection.
@@ -665,6 +669,7 @@ async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Byte
                 let mut st = shared.stats.borrow_mut();
                 let latency = done.saturating_sub(intended);
                 st.latency.record_ns(latency);
+                st.from_release.record_ns(done.saturating_sub(released));
                 if status < 400 {
                     st.latency_ok.record_ns(latency);
                 }

@@ -69,6 +69,10 @@ pub struct Report {
     /// How late each request was picked up by a connection, from its intended time: the
     /// generator's own timer and scheduling lateness, plus the wait for a free connection.
     pub generator_lag: Latency,
+    /// Latency measured from when the dispatcher released each request (found it due), not
+    /// from its intended time: what `oha -q --latency-correction` reports. The difference to
+    /// `latency` is the generator's own timer lateness; kept for comparing with such tools.
+    pub latency_from_release: Latency,
     /// Latency of the requests whose lifetime overlapped a scrape.
     pub latency_during_scrape: Latency,
     /// Scrapes made during the run.

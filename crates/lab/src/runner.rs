@@ -335,6 +335,7 @@ fn merge(mut a: Report, b: &Report) -> Report {
     a.latency.add(&b.latency);
     a.latency_ok.add(&b.latency_ok);
     a.generator_lag.add(&b.generator_lag);
+    a.latency_from_release.add(&b.latency_from_release);
     a.latency_during_scrape.add(&b.latency_during_scrape);
     for (k, v) in &b.status {
         *a.status.entry(*k).or_default() += v;
