@@ -8,5 +8,6 @@ mod coordinated_omission;
 mod report;
 mod scenario;
 mod schedule;
+mod scrape;
 mod support;
 mod upstream;

@@ -1,0 +1,89 @@
+//! A scrape that stalls the server (the APISIX failure) shows in the distribution of the
+//! requests that overlapped it, and each scrape is recorded on the generator's clock.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tailguard_lab::load::{LoadConfig, run};
+use tailguard_lab::scrape::ScrapeConfig;
+use tokio::sync::RwLock;
+
+use crate::support;
+
+#[test]
+fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
+    // /metrics holds the server-wide lock for 150 ms, as a scrape rendered on a serving worker
+    // does; every other request takes the lock briefly.
+    let gate = Arc::new(RwLock::new(()));
+    let server = support::start(move |listener| async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let gate = gate.clone();
+                    async move {
+                        if req.uri().path() == "/metrics" {
+                            let _held = gate.write().await;
+                            tokio::time::sleep(Duration::from_millis(150)).await;
+                            return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
+                                vec![b'#'; 5000],
+                            ))));
+                        }
+                        drop(gate.read().await);
+                        Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let mut config = LoadConfig::new(&server.url("/"), 500.0, Duration::from_secs(3), 8);
+    config.scrape = Some(ScrapeConfig {
+        url: server.url("/metrics"),
+        every: Duration::from_secs(1),
+    });
+    let report = run(&config).unwrap();
+    // Scrapes at 0.5 s, 1.5 s and 2.5 s of the run, each ~150 ms, 5000 bytes, status 200.
+    assert_eq!(report.scrapes.len(), 3, "{:?}", report.scrapes);
+    for (i, s) in report.scrapes.iter().enumerate() {
+        assert_eq!((s.status, s.bytes, s.error.as_deref()), (200, 5000, None));
+        assert!(
+            s.duration_ms >= 150.0,
+            "scrape {i} took {} ms",
+            s.duration_ms
+        );
+        assert!(
+            (s.start_s - (0.5 + i as f64)).abs() < 0.1,
+            "scrape {i} at {} s",
+            s.start_s
+        );
+    }
+    let during = &report.latency_during_scrape;
+    // ~75 requests are due during each 150 ms stall, so at least that many overlap in all,
+    // and fewer than half of the run.
+    assert!(during.count() >= 150, "{} overlapped", during.count());
+    assert!(during.count() < report.latency.count() / 2);
+    let ms = |l: &tailguard_lab::latency::Latency, p: f64| l.percentile_us(p) as f64 / 1000.0;
+    assert!(
+        ms(during, 90.0) >= 100.0,
+        "overlapping P90 {} ms",
+        ms(during, 90.0)
+    );
+    assert!(ms(&report.latency, 100.0) >= 140.0);
+    assert!(ms(&report.latency, 50.0) < 50.0);
+    let printed = report.render();
+    assert!(printed.contains("Scrapes: 3 (0 failed)"), "{printed}");
+    assert!(printed.contains("Requests that overlapped a scrape:"));
+}
