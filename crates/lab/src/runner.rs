@@ -148,6 +148,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         upstream_addr: upstream_addr.clone(),
         gateway_cpus: pins(&pin.gateway),
         load_cpus: pins(&pin.load),
+        gateway_flags: gateway_flags(&opts.exe),
     };
 
     let capacity = match &scenario.capacity {
@@ -362,6 +363,8 @@ struct Ctx<'a> {
     upstream_addr: String,
     gateway_cpus: Vec<usize>,
     load_cpus: Vec<usize>,
+    /// Flags `tailguard run --help` lists; `None` when help could not be read.
+    gateway_flags: Option<Vec<String>>,
 }
 
 /// A started target: its URL, metrics URL, and the process guard (None for the upstream).
@@ -413,6 +416,13 @@ impl Ctx<'_> {
         }
     }
 
+    /// Whether `tailguard run` lists `flag` (assumed yes when help could not be read).
+    fn knows(&self, flag: &str) -> bool {
+        self.gateway_flags
+            .as_ref()
+            .is_none_or(|known| known.iter().any(|k| k == flag))
+    }
+
     /// Replaces `{out}` in gateway arguments with the output directory.
     fn expand(&self, args: &[String]) -> Vec<String> {
         let out = self.opts.out.display().to_string();
@@ -426,15 +436,37 @@ impl Ctx<'_> {
             .opts
             .out
             .join(format!("{}.gateway.log", slug(&cond.name)));
+        let mut args = vec![
+            "run".to_string(),
+            "--listen".to_string(),
+            listen.to_string(),
+            "--upstream".to_string(),
+            format!("demo={}", self.upstream_addr),
+        ];
+        let wants_metrics = cond.scrape_every.is_some();
+        if wants_metrics || self.knows("--metrics-listen") {
+            args.push("--metrics-listen".into());
+            args.push(metrics.to_string());
+        }
+        args.extend(self.expand(&self.scenario.gateway.args));
+        args.extend(self.expand(&cond.gateway));
+        // Say which feature is missing before starting anything, when help lists the flags.
+        if let Some(known) = &self.gateway_flags {
+            let missing: Vec<&str> = args
+                .iter()
+                .filter(|a| a.starts_with("--"))
+                .map(|a| a.split('=').next().unwrap_or(a))
+                .filter(|a| !known.iter().any(|k| k == a))
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "feature missing: this gateway build does not accept `{}` (the feature behind it has not landed)",
+                    missing.join("`, `")
+                ));
+            }
+        }
         let (mut cmd, _) = pinned_command(&self.opts.exe, &self.gateway_cpus);
-        cmd.arg("run")
-            .arg("--listen")
-            .arg(listen.to_string())
-            .arg("--upstream")
-            .arg(format!("demo={}", self.upstream_addr))
-            .arg("--metrics-listen")
-            .arg(metrics.to_string())
-            .args(self.expand(&self.scenario.gateway.args))
+        cmd.args(&args)
             .args(self.expand(&cond.gateway))
             .stdin(Stdio::null())
             .stdout(
@@ -513,6 +545,25 @@ impl Ctx<'_> {
         }
         rate
     }
+}
+
+/// The `--flags` that `exe run --help` lists, or `None` if it cannot be run.
+pub fn gateway_flags(exe: &Path) -> Option<Vec<String>> {
+    let out = std::process::Command::new(exe)
+        .args(["run", "--help"])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let flags: Vec<String> = text
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[' || c == '<')
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(str::to_string)
+        .collect();
+    (!flags.is_empty()).then_some(flags)
 }
 
 /// nginx as a plain reverse proxy with upstream keep-alive, one worker, no access log.
