@@ -165,9 +165,14 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             let mut load = ctx.load_config("http://0/", cap.probe_rate, 1);
             load.duration = cap.duration;
             load.warmup = Duration::ZERO;
+            load.connections = cap.connections.max(1);
+            load.threads = 1;
+            load.timeout = Duration::from_secs(30);
             match ctx.run_condition(&probe, Some(load)) {
                 Ok(r) => {
-                    let ok_rate = r.ok_count() as f64 / r.duration_s;
+                    // Responses completed inside the window: what the target sustained.
+                    let ok_share = r.ok_count() as f64 / r.completed.max(1) as f64;
+                    let ok_rate = r.achieved_rate * ok_share;
                     println!(
                         "  capacity: {ok_rate:.0} req/s answered below 400 at an offered {} req/s",
                         cap.probe_rate

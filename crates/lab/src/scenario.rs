@@ -136,6 +136,14 @@ pub struct CapacitySpec {
     /// Gateway flags while probing.
     #[serde(default)]
     pub gateway: Vec<String>,
+    /// Connections while probing: few, so the excess waits in the generator's queue instead
+    /// of timing out in the target (timeouts would make the target waste work and read low).
+    #[serde(default = "probe_connections")]
+    pub connections: usize,
+}
+
+fn probe_connections() -> usize {
+    8
 }
 
 /// What a condition's load is sent to.
