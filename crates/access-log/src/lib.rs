@@ -72,6 +72,8 @@ use writer::{Sink, WriterThread};
 #[derive(Clone)]
 pub struct AccessLog {
     inner: Arc<dyn Append>,
+    /// Whether records are kept, so [`AccessLog::log_with`] can skip building one.
+    on: bool,
 }
 
 impl fmt::Debug for AccessLog {
@@ -147,6 +149,7 @@ impl AccessLog {
             inner: Arc::new(Buffered {
                 shared: Arc::clone(&shared),
             }),
+            on: true,
         };
         Ok((
             log,
@@ -163,6 +166,7 @@ impl AccessLog {
     pub fn off() -> Self {
         Self {
             inner: Arc::new(Off),
+            on: false,
         }
     }
 
@@ -171,6 +175,20 @@ impl AccessLog {
     #[inline]
     pub fn log(&self, record: &Record<'_>) {
         self.inner.append(record);
+    }
+
+    /// Like [`AccessLog::log`], building the record only when the log keeps records, so a
+    /// server with logging off does not even read the clock for it.
+    #[inline]
+    pub fn log_with<'a>(&self, make: impl FnOnce() -> Record<'a>) {
+        if self.on {
+            self.inner.append(&make());
+        }
+    }
+
+    /// Whether this is [`AccessLog::off`].
+    pub fn is_off(&self) -> bool {
+        !self.on
     }
 }
 

@@ -57,6 +57,9 @@ pub struct ListenerConfig {
     /// Serve TLS (with ALPN `h2`, `http/1.1`) instead of plain HTTP/1.1 + h2c.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
+    /// This listener's own access log (else the top-level `[access_log]`).
+    #[serde(default)]
+    pub access_log: Option<tailguard_access_log::Config>,
 }
 
 /// Certificate chain and private key for a TLS listener, PEM files.
@@ -277,6 +280,8 @@ pub struct Config {
     pub timeouts: Timeouts,
     /// Limits.
     pub limits: Limits,
+    /// The access log of every listener without its own (`[access_log]`; off by default).
+    pub access_log: tailguard_access_log::Config,
 }
 
 /// Collects diagnostics with positions computed from byte offsets.
@@ -363,6 +368,7 @@ impl Config {
         let mut routes = Vec::new();
         let mut timeouts = Timeouts::default();
         let mut limits = Limits::default();
+        let mut access_log = tailguard_access_log::Config::default();
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -401,11 +407,16 @@ impl Config {
                         limits = l;
                     }
                 }
+                "access_log" => {
+                    if let Some(a) = one_of(&mut diags, "access_log", value) {
+                        access_log = a;
+                    }
+                }
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
-                     `timeouts`, `limits`",
+                     `timeouts`, `limits`, `access_log`",
                 ),
             }
         }
@@ -418,7 +429,11 @@ impl Config {
             routes,
             timeouts,
             limits,
+            access_log,
         };
+        for (field, message) in crate::access_log::check(&config) {
+            diags.push(None, field, message);
+        }
         config.validate(&mut diags, listeners_span, &declared_upstreams, &idx);
         if diags.list.is_empty() {
             Ok(config)

@@ -160,6 +160,8 @@ pub(crate) struct ConnCtx {
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) remote: SocketAddr,
     pub(crate) tls: bool,
+    /// The listener's access log (a handle per connection, not per request).
+    pub(crate) access_log: tailguard_access_log::AccessLog,
 }
 
 /// How a request holds its snapshot until its response finishes.
@@ -167,22 +169,29 @@ pub(crate) struct ConnCtx {
 pub(crate) enum Held {
     /// Through its connection (the common case).
     Conn(Arc<ConnCtx>),
-    /// Its connection's snapshot was retired by a reload: the current one, held directly.
-    Fresh(Arc<Snapshot>),
+    /// Its connection's snapshot was retired by a reload: the current one, held directly
+    /// (the connection too, for its access log).
+    Fresh(Arc<Snapshot>, Arc<ConnCtx>),
 }
 
 impl Held {
     pub(crate) fn snapshot(&self) -> &Snapshot {
         match self {
             Held::Conn(c) => &c.snapshot,
-            Held::Fresh(s) => s,
+            Held::Fresh(s, _) => s,
+        }
+    }
+
+    pub(crate) fn access_log(&self) -> &tailguard_access_log::AccessLog {
+        match self {
+            Held::Conn(c) | Held::Fresh(_, c) => &c.access_log,
         }
     }
 }
 
 fn hold(conn: &Arc<ConnCtx>) -> Held {
     if conn.snapshot.retired.load(Ordering::Acquire) {
-        Held::Fresh(conn.gateway.snapshot())
+        Held::Fresh(conn.gateway.snapshot(), Arc::clone(conn))
     } else {
         Held::Conn(Arc::clone(conn))
     }

@@ -37,6 +37,7 @@
 //! );
 //! ```
 
+pub mod access_log;
 pub mod admission;
 pub mod balance;
 pub mod body;

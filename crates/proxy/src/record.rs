@@ -101,7 +101,14 @@ pub struct Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        finish(&self.record, self.held.snapshot(), Instant::now());
+        let end = Instant::now();
+        finish(&self.record, self.held.snapshot(), end);
+        crate::access_log::log(
+            self.held.access_log(),
+            &self.record,
+            self.held.snapshot(),
+            end,
+        );
     }
 }
 

@@ -9,11 +9,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use tailguard_access_log::AccessLog;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
+use crate::access_log::AccessLogs;
 use crate::config::{Config, Limits, Timeouts};
 use crate::error::Error;
 use crate::gateway::{self, ConnCtx, Gateway};
@@ -34,6 +36,7 @@ pub struct Server {
     stop: watch::Sender<bool>,
     accept_tasks: Vec<JoinHandle<()>>,
     graceful: Arc<GracefulShutdown>,
+    access_logs: AccessLogs,
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -90,6 +93,7 @@ impl Server {
             listeners.push((bind(addr)?, tls));
         }
         let limits = config.limits.clone();
+        let access_logs = AccessLogs::start(&config, None)?;
         let builder = Arc::new(builder(&config.limits, &config.timeouts));
         let gateway = Gateway::new(config)?;
         let (stop, _) = watch::channel(false);
@@ -97,7 +101,7 @@ impl Server {
         let shared = Arc::new(graceful);
         let mut addrs = Vec::new();
         let mut accept_tasks = Vec::new();
-        for (listener, tls) in listeners {
+        for (i, (listener, tls)) in listeners.into_iter().enumerate() {
             let addr = listener
                 .local_addr()
                 .map_err(|source| Error::Internal(format!("local_addr: {source}")))?;
@@ -113,6 +117,7 @@ impl Server {
                 builder: Arc::clone(&builder),
                 graceful: Arc::clone(&shared),
                 permits: Arc::new(Semaphore::new(limits.connections)),
+                access_log: access_logs.for_listener(i),
             };
             accept_tasks.push(tokio::spawn(acceptor.run(stop.subscribe())));
         }
@@ -124,6 +129,7 @@ impl Server {
             stop,
             accept_tasks,
             graceful,
+            access_logs,
         })
     }
 
@@ -152,7 +158,15 @@ impl Server {
                 self.listen_config
             );
         }
+        self.access_logs.warn_if_changed(&config);
         self.gateway.reload(config)
+    }
+
+    /// Reopens every access log file (SIGUSR1, after logrotate renamed it).
+    pub fn reopen_access_logs(&self) {
+        for r in self.access_logs.reopeners() {
+            r.reopen();
+        }
     }
 
     /// Stops accepting, lets in-flight requests finish for up to `deadline` (idle keep-alive
@@ -164,12 +178,15 @@ impl Server {
             let _ = task.await;
         }
         // The accept tasks (the only other holders) have ended.
-        let Ok(graceful) = Arc::try_unwrap(self.graceful) else {
-            return false;
+        let drained = match Arc::try_unwrap(self.graceful) {
+            Ok(graceful) => tokio::time::timeout(deadline, graceful.shutdown())
+                .await
+                .is_ok(),
+            Err(_) => false,
         };
-        tokio::time::timeout(deadline, graceful.shutdown())
-            .await
-            .is_ok()
+        // Every answered request has logged by now: write and fsync every buffered line.
+        self.access_logs.shutdown();
+        drained
     }
 }
 
@@ -180,6 +197,7 @@ struct Acceptor {
     builder: Arc<Builder>,
     graceful: Arc<GracefulShutdown>,
     permits: Arc<Semaphore>,
+    access_log: AccessLog,
 }
 
 impl Acceptor {
@@ -211,6 +229,7 @@ impl Acceptor {
                 gateway: Arc::clone(&self.gateway),
                 remote,
                 tls: self.tls.is_some(),
+                access_log: self.access_log.clone(),
             });
             let builder = Arc::clone(&self.builder);
             let tls = self.tls.clone();

@@ -32,6 +32,23 @@ pub(crate) struct RunArgs {
     /// Replace the endpoints of upstream NAME: NAME=ADDR[,ADDR...] (repeatable).
     #[arg(long, value_name = "NAME=ADDR[,ADDR...]", value_parser = parse_upstream)]
     upstream: Vec<(String, Vec<SocketAddr>)>,
+    /// Write an access log to FILE (`-` for stdout), for every listener.
+    #[arg(long, value_name = "FILE|-")]
+    access_log: Option<String>,
+    /// Access log format.
+    #[arg(long, value_name = "combined|json", value_parser = parse_log_format)]
+    access_log_format: Option<tailguard_access_log::FormatName>,
+    /// Access log buffer per serving thread, in bytes (default 65536).
+    #[arg(long, value_name = "BYTES")]
+    access_log_buffer: Option<usize>,
+}
+
+fn parse_log_format(s: &str) -> Result<tailguard_access_log::FormatName, String> {
+    match s {
+        "combined" => Ok(tailguard_access_log::FormatName::Combined),
+        "json" => Ok(tailguard_access_log::FormatName::Json),
+        _ => Err("expected `combined` or `json`".into()),
+    }
 }
 
 /// Arguments of `tailguard check`.
@@ -80,6 +97,11 @@ fn load(args: &RunArgs) -> Result<Config, Error> {
     for (name, addrs) in &args.upstream {
         config.override_upstream(name, addrs)?;
     }
+    config.override_access_log(
+        args.access_log.as_deref(),
+        args.access_log_format,
+        args.access_log_buffer,
+    )?;
     Ok(config)
 }
 
@@ -128,9 +150,11 @@ async fn wait_for_signals(server: Server, args: &RunArgs) -> anyhow::Result<()> 
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
     loop {
         tokio::select! {
             _ = hup.recv() => reload(&server, args),
+            _ = usr1.recv() => server.reopen_access_logs(),
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

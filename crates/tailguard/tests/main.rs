@@ -1,4 +1,5 @@
 //! Tests of the built `tailguard` binary: run as a separate process, driven by signals.
 
+mod access_log;
 mod gateway;
 mod support;
