@@ -74,7 +74,8 @@ impl Body for RequestBody {
 
 #[derive(Debug)]
 enum Source {
-    Upstream(Incoming),
+    /// The upstream's body, with the frame read ahead (if any) to be sent first.
+    Upstream(Option<Frame<Bytes>>, Incoming),
     Local(Option<Bytes>),
 }
 
@@ -89,9 +90,13 @@ pub struct ResponseBody {
 
 impl ResponseBody {
     /// Streams an upstream body.
-    pub(crate) fn upstream(body: Incoming, finish: Option<Finish>) -> ResponseBody {
+    pub(crate) fn upstream(
+        first: Option<Frame<Bytes>>,
+        body: Incoming,
+        finish: Option<Finish>,
+    ) -> ResponseBody {
         ResponseBody {
-            source: Source::Upstream(body),
+            source: Source::Upstream(first, body),
             finish,
         }
     }
@@ -129,7 +134,10 @@ impl Body for ResponseBody {
         let this = &mut *self;
         let polled = match &mut this.source {
             Source::Local(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
-            Source::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Source::Upstream(first, body) => match first.take() {
+                Some(frame) => Poll::Ready(Some(Ok(frame))),
+                None => Pin::new(body).poll_frame(cx),
+            },
         };
         match ready!(polled) {
             Some(Ok(frame)) => {
@@ -156,14 +164,26 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match &self.source {
             Source::Local(b) => b.is_none(),
-            Source::Upstream(b) => b.is_end_stream(),
+            Source::Upstream(first, b) => first.is_none() && b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.source {
             Source::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Source::Upstream(b) => b.size_hint(),
+            Source::Upstream(first, b) => {
+                let ahead = first
+                    .as_ref()
+                    .and_then(Frame::data_ref)
+                    .map_or(0, |d| d.len() as u64);
+                let rest = b.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + ahead);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + ahead);
+                }
+                hint
+            }
         }
     }
 }
