@@ -145,8 +145,10 @@ struct Store {
 #[derive(Debug)]
 pub(crate) struct SelfHandles {
     pub(crate) series: Gauge,
-    pub(crate) overflowed: Counter,
-    pub(crate) expired: Counter,
+    /// Only for families with a series cap.
+    pub(crate) overflowed: Option<Counter>,
+    /// Only for families with a TTL.
+    pub(crate) expired: Option<Counter>,
 }
 
 /// Pre-rendered bytes of a family that do not change: headers and sample names.
@@ -174,7 +176,7 @@ pub(crate) struct FamilyCore {
     shards: usize,
     cells_per_series: usize,
     max_chunk: usize,
-    max_series: usize,
+    pub(crate) max_series: usize,
     hasher: RandomState,
     index: Box<[Mutex<Index>]>,
     store: Mutex<Store>,
@@ -328,8 +330,8 @@ impl FamilyCore {
             self.live.fetch_sub(1, Ordering::Relaxed);
             drop(index);
             self.overflowed.fetch_add(1, Ordering::Relaxed);
-            if let Some(handles) = self.self_handles.get() {
-                handles.overflowed.inc();
+            if let Some(c) = self.self_handles.get().and_then(|h| h.overflowed.as_ref()) {
+                c.inc();
             }
             return self.overflow_series();
         }
@@ -488,7 +490,9 @@ impl FamilyCore {
         self.expired.fetch_add(1, Ordering::Relaxed);
         if let Some(handles) = self.self_handles.get() {
             handles.series.dec();
-            handles.expired.inc();
+            if let Some(c) = &handles.expired {
+                c.inc();
+            }
         }
         true
     }

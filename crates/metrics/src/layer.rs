@@ -117,11 +117,7 @@ impl RequestMetrics {
             return Ok(found);
         }
         let metrics: &'static RouteMetrics = Box::leak(Box::new(RouteMetrics {
-            route: route.into(),
-            requests: self.requests.clone(),
-            by_status: (0..METHODS.len() * STATUS_SLOTS)
-                .map(|_| OnceLock::new())
-                .collect(),
+            requests: StatusCounters::new(self.requests.clone(), route)?,
             duration: self.duration.get_or_create(&[route])?,
             in_flight: self.in_flight.get_or_create(&[route])?,
         }));
@@ -134,10 +130,7 @@ impl RequestMetrics {
 /// [`RouteMetrics::layer`] on the route's service, or call [`RouteMetrics::start`] yourself.
 #[derive(Debug)]
 pub struct RouteMetrics {
-    route: Box<str>,
-    requests: Family<Counter>,
-    /// `[method][status slot]`, each created on first use.
-    by_status: Box<[OnceLock<Counter>]>,
+    requests: StatusCounters,
     duration: Histogram,
     in_flight: Gauge,
 }
@@ -162,13 +155,58 @@ impl RouteMetrics {
 
     fn record(&self, method: usize, status: Option<u16>, elapsed: Duration) {
         self.duration.observe_duration(elapsed);
+        self.requests.inc_index(method, status);
+    }
+}
+
+/// Request counters of one route by method and status: a dense `[method][status]` table
+/// of handles over a family labelled `(route, method, status)`, each handle created on
+/// first use. Counting a request is an index computation, one acquire load and one
+/// relaxed add. Statuses outside the common set are counted exactly through the family's
+/// cold path.
+#[derive(Debug)]
+pub struct StatusCounters {
+    route: Box<str>,
+    family: Family<Counter>,
+    table: Box<[OnceLock<Counter>]>,
+}
+
+impl StatusCounters {
+    /// Counters of `route` in `family`, which must have exactly three labels: route,
+    /// method and status, in that order.
+    pub fn new(family: Family<Counter>, route: &str) -> Result<Self, MetricsError> {
+        // Fails now, not on the first request, if the family has other labels.
+        if family.core.label_names.len() != 3 {
+            return Err(MetricsError::LabelCount {
+                family: family.name().to_owned(),
+                expected: family.core.label_names.len(),
+                got: 3,
+            });
+        }
+        Ok(StatusCounters {
+            route: route.into(),
+            family,
+            table: (0..METHODS.len() * STATUS_SLOTS)
+                .map(|_| OnceLock::new())
+                .collect(),
+        })
+    }
+
+    /// Counts one request with `method` answered with `status` (`None`: no response,
+    /// counted as `status="error"`).
+    #[inline]
+    pub fn inc(&self, method: &Method, status: Option<u16>) {
+        self.inc_index(method_index(method), status);
+    }
+
+    fn inc_index(&self, method: usize, status: Option<u16>) {
         let slot = match status {
             None => ERROR_SLOT,
             Some(code) => match STATUS_INDEX.get(code as usize) {
                 Some(&slot) if slot != NO_SLOT => slot as usize,
                 _ => {
                     // Cold path for a rare status: exact, but takes the family lock.
-                    if let Ok(counter) = self.requests.get_or_create(&[
+                    if let Ok(counter) = self.family.get_or_create(&[
                         &self.route,
                         METHODS[method],
                         &code.to_string(),
@@ -179,15 +217,15 @@ impl RouteMetrics {
                 }
             },
         };
-        self.by_status[method * STATUS_SLOTS + slot]
+        self.table[method * STATUS_SLOTS + slot]
             .get_or_init(|| {
                 let status = match status {
                     Some(code) => code.to_string(),
                     None => "error".to_owned(),
                 };
-                self.requests
+                self.family
                     .get_or_create(&[&self.route, METHODS[method], &status])
-                    .expect("the requests family has exactly three labels")
+                    .expect("the family was checked to have three labels")
             })
             .inc();
     }

@@ -312,8 +312,16 @@ fn attach_self_handles(own: &SelfFamilies, core: &FamilyCore) -> Result<(), Metr
     let name = [core.name.as_str()];
     let handles = SelfHandles {
         series: own.series.get_or_create(&name)?,
-        overflowed: own.overflowed.get_or_create(&name)?,
-        expired: own.expired.get_or_create(&name)?,
+        overflowed: if core.max_series < usize::MAX {
+            Some(own.overflowed.get_or_create(&name)?)
+        } else {
+            None
+        },
+        expired: if core.ttl.is_some() {
+            Some(own.expired.get_or_create(&name)?)
+        } else {
+            None
+        },
     };
     // Series created before the handles existed (the self families' own) are counted here.
     handles

@@ -27,12 +27,13 @@ use crate::builtin::Responder;
 use crate::config::{Config, Timeouts};
 use crate::error::Error;
 use crate::headers;
+use crate::metrics::{CountingConnector, GatewayMetrics, SnapshotMetrics};
 use crate::record::{Finish, RequestRecord};
 use crate::route::{Route, Router};
 use crate::upstream::Upstream;
 
 /// The pooled keep-alive HTTP/1.1 client to upstream endpoints.
-pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+pub type UpstreamClient = Client<CountingConnector, RequestBody>;
 
 fn millis(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
@@ -54,13 +55,19 @@ pub struct Snapshot {
     /// switch to the current one for their next request.
     retired: AtomicBool,
     _responders: Vec<Responder>,
+    /// Metric handles of the routes and endpoints, by index.
+    pub(crate) metrics: SnapshotMetrics,
 }
 
 impl Snapshot {
     /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
     /// The upstream pool of `previous` is reused when its timeouts are unchanged, so a
     /// reload keeps warm upstream connections.
-    pub fn build(config: Config, previous: Option<&Snapshot>) -> Result<Snapshot, Error> {
+    pub fn build(
+        config: Config,
+        previous: Option<&Snapshot>,
+        metrics: &Arc<GatewayMetrics>,
+    ) -> Result<Snapshot, Error> {
         let mut responders = Vec::new();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
@@ -92,11 +99,18 @@ impl Snapshot {
             .collect();
         let client = match previous {
             Some(p) if same_pool_settings(&p.config.timeouts, &config.timeouts) => p.client.clone(),
-            _ => new_client(&config.timeouts),
+            _ => new_client(&config.timeouts, metrics),
         };
+        let router = Router::new(routes);
+        let metrics = SnapshotMetrics::build(
+            metrics,
+            router.routes().iter().map(|r| Arc::clone(&r.id)),
+            &upstreams,
+        )?;
         Ok(Snapshot {
             request_timeout: millis(config.timeouts.request_ms),
-            router: Router::new(routes),
+            router,
+            metrics,
             upstreams,
             client,
             retired: AtomicBool::new(false),
@@ -110,7 +124,7 @@ fn same_pool_settings(a: &Timeouts, b: &Timeouts) -> bool {
     a.connect_ms == b.connect_ms && a.idle_ms == b.idle_ms
 }
 
-fn new_client(t: &Timeouts) -> UpstreamClient {
+fn new_client(t: &Timeouts, metrics: &GatewayMetrics) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(millis(t.connect_ms));
@@ -119,29 +133,47 @@ fn new_client(t: &Timeouts) -> UpstreamClient {
         .pool_idle_timeout(millis(t.idle_ms))
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
-        .build(connector)
+        .build(metrics.connector(connector))
 }
 
 /// The gateway: the current snapshot, replaced atomically by [`Gateway::reload`].
 #[derive(Debug)]
 pub struct Gateway {
     current: ArcSwap<Snapshot>,
+    metrics: Arc<GatewayMetrics>,
 }
 
 impl Gateway {
     /// Builds the gateway's first snapshot (inside a tokio runtime).
     pub fn new(config: Config) -> Result<Arc<Gateway>, Error> {
-        let snapshot = Snapshot::build(config, None)?;
+        let metrics = GatewayMetrics::register(&tailguard_metrics::Registry::new())?;
+        Self::with_metrics(config, metrics)
+    }
+
+    /// Builds the gateway recording into `metrics` (whose registry an exporter serves).
+    pub fn with_metrics(
+        config: Config,
+        metrics: Arc<GatewayMetrics>,
+    ) -> Result<Arc<Gateway>, Error> {
+        let snapshot = Snapshot::build(config, None, &metrics)?;
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(snapshot),
+            metrics,
         }))
+    }
+
+    /// The gateway's metrics.
+    pub fn metrics(&self) -> &Arc<GatewayMetrics> {
+        &self.metrics
     }
 
     /// Swaps in a new config. Requests already running finish on the old snapshot; every
     /// request that starts after this returns uses the new one. On error nothing changes.
     pub fn reload(&self, config: Config) -> Result<(), Error> {
         let old = self.current.load_full();
-        let new = Snapshot::build(config, Some(&old))?;
+        let new = Snapshot::build(config, Some(&old), &self.metrics);
+        self.metrics.reloaded(new.is_ok());
+        let new = new?;
         let old = self.current.swap(Arc::new(new));
         old.retired.store(true, Ordering::Release);
         Ok(())
@@ -230,6 +262,7 @@ pub(crate) async fn serve(
     }
     let held = hold(&conn);
     let mut record = RequestRecord::new(start, conn.remote, conn.tls, &req);
+    held.snapshot().metrics.gateway.request_started();
     let admitted = match admission::admit(held.snapshot(), &req) {
         Ok(guard) => guard,
         Err(e) => return Ok(error_response(e, record, held, None)),
@@ -267,6 +300,7 @@ fn error_response(
         let upstream = record
             .endpoint
             .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
+        snapshot.metrics.gateway.error(err.kind(), err.blame());
         let blame = err.blame().as_str();
         macro_rules! line {
             ($level:ident) => {
@@ -401,6 +435,7 @@ async fn forward(
     let body = RequestBody::new(body, limits.body_bytes, count);
 
     let dispatched = Instant::now();
+    let waiting = snap.metrics.gateway.upstream_dispatched();
     let exchange = snap.client.request(Request::from_parts(parts, body));
     let result = match snap.request_timeout {
         Some(limit) => match tokio::time::timeout(limit, exchange).await {
@@ -413,6 +448,7 @@ async fn forward(
         None => exchange.await.map_err(|e| classify(&e, endpoint.addr)),
     };
     let elapsed = dispatched.elapsed();
+    drop(waiting);
     record.upstream_time = Some(elapsed);
     let outcome = match &result {
         Ok(r) => Outcome::Status(r.status().as_u16()),
@@ -424,6 +460,7 @@ async fn forward(
     upstream.balance.complete(endpoint_index, outcome, elapsed);
 
     let mut resp = result?;
+    snap.metrics.gateway.upstream_response(&resp);
     record.upstream_status = Some(resp.status().as_u16());
     let first = match snap.request_timeout {
         Some(limit) => {

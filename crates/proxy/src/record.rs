@@ -118,6 +118,7 @@ impl Drop for Finish {
 /// held by the route and endpoint (`snapshot.router.get(route)`,
 /// `snapshot.upstreams[u].endpoints[e]`), never looked up by name.
 pub fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
+    crate::metrics::finish(record, snapshot, end);
     let route = record.route.map(|r| &*snapshot.router.get(r).id);
     let upstream_addr = record
         .endpoint

@@ -73,6 +73,15 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
 impl Server {
     /// Binds every listener and starts serving on the current tokio runtime.
     pub fn start(config: Config) -> Result<Server, Error> {
+        let metrics = crate::GatewayMetrics::register(&tailguard_metrics::Registry::new())?;
+        Self::start_with_metrics(config, metrics)
+    }
+
+    /// [`Server::start`], recording into `metrics` (whose registry an exporter serves).
+    pub fn start_with_metrics(
+        config: Config,
+        metrics: Arc<crate::GatewayMetrics>,
+    ) -> Result<Server, Error> {
         let listen_config: Vec<String> = config
             .listeners
             .iter()
@@ -95,7 +104,7 @@ impl Server {
         let limits = config.limits.clone();
         let access_logs = AccessLogs::start(&config, None)?;
         let builder = Arc::new(builder(&config.limits, &config.timeouts));
-        let gateway = Gateway::new(config)?;
+        let gateway = Gateway::with_metrics(config, metrics)?;
         let (stop, _) = watch::channel(false);
         let graceful = GracefulShutdown::new();
         let shared = Arc::new(graceful);
@@ -223,6 +232,7 @@ impl Acceptor {
                 },
             };
             let _ = stream.set_nodelay(true);
+            let counted = self.gateway.metrics().connection_opened();
             let watcher = self.graceful.watcher();
             let ctx = Arc::new(ConnCtx {
                 snapshot: self.gateway.snapshot(),
@@ -235,6 +245,7 @@ impl Acceptor {
             let tls = self.tls.clone();
             tokio::spawn(async move {
                 let _permit = permit;
+                let _counted = counted;
                 serve_connection(stream, tls, ctx, builder, watcher).await;
             });
         }

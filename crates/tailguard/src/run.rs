@@ -11,7 +11,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tailguard_proxy::{Config, Error, Server};
+use tailguard_metrics::{Exporter, ExporterConfig, Priority, Registry};
+use tailguard_proxy::{Config, Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Exit status for a config the user must fix (sysexits.h `EX_USAGE`).
@@ -41,6 +42,21 @@ pub(crate) struct RunArgs {
     /// Access log buffer per serving thread, in bytes (default 65536).
     #[arg(long, value_name = "BYTES")]
     access_log_buffer: Option<usize>,
+    /// Address of the metrics exporter (path /metrics), or `off`. Default 127.0.0.1:9091
+    /// (if that is taken, the gateway runs without an exporter and says so).
+    #[arg(long, value_name = "ADDR|off")]
+    metrics_listen: Option<String>,
+    /// Scheduling priority of the exporter thread: normal, idle (SCHED_IDLE) or nice:N.
+    #[arg(long, default_value = "normal", value_parser = parse_priority)]
+    metrics_priority: Priority,
+    /// Register N extra series shaped like APISIX's metrics (counters and histograms in
+    /// its proportion), updated by every request, so scrapes carry that many series.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    synthetic_series: usize,
+}
+
+fn parse_priority(s: &str) -> Result<Priority, String> {
+    s.parse()
 }
 
 fn parse_log_format(s: &str) -> Result<tailguard_access_log::FormatName, String> {
@@ -140,10 +156,51 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("building the serving runtime")?;
-    let server = runtime.block_on(async { Server::start(config) })?;
+    let registry = Registry::builder()
+        .self_metrics_prefix(Some("tailguard_metrics"))
+        .build()?;
+    let metrics = GatewayMetrics::register(&registry)?;
+    if args.synthetic_series > 0 {
+        let n = metrics.add_synthetic_series(args.synthetic_series)?;
+        tracing::info!("tailguard: registered {n} synthetic series");
+    }
+    let _exporter = start_exporter(&args, registry)?;
+    let server = runtime.block_on(async { Server::start_with_metrics(config, metrics) })?;
     runtime.block_on(wait_for_signals(server, &args))?;
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts the metrics exporter on its own thread (never on the serving runtime).
+fn start_exporter(args: &RunArgs, registry: Registry) -> anyhow::Result<Option<Exporter>> {
+    let explicit = args.metrics_listen.as_deref();
+    if explicit == Some("off") {
+        return Ok(None);
+    }
+    let listen: SocketAddr = explicit
+        .unwrap_or("127.0.0.1:9091")
+        .parse()
+        .with_context(|| format!("--metrics-listen {explicit:?}: expected IP:PORT or off"))?;
+    let config = ExporterConfig {
+        listen,
+        priority: args.metrics_priority,
+        ..ExporterConfig::default()
+    };
+    match Exporter::spawn(registry, config) {
+        Ok(exporter) => {
+            tracing::info!(
+                "tailguard: metrics on http://{}/metrics",
+                exporter.local_addr()
+            );
+            Ok(Some(exporter))
+        }
+        // The default port may be taken (another gateway, a test): serve traffic anyway.
+        Err(e) if explicit.is_none() => {
+            tracing::warn!("tailguard: {e}; running without a metrics exporter");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn wait_for_signals(server: Server, args: &RunArgs) -> anyhow::Result<()> {
@@ -174,7 +231,11 @@ fn reload(server: &Server, args: &RunArgs) {
         || "<embedded default config>".to_owned(),
         |p| p.display().to_string(),
     );
-    match load(args).and_then(|config| server.reload(config)) {
+    let loaded = load(args);
+    if loaded.is_err() {
+        server.gateway().metrics().reloaded(false);
+    }
+    match loaded.and_then(|config| server.reload(config)) {
         Ok(()) => tracing::info!("tailguard: reloaded {name}"),
         Err(Error::Config(diags)) => {
             for d in &diags {

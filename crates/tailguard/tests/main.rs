@@ -2,4 +2,5 @@
 
 mod access_log;
 mod gateway;
+mod metrics;
 mod support;

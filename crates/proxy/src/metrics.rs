@@ -1,0 +1,630 @@
+//! The gateway's metrics: its families, registered once per process; the handles of each
+//! route and endpoint, resolved when a config snapshot is built; and the one function that
+//! records a finished request.
+//!
+//! Every name, label and bound is listed in `docs/metrics.md`. On the request path nothing
+//! here looks anything up: a request reaches its route's and endpoint's handles through the
+//! indexes the router and balancer return, and its method and status index dense tables.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::TokioIo;
+use tailguard_metrics::{
+    Counter, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry, StatusCounters,
+    register_process_metrics,
+};
+use tokio::net::TcpStream;
+
+use crate::error::{Blame, Error};
+use crate::gateway::Snapshot;
+use crate::record::RequestRecord;
+
+/// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
+const ERROR_KINDS: [&str; 14] = [
+    "config",
+    "read",
+    "bind",
+    "no_route",
+    "headers_too_large",
+    "body_too_large",
+    "bad_request",
+    "downstream_body",
+    "overloaded",
+    "upstream_connect",
+    "upstream_timeout",
+    "upstream_broken",
+    "tls",
+    "internal",
+];
+const BLAMES: [Blame; 3] = [Blame::Downstream, Blame::Upstream, Blame::Internal];
+
+/// Series per synthetic unit: 1 status counter, 2 bandwidth counters and 3 latency
+/// histograms of 15 buckets (+Inf, `_sum`, `_count`: 18 series each): APISIX's default
+/// metrics for one route and node, where histogram lines are ~95% of the exposition.
+pub const SYNTHETIC_SERIES_PER_UNIT: usize = 3 + 3 * 18;
+
+/// APISIX's default latency buckets, in milliseconds.
+const APISIX_BUCKETS_MS: [f64; 15] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 30000.0,
+    60000.0,
+];
+
+/// The handles of one route.
+#[derive(Debug)]
+pub(crate) struct RouteHandles {
+    requests: StatusCounters,
+    duration: Histogram,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
+/// The handles of one endpoint of one upstream.
+#[derive(Debug)]
+pub(crate) struct EndpointHandles {
+    duration: Histogram,
+}
+
+/// An endpoint by upstream name and address.
+type EndpointKey = (Arc<str>, SocketAddr);
+
+/// Upstream connection pool counters, shared with the connector.
+#[derive(Debug)]
+struct Pool {
+    opened: Counter,
+    open: Gauge,
+    reused: Counter,
+    in_flight: Gauge,
+}
+
+/// The gateway's metric families, one per process (reloads keep them; routes and
+/// endpoints that come back after a reload get their old series).
+#[derive(Debug)]
+pub struct GatewayMetrics {
+    registry: Registry,
+    requests: Family<Counter>,
+    duration: Family<Histogram>,
+    upstream_duration: Family<Histogram>,
+    bytes_in: Family<Counter>,
+    bytes_out: Family<Counter>,
+    in_flight: Gauge,
+    connections_opened: Counter,
+    connections_active: Gauge,
+    pool: Arc<Pool>,
+    errors: Family<Counter>,
+    error_table: Box<[OnceLock<Counter>]>,
+    reloads_ok: Counter,
+    reloads_failed: Counter,
+    unrouted: Arc<RouteHandles>,
+    routes: Mutex<HashMap<Arc<str>, Arc<RouteHandles>>>,
+    endpoints: Mutex<HashMap<EndpointKey, Arc<EndpointHandles>>>,
+    synthetic: OnceLock<Synthetic>,
+}
+
+fn internal(e: MetricsError) -> Error {
+    Error::Internal(format!("metrics: {e}"))
+}
+
+impl GatewayMetrics {
+    /// Registers the gateway's families (and the `process_*` ones) on `registry`.
+    pub fn register(registry: &Registry) -> Result<Arc<GatewayMetrics>, Error> {
+        Self::register_inner(registry).map_err(internal)
+    }
+
+    fn register_inner(registry: &Registry) -> Result<Arc<GatewayMetrics>, MetricsError> {
+        let r = registry;
+        let requests = r.counter(
+            "tailguard_requests",
+            "Requests answered, by route, method and status.",
+            &["route", "method", "status"],
+        )?;
+        let duration = r.histogram(
+            "tailguard_request_duration_seconds",
+            "From the request head's arrival to the end of the response.",
+            &["route"],
+            &LATENCY_BUCKETS,
+        )?;
+        let upstream_duration = r.histogram(
+            "tailguard_upstream_duration_seconds",
+            "From dispatch to an endpoint to its response head (or failure).",
+            &["upstream", "endpoint"],
+            &LATENCY_BUCKETS,
+        )?;
+        let bytes_in = r.counter(
+            "tailguard_request_body_bytes",
+            "Request body bytes read from clients.",
+            &["route"],
+        )?;
+        let bytes_out = r.counter(
+            "tailguard_response_body_bytes",
+            "Response body bytes sent to clients.",
+            &["route"],
+        )?;
+        let one = |name: &str, help: &str| -> Result<Counter, MetricsError> {
+            r.counter(name, help, &[])?.get_or_create(&[])
+        };
+        let gauge = |name: &str, help: &str| -> Result<Gauge, MetricsError> {
+            r.gauge(name, help, &[])?.get_or_create(&[])
+        };
+        let in_flight = gauge(
+            "tailguard_requests_in_flight",
+            "Requests received and not yet finished.",
+        )?;
+        let connections_opened = one(
+            "tailguard_downstream_connections_opened",
+            "Client connections accepted.",
+        )?;
+        let connections_active = gauge(
+            "tailguard_downstream_connections_active",
+            "Client connections open now.",
+        )?;
+        let pool = Arc::new(Pool {
+            opened: one(
+                "tailguard_upstream_connections_opened",
+                "Connections opened to upstream endpoints.",
+            )?,
+            open: gauge(
+                "tailguard_upstream_connections_open",
+                "Upstream connections open now (busy or idle in the pool).",
+            )?,
+            reused: one(
+                "tailguard_upstream_connections_reused",
+                "Upstream requests sent on a connection that had served a request before.",
+            )?,
+            in_flight: gauge(
+                "tailguard_upstream_requests_in_flight",
+                "Requests dispatched upstream and waiting for the response head.",
+            )?,
+        });
+        let idle = gauge(
+            "tailguard_upstream_connections_idle",
+            "Upstream connections open and not waiting for a response head (computed at scrape).",
+        )?;
+        {
+            let pool = Arc::clone(&pool);
+            r.on_scrape(move || idle.set((pool.open.get() - pool.in_flight.get()).max(0)));
+        }
+        let errors = r.counter(
+            "tailguard_errors",
+            "Requests that ended in an error, by kind and by who was at fault.",
+            &["kind", "blame"],
+        )?;
+        let reloads = r.counter(
+            "tailguard_config_reloads",
+            "Config reloads by result.",
+            &["result"],
+        )?;
+        r.gauge(
+            "tailguard_build_info",
+            "Always 1; the labels say which build is running.",
+            &["version"],
+        )?
+        .get_or_create(&[env!("CARGO_PKG_VERSION")])?
+        .set(1);
+        register_process_metrics(r)?;
+        let unrouted = Arc::new(RouteHandles {
+            requests: StatusCounters::new(requests.clone(), "")?,
+            duration: duration.get_or_create(&[""])?,
+            bytes_in: bytes_in.get_or_create(&[""])?,
+            bytes_out: bytes_out.get_or_create(&[""])?,
+        });
+        Ok(Arc::new(GatewayMetrics {
+            registry: r.clone(),
+            error_table: (0..ERROR_KINDS.len() * BLAMES.len())
+                .map(|_| OnceLock::new())
+                .collect(),
+            reloads_ok: reloads.get_or_create(&["ok"])?,
+            reloads_failed: reloads.get_or_create(&["failed"])?,
+            requests,
+            duration,
+            upstream_duration,
+            bytes_in,
+            bytes_out,
+            in_flight,
+            connections_opened,
+            connections_active,
+            pool,
+            errors,
+            unrouted,
+            routes: Mutex::default(),
+            endpoints: Mutex::default(),
+            synthetic: OnceLock::new(),
+        }))
+    }
+
+    /// The registry these metrics live in (for the exporter).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Registers at least `series` extra series shaped like APISIX's default metrics
+    /// (counters and histograms in its proportion), updated by every request, so a scrape
+    /// carries 100k or 1M series. Once per process; returns the series registered.
+    pub fn add_synthetic_series(&self, series: usize) -> Result<usize, Error> {
+        if series == 0 || self.synthetic.get().is_some() {
+            return Ok(0);
+        }
+        let synthetic = Synthetic::register(&self.registry, series).map_err(internal)?;
+        let registered = synthetic.units.len() * SYNTHETIC_SERIES_PER_UNIT;
+        let _ = self.synthetic.set(synthetic);
+        Ok(registered)
+    }
+
+    /// The handles of route `id` (the same ones after a reload).
+    pub(crate) fn route(&self, id: &Arc<str>) -> Result<Arc<RouteHandles>, Error> {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = routes.get(id) {
+            return Ok(Arc::clone(found));
+        }
+        let handles = Arc::new(RouteHandles {
+            requests: StatusCounters::new(self.requests.clone(), id).map_err(internal)?,
+            duration: self.duration.get_or_create(&[id]).map_err(internal)?,
+            bytes_in: self.bytes_in.get_or_create(&[id]).map_err(internal)?,
+            bytes_out: self.bytes_out.get_or_create(&[id]).map_err(internal)?,
+        });
+        routes.insert(Arc::clone(id), Arc::clone(&handles));
+        Ok(handles)
+    }
+
+    /// The handles of endpoint `addr` of upstream `upstream`.
+    pub(crate) fn endpoint(
+        &self,
+        upstream: &Arc<str>,
+        addr: SocketAddr,
+    ) -> Result<Arc<EndpointHandles>, Error> {
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (Arc::clone(upstream), addr);
+        if let Some(found) = endpoints.get(&key) {
+            return Ok(Arc::clone(found));
+        }
+        let handles = Arc::new(EndpointHandles {
+            duration: self
+                .upstream_duration
+                .get_or_create(&[upstream, &addr.to_string()])
+                .map_err(internal)?,
+        });
+        endpoints.insert(key, Arc::clone(&handles));
+        Ok(handles)
+    }
+
+    /// A request head arrived (paired with [`finish`] through the request's record).
+    pub(crate) fn request_started(&self) {
+        self.in_flight.inc();
+    }
+
+    /// A request failed with `kind` (an [`Error::kind`]), at `blame`'s fault.
+    pub(crate) fn error(&self, kind: &'static str, blame: Blame) {
+        let blame_index = BLAMES.iter().position(|b| *b == blame).unwrap_or(2);
+        match ERROR_KINDS.iter().position(|k| *k == kind) {
+            Some(k) => self.error_table[k * BLAMES.len() + blame_index]
+                .get_or_init(|| {
+                    self.errors
+                        .get_or_create(&[kind, blame.as_str()])
+                        .expect("the errors family has two labels")
+                })
+                .inc(),
+            None => {
+                if let Ok(c) = self.errors.get_or_create(&[kind, blame.as_str()]) {
+                    c.inc();
+                }
+            }
+        }
+    }
+
+    /// A config reload was applied (`ok`) or rejected.
+    pub fn reloaded(&self, ok: bool) {
+        if ok {
+            self.reloads_ok.inc();
+        } else {
+            self.reloads_failed.inc();
+        }
+    }
+
+    /// A client connection was accepted; it counts as active until the guard drops.
+    pub(crate) fn connection_opened(self: &Arc<Self>) -> ConnectionGuard {
+        self.connections_opened.inc();
+        self.connections_active.inc();
+        ConnectionGuard(Arc::clone(self))
+    }
+
+    /// A request is being dispatched upstream; until the guard drops it waits for a head.
+    pub(crate) fn upstream_dispatched(&self) -> UpstreamGuard<'_> {
+        self.pool.in_flight.inc();
+        UpstreamGuard(&self.pool)
+    }
+
+    /// Notes whether an upstream response came on a reused connection.
+    pub(crate) fn upstream_response<B>(&self, response: &http::Response<B>) {
+        if let Some(uses) = response.extensions().get::<ConnectionUses>()
+            && uses.0.fetch_add(1, Ordering::Relaxed) > 0
+        {
+            self.pool.reused.inc();
+        }
+    }
+
+    /// The pooled client's connector, counting the connections it opens.
+    pub(crate) fn connector(&self, inner: HttpConnector) -> CountingConnector {
+        CountingConnector {
+            inner,
+            pool: Arc::clone(&self.pool),
+        }
+    }
+}
+
+/// Keeps a downstream connection counted as active.
+#[derive(Debug)]
+pub(crate) struct ConnectionGuard(Arc<GatewayMetrics>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.connections_active.dec();
+    }
+}
+
+/// Keeps an upstream request counted as waiting for its response head.
+#[derive(Debug)]
+pub(crate) struct UpstreamGuard<'a>(&'a Pool);
+
+impl Drop for UpstreamGuard<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+/// The metric handles of one snapshot, by the router's and upstreams' indexes.
+#[derive(Debug)]
+pub(crate) struct SnapshotMetrics {
+    pub(crate) gateway: Arc<GatewayMetrics>,
+    routes: Vec<Arc<RouteHandles>>,
+    endpoints: Vec<Vec<Arc<EndpointHandles>>>,
+}
+
+impl SnapshotMetrics {
+    /// Resolves the handles of every route (in router order) and endpoint.
+    pub(crate) fn build(
+        gateway: &Arc<GatewayMetrics>,
+        routes: impl Iterator<Item = Arc<str>>,
+        upstreams: &[crate::upstream::Upstream],
+    ) -> Result<SnapshotMetrics, Error> {
+        Ok(SnapshotMetrics {
+            gateway: Arc::clone(gateway),
+            routes: routes
+                .map(|id| gateway.route(&id))
+                .collect::<Result<_, _>>()?,
+            endpoints: upstreams
+                .iter()
+                .map(|u| {
+                    u.endpoints
+                        .iter()
+                        .map(|e| gateway.endpoint(&u.name, e.addr))
+                        .collect::<Result<_, _>>()
+                })
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// Records a finished request: called once per request from [`crate::record::finish`].
+pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
+    let m = &snapshot.metrics;
+    m.gateway.in_flight.dec();
+    let elapsed = end.saturating_duration_since(record.start);
+    let route = record
+        .route
+        .and_then(|r| m.routes.get(r))
+        .unwrap_or(&m.gateway.unrouted);
+    let status = (record.status != 0).then_some(record.status);
+    route.requests.inc(&record.method, status);
+    route.duration.observe_duration(elapsed);
+    let (bytes_in, bytes_out) = (record.bytes_in(), record.bytes_out);
+    route.bytes_in.add(bytes_in);
+    route.bytes_out.add(bytes_out);
+    if let (Some((u, e)), Some(upstream)) = (record.endpoint, record.upstream_time)
+        && let Some(endpoint) = m.endpoints.get(u).and_then(|es| es.get(e))
+    {
+        endpoint.duration.observe_duration(upstream);
+    }
+    if let Some(synthetic) = m.gateway.synthetic.get() {
+        synthetic.record(bytes_in, bytes_out, elapsed, record.upstream_time);
+    }
+}
+
+/// Uses of one upstream connection, carried into each response's extensions by the pool.
+#[derive(Debug, Clone)]
+struct ConnectionUses(Arc<AtomicU64>);
+
+/// The upstream connector: hyper's `HttpConnector`, counting what it opens.
+#[derive(Debug, Clone)]
+pub struct CountingConnector {
+    inner: HttpConnector,
+    pool: Arc<Pool>,
+}
+
+type ConnectFuture = Pin<
+    Box<
+        dyn Future<Output = Result<CountedConnection, Box<dyn std::error::Error + Send + Sync>>>
+            + Send,
+    >,
+>;
+
+impl tower_service::Service<Uri> for CountingConnector {
+    type Response = CountedConnection;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = ConnectFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let pool = Arc::clone(&self.pool);
+        Box::pin(async move {
+            let io = connecting.await?;
+            pool.opened.inc();
+            pool.open.inc();
+            Ok(CountedConnection {
+                io,
+                uses: ConnectionUses(Arc::new(AtomicU64::new(0))),
+                pool,
+            })
+        })
+    }
+}
+
+/// An upstream connection counted as open until dropped.
+#[derive(Debug)]
+pub struct CountedConnection {
+    io: TokioIo<TcpStream>,
+    uses: ConnectionUses,
+    pool: Arc<Pool>,
+}
+
+impl Drop for CountedConnection {
+    fn drop(&mut self) {
+        self.pool.open.dec();
+    }
+}
+
+impl Connection for CountedConnection {
+    fn connected(&self) -> Connected {
+        self.io.connected().extra(self.uses.clone())
+    }
+}
+
+impl hyper::rt::Read for CountedConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for CountedConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+}
+
+/// One synthetic route/node: its status counter, bandwidth counters and latency
+/// histograms (request, upstream, gateway), as APISIX keeps them.
+#[derive(Debug)]
+struct SyntheticUnit {
+    status: Counter,
+    ingress: Counter,
+    egress: Counter,
+    latency: [Histogram; 3],
+}
+
+#[derive(Debug)]
+struct Synthetic {
+    units: Box<[SyntheticUnit]>,
+}
+
+thread_local! {
+    // Each serving thread walks the units on its own, so no counter is shared.
+    static NEXT_UNIT: Cell<usize> = const { Cell::new(0) };
+}
+
+impl Synthetic {
+    fn register(registry: &Registry, series: usize) -> Result<Synthetic, MetricsError> {
+        let units = series.div_ceil(SYNTHETIC_SERIES_PER_UNIT);
+        let status = registry.counter(
+            "tailguard_synthetic_http_status",
+            "Synthetic load for scrape tests, shaped like APISIX's apisix_http_status.",
+            &[
+                "code",
+                "route",
+                "matched_uri",
+                "matched_host",
+                "service",
+                "consumer",
+                "node",
+            ],
+        )?;
+        let latency = registry.histogram(
+            "tailguard_synthetic_http_latency",
+            "Synthetic load for scrape tests, shaped like APISIX's apisix_http_latency (ms).",
+            &["type", "route", "service", "consumer", "node"],
+            &APISIX_BUCKETS_MS,
+        )?;
+        let bandwidth = registry.counter(
+            "tailguard_synthetic_bandwidth",
+            "Synthetic load for scrape tests, shaped like APISIX's apisix_bandwidth.",
+            &["type", "route", "service", "consumer", "node"],
+        )?;
+        let units = (0..units)
+            .map(|i| {
+                let route = i.to_string();
+                let uri = format!("/synthetic/{i}/*");
+                let node = format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
+                let l = |t: &'static str| [t, route.as_str(), "", "", node.as_str()];
+                Ok(SyntheticUnit {
+                    status: status.get_or_create(&["200", &route, &uri, "", "", "", &node])?,
+                    ingress: bandwidth.get_or_create(&l("ingress"))?,
+                    egress: bandwidth.get_or_create(&l("egress"))?,
+                    latency: [
+                        latency.get_or_create(&l("request"))?,
+                        latency.get_or_create(&l("upstream"))?,
+                        latency.get_or_create(&l("apisix"))?,
+                    ],
+                })
+            })
+            .collect::<Result<_, MetricsError>>()?;
+        Ok(Synthetic { units })
+    }
+
+    fn record(&self, bytes_in: u64, bytes_out: u64, total: Duration, upstream: Option<Duration>) {
+        let i = NEXT_UNIT.with(|next| {
+            let i = next.get();
+            next.set(if i + 1 >= self.units.len() { 0 } else { i + 1 });
+            i
+        });
+        let Some(unit) = self.units.get(i) else {
+            return;
+        };
+        unit.status.inc();
+        unit.ingress.add(bytes_in);
+        unit.egress.add(bytes_out);
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let upstream = upstream.unwrap_or_default();
+        unit.latency[0].observe(ms(total));
+        unit.latency[1].observe(ms(upstream));
+        unit.latency[2].observe(ms(total.saturating_sub(upstream)));
+    }
+}

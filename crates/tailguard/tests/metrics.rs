@@ -1,0 +1,189 @@
+//! The gateway's metrics, scraped from the binary's exporter: the request, error, reload and
+//! synthetic series move with real traffic, and `promtool check metrics` accepts the scrape.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::Gateway;
+
+const CONFIG: &str = r#"
+[[listeners]]
+address = "127.0.0.1:0"
+
+[[upstreams]]
+name = "demo"
+builtin = { status = 200, body = "hi" }
+
+[[upstreams]]
+name = "down"
+endpoints = [{ address = "127.0.0.1:1" }]
+
+[[routes]]
+id = "demo"
+upstream = "demo"
+path = { prefix = "/" }
+
+[[routes]]
+id = "down"
+upstream = "down"
+path = { prefix = "/down" }
+"#;
+
+/// GET over a fresh connection; returns (status, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// The exposition as text; the exporter answers HTTP/1.1 with a chunked body, so ask
+/// HTTP/1.0 for a plain one.
+fn scrape(addr: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect exporter");
+    write!(stream, "GET /metrics HTTP/1.0\r\n\r\n").expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8(raw).expect("utf-8 exposition");
+    let (head, body) = text.split_once("\r\n\r\n").expect("head");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_owned()
+}
+
+fn value(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn gateway_scrape_counts_traffic_and_passes_promtool() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("gw.toml");
+    std::fs::write(&config, CONFIG).expect("write config");
+    let config = config.to_str().expect("utf-8 path");
+    let gateway = Gateway::run(&[
+        "--config",
+        config,
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--synthetic-series",
+        "2000",
+    ]);
+    gateway.wait_for_log("/metrics", Duration::from_secs(20));
+    let log = gateway.log();
+    let metrics: SocketAddr = log
+        .split("tailguard: metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("metrics address in the log");
+
+    for _ in 0..5 {
+        assert_eq!(get(gateway.addr, "/").0, 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(get(gateway.addr, "/down/x").0, 502);
+    }
+    let text = scrape(metrics);
+    for (series, expected) in [
+        (
+            r#"tailguard_requests_total{route="demo",method="GET",status="200"}"#,
+            5.0,
+        ),
+        (
+            r#"tailguard_requests_total{route="down",method="GET",status="502"}"#,
+            2.0,
+        ),
+        (
+            r#"tailguard_errors_total{kind="upstream_connect",blame="upstream"}"#,
+            2.0,
+        ),
+        (
+            r#"tailguard_request_duration_seconds_count{route="demo"}"#,
+            5.0,
+        ),
+        (r#"tailguard_downstream_connections_opened_total"#, 7.0),
+        (r#"tailguard_requests_in_flight"#, 0.0),
+        ("tailguard_upstream_connections_opened_total", 1.0),
+        ("tailguard_upstream_connections_reused_total", 4.0),
+        (r#"tailguard_build_info{version="0.1.0"}"#, 1.0),
+    ] {
+        assert_eq!(
+            value(&text, series),
+            Some(expected),
+            "{series} in\n{}",
+            text.lines()
+                .filter(|l| !l.contains("synthetic"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert!(value(&text, "process_resident_memory_bytes").is_some_and(|v| v > 0.0));
+    // The synthetic series: at least 2000 samples, and every request updated one unit.
+    let synthetic: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("tailguard_synthetic_"))
+        .collect();
+    assert!(
+        synthetic.len() >= 2000,
+        "{} synthetic samples",
+        synthetic.len()
+    );
+    let updates: f64 = synthetic
+        .iter()
+        .filter(|l| l.starts_with("tailguard_synthetic_http_status_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(updates, 7.0);
+
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/install-tools)");
+    promtool
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promtool");
+    let out = promtool.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    gateway.signal("HUP");
+    gateway.wait_for_log("reloaded", Duration::from_secs(20));
+    let text = scrape(metrics);
+    assert_eq!(
+        value(&text, r#"tailguard_config_reloads_total{result="ok"}"#),
+        Some(1.0)
+    );
+}
