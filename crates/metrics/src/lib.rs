@@ -68,6 +68,7 @@
 //! ```
 
 mod chunk;
+mod config;
 mod error;
 mod exporter;
 mod family;
@@ -80,6 +81,7 @@ mod render;
 mod shard;
 mod text;
 
+pub use config::{Listen, MetricsConfig};
 pub use error::MetricsError;
 pub use exporter::{Exporter, ExporterConfig, Priority};
 pub use family::{Desc, Family, LATENCY_BUCKETS, OVERFLOW_LABEL_VALUE};

@@ -282,6 +282,8 @@ pub struct Config {
     pub limits: Limits,
     /// The access log of every listener without its own (`[access_log]`; off by default).
     pub access_log: tailguard_access_log::Config,
+    /// The metrics exporter (`[metrics]`; read at startup, a reload does not move it).
+    pub metrics: tailguard_metrics::MetricsConfig,
 }
 
 /// Collects diagnostics with positions computed from byte offsets.
@@ -369,6 +371,7 @@ impl Config {
         let mut timeouts = Timeouts::default();
         let mut limits = Limits::default();
         let mut access_log = tailguard_access_log::Config::default();
+        let mut metrics = tailguard_metrics::MetricsConfig::default();
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -412,11 +415,16 @@ impl Config {
                         access_log = a;
                     }
                 }
+                "metrics" => {
+                    if let Some(m) = one_of(&mut diags, "metrics", value) {
+                        metrics = m;
+                    }
+                }
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
-                     `timeouts`, `limits`, `access_log`",
+                     `timeouts`, `limits`, `access_log`, `metrics`",
                 ),
             }
         }
@@ -430,7 +438,11 @@ impl Config {
             timeouts,
             limits,
             access_log,
+            metrics,
         };
+        for (field, message) in config.metrics.check() {
+            diags.push(None, field, message);
+        }
         for (field, message) in crate::access_log::check(&config) {
             diags.push(None, field, message);
         }

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tailguard_metrics::{Exporter, ExporterConfig, Priority, Registry};
+use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priority, Registry};
 use tailguard_proxy::{Config, Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -42,17 +42,20 @@ pub(crate) struct RunArgs {
     /// Access log buffer per serving thread, in bytes (default 65536).
     #[arg(long, value_name = "BYTES")]
     access_log_buffer: Option<usize>,
-    /// Address of the metrics exporter (path /metrics), or `off`. Default 127.0.0.1:9091
-    /// (if that is taken, the gateway runs without an exporter and says so).
+    /// Address of the metrics exporter (path /metrics), or `off` (overrides
+    /// `[metrics] listen`). Default 127.0.0.1:9091; if that is taken, the gateway runs
+    /// without an exporter and says so.
     #[arg(long, value_name = "ADDR|off")]
     metrics_listen: Option<String>,
-    /// Scheduling priority of the exporter thread: normal, idle (SCHED_IDLE) or nice:N.
-    #[arg(long, default_value = "normal", value_parser = parse_priority)]
-    metrics_priority: Priority,
+    /// Scheduling priority of the exporter thread: normal, idle (SCHED_IDLE) or nice:N
+    /// (overrides `[metrics] priority`).
+    #[arg(long, value_parser = parse_priority)]
+    metrics_priority: Option<Priority>,
     /// Register N extra series shaped like APISIX's metrics (counters and histograms in
-    /// its proportion), updated by every request, so scrapes carry that many series.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    synthetic_series: usize,
+    /// its proportion), updated by every request, so scrapes carry that many series
+    /// (overrides `[metrics] synthetic_series`).
+    #[arg(long, value_name = "N")]
+    synthetic_series: Option<usize>,
 }
 
 fn parse_priority(s: &str) -> Result<Priority, String> {
@@ -160,11 +163,14 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .self_metrics_prefix(Some("tailguard_metrics"))
         .build()?;
     let metrics = GatewayMetrics::register(&registry)?;
-    if args.synthetic_series > 0 {
-        let n = metrics.add_synthetic_series(args.synthetic_series)?;
+    let synthetic = args
+        .synthetic_series
+        .unwrap_or(config.metrics.synthetic_series);
+    if synthetic > 0 {
+        let n = metrics.add_synthetic_series(synthetic)?;
         tracing::info!("tailguard: registered {n} synthetic series");
     }
-    let _exporter = start_exporter(&args, registry)?;
+    let _exporter = start_exporter(&args, &config.metrics, registry)?;
     let server = runtime.block_on(async { Server::start_with_metrics(config, metrics) })?;
     runtime.block_on(wait_for_signals(server, &args))?;
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -172,18 +178,31 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Starts the metrics exporter on its own thread (never on the serving runtime).
-fn start_exporter(args: &RunArgs, registry: Registry) -> anyhow::Result<Option<Exporter>> {
-    let explicit = args.metrics_listen.as_deref();
-    if explicit == Some("off") {
-        return Ok(None);
-    }
-    let listen: SocketAddr = explicit
-        .unwrap_or("127.0.0.1:9091")
-        .parse()
-        .with_context(|| format!("--metrics-listen {explicit:?}: expected IP:PORT or off"))?;
+fn start_exporter(
+    args: &RunArgs,
+    section: &MetricsConfig,
+    registry: Registry,
+) -> anyhow::Result<Option<Exporter>> {
+    // The command line wins over the config file; the config was validated at load.
+    let from_config = section.listen().ok().flatten();
+    let explicit = match args.metrics_listen.as_deref() {
+        Some("off") => Some(Listen::Off),
+        Some(addr) => Some(Listen::At(addr.parse().with_context(|| {
+            format!("--metrics-listen {addr:?}: expected IP:PORT or off")
+        })?)),
+        None => from_config,
+    };
+    let listen = match explicit {
+        Some(Listen::Off) => return Ok(None),
+        Some(Listen::At(addr)) => addr,
+        None => ExporterConfig::default().listen,
+    };
     let config = ExporterConfig {
         listen,
-        priority: args.metrics_priority,
+        priority: args
+            .metrics_priority
+            .or_else(|| section.priority().ok().flatten())
+            .unwrap_or_default(),
         ..ExporterConfig::default()
     };
     match Exporter::spawn(registry, config) {

@@ -29,6 +29,11 @@ path = { prefix = "/" }
 id = "down"
 upstream = "down"
 path = { prefix = "/down" }
+
+# The command line's --metrics-listen overrides `listen`; synthetic_series comes from here.
+[metrics]
+listen = "off"
+synthetic_series = 2000
 "#;
 
 /// GET over a fresh connection; returns (status, body).
@@ -83,14 +88,7 @@ fn gateway_scrape_counts_traffic_and_passes_promtool() {
     let config = dir.path().join("gw.toml");
     std::fs::write(&config, CONFIG).expect("write config");
     let config = config.to_str().expect("utf-8 path");
-    let gateway = Gateway::run(&[
-        "--config",
-        config,
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--synthetic-series",
-        "2000",
-    ]);
+    let gateway = Gateway::run(&["--config", config, "--metrics-listen", "127.0.0.1:0"]);
     gateway.wait_for_log("/metrics", Duration::from_secs(20));
     let log = gateway.log();
     let metrics: SocketAddr = log
