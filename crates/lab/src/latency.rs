@@ -148,26 +148,29 @@ pub struct Summary {
     pub percentiles_us: Vec<(String, u64)>,
 }
 
-/// JSON form: the summary for readers plus every recorded bucket, so the histogram is rebuilt
-/// exactly on the way back in.
+/// JSON form: the summary for readers plus the whole histogram in HdrHistogram's own
+/// interchange encoding (V2, deflate, base64: what HdrHistogram's `.hlog` files hold, readable
+/// by its tools in every language), so it is rebuilt exactly on the way back in at a few KB.
 #[derive(Serialize, Deserialize)]
 struct LatencyJson {
     summary: Summary,
     saturated: u64,
-    /// `[value_us, count]` of every non-empty bucket (highest equivalent value).
-    recorded: Vec<(u64, u64)>,
+    /// The histogram, microseconds, V2-deflate-base64.
+    hdr: String,
 }
 
 impl Serialize for Latency {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine as _;
+        use hdrhistogram::serialization::Serializer as _;
+        let mut bytes = Vec::new();
+        hdrhistogram::serialization::V2DeflateSerializer::new()
+            .serialize(&self.hist, &mut bytes)
+            .map_err(|e| serde::ser::Error::custom(format!("histogram encoding: {e:?}")))?;
         LatencyJson {
             summary: self.summary(),
             saturated: self.saturated,
-            recorded: self
-                .hist
-                .iter_recorded()
-                .map(|v| (v.value_iterated_to(), v.count_at_value()))
-                .collect(),
+            hdr: base64::engine::general_purpose::STANDARD.encode(bytes),
         }
         .serialize(s)
     }
@@ -175,16 +178,19 @@ impl Serialize for Latency {
 
 impl<'de> Deserialize<'de> for Latency {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use base64::Engine as _;
         let json = LatencyJson::deserialize(d)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(json.hdr.as_bytes())
+            .map_err(|e| serde::de::Error::custom(format!("histogram is not base64: {e}")))?;
+        let hist: Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
+            .deserialize(&mut std::io::Cursor::new(bytes))
+            .map_err(|e| serde::de::Error::custom(format!("histogram does not decode: {e:?}")))?;
         let mut latency = Latency::new();
-        for (value, count) in json.recorded {
-            if value > MAX_US * 2 {
-                return Err(serde::de::Error::custom(format!(
-                    "latency bucket {value} us is beyond the 60 s range"
-                )));
-            }
-            latency.hist.saturating_record_n(value.min(MAX_US), count);
-        }
+        latency
+            .hist
+            .add(&hist)
+            .map_err(|e| serde::de::Error::custom(format!("histogram out of range: {e:?}")))?;
         latency.saturated = json.saturated;
         Ok(latency)
     }
