@@ -34,13 +34,19 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "NAME=ADDR[,ADDR...]", value_parser = parse_upstream)]
     upstream: Vec<(String, Vec<SocketAddr>)>,
     /// Write an access log to FILE (`-` for stdout), for every listener.
-    #[arg(long, value_name = "FILE|-")]
+    // Repeating an access-log flag is allowed; the last one wins (scripts append flags).
+    #[arg(long, value_name = "FILE|-", overrides_with = "access_log")]
     access_log: Option<String>,
     /// Access log format.
-    #[arg(long, value_name = "combined|json", value_parser = parse_log_format)]
+    #[arg(
+        long,
+        value_name = "combined|json",
+        value_parser = parse_log_format,
+        overrides_with = "access_log_format"
+    )]
     access_log_format: Option<tailguard_access_log::FormatName>,
     /// Access log buffer per serving thread, in bytes (default 65536).
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", overrides_with = "access_log_buffer")]
     access_log_buffer: Option<usize>,
     /// Address of the metrics exporter (path /metrics), or `off` (overrides
     /// `[metrics] listen`). Default 127.0.0.1:9091; if that is taken, the gateway runs
