@@ -472,7 +472,6 @@ impl Ctx<'_> {
         }
         let (mut cmd, _) = pinned_command(&self.opts.exe, &self.gateway_cpus);
         cmd.args(&args)
-            .args(self.expand(&cond.gateway))
             .stdin(Stdio::null())
             .stdout(
                 to_file(
@@ -634,10 +633,11 @@ pub fn explain_exit(name: &str, status: std::process::ExitStatus, stderr: &str) 
     if stderr.contains("not built yet") {
         return format!("feature missing: `tailguard run` is not built yet in this {name} build");
     }
+    // clap and most programs put the reason on an `error:` line; otherwise the last line.
     let last = stderr
         .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
+        .find(|l| l.trim_start().to_ascii_lowercase().starts_with("error"))
+        .or_else(|| stderr.lines().rev().find(|l| !l.trim().is_empty()))
         .unwrap_or("no output");
     format!("{name} exited ({status}) before it was ready: {last}")
 }

@@ -108,11 +108,13 @@ fn a_rejected_gateway_flag_skips_the_condition_and_stops_the_upstream() {
     // rejects a flag the way clap does.
     let exe = dir.path().join("tailguard");
     let pidfile = dir.path().join("upstream.pid");
+    let argsfile = dir.path().join("gateway.args");
     std::fs::write(
         &exe,
         format!(
-            "#!/bin/sh\ncase \"$1\" in\n upstream) echo $$ > {}; echo 'listening on 127.0.0.1:9'; exec sleep 300;;\n run) echo \"error: unexpected argument '--synthetic-series' found\" >&2; exit 2;;\nesac\n",
-            pidfile.display()
+            "#!/bin/sh\ncase \"$1\" in\n upstream) echo $$ > {}; echo 'listening on 127.0.0.1:9'; exec sleep 300;;\n run) echo \"$@\" > {}; echo \"error: unexpected argument '--synthetic-series' found\" >&2; exit 2;;\nesac\n",
+            pidfile.display(),
+            argsfile.display()
         ),
     )
     .unwrap();
@@ -142,6 +144,22 @@ fn a_rejected_gateway_flag_skips_the_condition_and_stops_the_upstream() {
         "{why}"
     );
     assert!(outcome.table.contains("skipped: feature missing"));
+    // The gateway got the contract's flags and the condition's, each once.
+    let args = std::fs::read_to_string(&argsfile).unwrap();
+    let mut args: Vec<&str> = args.split_whitespace().collect();
+    assert_eq!(args[..2], ["run", "--listen"]);
+    // This stand-in has no `run --help`, so the runner assumes the exporter flag exists.
+    let m = args.iter().position(|a| *a == "--metrics-listen").unwrap();
+    args.drain(m..m + 2);
+    assert_eq!(
+        args[3..],
+        [
+            "--upstream",
+            "demo=127.0.0.1:9",
+            "--synthetic-series",
+            "1000000"
+        ]
+    );
     let upstream_pid: u32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
