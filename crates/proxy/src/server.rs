@@ -102,7 +102,9 @@ impl Server {
             listeners.push((bind(addr)?, tls));
         }
         let limits = config.limits.clone();
-        let access_logs = AccessLogs::start(&config, None)?;
+        let log_metrics = tailguard_access_log::Metrics::register(metrics.registry())
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let access_logs = AccessLogs::start(&config, Some(&log_metrics))?;
         let builder = Arc::new(builder(&config.limits, &config.timeouts));
         let gateway = Gateway::with_metrics(config, metrics)?;
         let (stop, _) = watch::channel(false);

@@ -226,3 +226,63 @@ fn check_names_a_bad_access_log_variable() {
         "{stderr}"
     );
 }
+
+/// The exporter's exposition (HTTP/1.0, so the body is not chunked).
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect exporter");
+    write!(stream, "GET /metrics HTTP/1.0\r\n\r\n").expect("write");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).expect("read");
+    raw.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn idle_lines_reach_the_file_and_the_metrics_within_the_flush_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let mut gw = Gateway::run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--access-log",
+        path.to_str().unwrap(),
+    ]);
+    gw.wait_for_log("/metrics", Duration::from_secs(20));
+    let log = gw.log();
+    let metrics = log
+        .split("tailguard: metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("metrics address in the log")
+        .to_owned();
+    assert_eq!(send(&gw.url(), 1, 20), 20);
+    // No more traffic and no shutdown: only the writer's flush interval (1 s) can write
+    // the partly filled buffer.
+    let series = format!(
+        "tailguard_access_log_lines_written_total{{log=\"{}\"}} ",
+        path.display()
+    );
+    let start = std::time::Instant::now();
+    loop {
+        let text = scrape(&metrics);
+        let written = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(str::to_owned);
+        if written.as_deref() == Some("20") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{series}: {written:?}\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(targets(&std::fs::read_to_string(&path).unwrap()).len(), 20);
+    gw.signal("TERM");
+    assert!(gw.wait_exit(Duration::from_secs(30)).success());
+}
