@@ -5,8 +5,10 @@
 //! 40 buckets, `w` falling from `k` = 1.5 to `min_k` = 1.1 as buckets keep failing, scaled by
 //! `(40 − working buckets)/40` for a fast recovery, with a forced probe once per second.
 //! Changes from go-zero (in [`BreakerConfig::adaptive`]):
-//! - a request counts in `total` **at dispatch** (go-zero counts at completion, so in-flight
-//!   calls are invisible for one RTT: go-zero #5011);
+//! - a request is counted in the bucket of its **dispatch** (go-zero counts at completion,
+//!   so a success can land in a window that no longer holds its request: go-zero #5011);
+//!   while in flight it is left out of the ratio, so a burst of slow requests is not a
+//!   burst of failures;
 //! - the rejection probability is capped at 0.8 (Envoy `admission_control`);
 //! - a probe is allowed once per second even before the first pass;
 //! - only upstream trouble is a failure (connect errors, timeouts, 502/503/504/429, see
@@ -137,6 +139,9 @@ struct Ring {
     /// Absolute index (time / bucket) of the current bucket.
     cur: u64,
     last_pass: Option<Duration>,
+    /// Dispatched and not finished: counted in their bucket's `sum`, left out of `total`
+    /// until they finish, so a burst of slow requests does not read as failures.
+    pending: u64,
 }
 
 /// What the window says now.
@@ -172,6 +177,7 @@ impl Breaker {
                 buckets: vec![Bucket::default(); cfg.buckets as usize],
                 cur: 0,
                 last_pass: None,
+                pending: 0,
             }),
             cfg,
             name: name.to_owned(),
@@ -238,6 +244,7 @@ impl Breaker {
         if self.cfg.count_at_dispatch {
             let idx = self.index(ring);
             ring.buckets[idx].sum += 1;
+            ring.pending += 1;
         }
         BreakerPermit {
             breaker: self,
@@ -318,6 +325,10 @@ impl Breaker {
     }
 
     fn finish(&self, now: Duration, dispatched_at: u64, result: Option<bool>) {
+        if self.cfg.count_at_dispatch {
+            let mut ring = self.lock();
+            ring.pending = ring.pending.saturating_sub(1);
+        }
         match result {
             Some(success) => self.record(now, success),
             None => {
@@ -361,12 +372,16 @@ impl Breaker {
 
 fn history(ring: &Ring) -> History {
     let n = ring.buckets.len() as u64;
-    let mut h = History::default();
+    // Requests still in flight have no outcome yet: not in `total` until they finish.
+    let mut h = History {
+        total: 0u64.wrapping_sub(ring.pending),
+        ..History::default()
+    };
     // Oldest to newest: the slot after the current one is the oldest still in the window.
     for i in 1..=n {
         let b = &ring.buckets[((ring.cur + i) % n) as usize];
         h.accepts += b.success;
-        h.total += b.sum;
+        h.total = h.total.wrapping_add(b.sum);
         if b.failure > 0 {
             h.working_buckets = 0;
         } else if b.success > 0 {
@@ -377,6 +392,10 @@ fn history(ring: &Ring) -> History {
         } else if b.failure > 0 {
             h.failing_buckets += 1;
         }
+    }
+    // More pending than counted (their buckets expired): nothing in the window.
+    if h.total > u64::MAX / 2 {
+        h.total = 0;
     }
     h
 }

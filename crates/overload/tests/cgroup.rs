@@ -284,3 +284,40 @@ fn sampler_thread_counts_failed_reads_and_never_reports_zero_as_a_reading() {
     drop(handle); // joins the thread
     assert!(rx.try_iter().count() < 1000, "the thread stopped");
 }
+
+#[test]
+fn sampler_thread_ticks_the_shedder_groups() {
+    let shedder = Shedder::new(ShedderConfig::adaptive()).unwrap();
+    let handle = SamplerHandle::spawn(
+        shedder.clone(),
+        CpuReader::system(),
+        MonotonicClock,
+        Smoothing::adaptive(),
+        Duration::from_millis(250),
+    )
+    .unwrap();
+    let group = shedder.group("g");
+    // Ticks roll the window: after a few, the cap (10 x C + cores, C = 10 with no history)
+    // is in place and refuses a normal request above it.
+    let held: Vec<_> = (0..103)
+        .map(|_| {
+            group
+                .admit(Duration::ZERO, tailguard_overload::Class::Critical)
+                .unwrap()
+        })
+        .collect();
+    let mut capped = false;
+    for _ in 0..500 {
+        if group
+            .admit(Duration::ZERO, tailguard_overload::Class::Normal)
+            .is_err()
+        {
+            capped = true;
+            break;
+        }
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    drop(held);
+    drop(handle);
+    assert!(capped, "{:?}", group.snapshot(Duration::ZERO));
+}

@@ -3,21 +3,39 @@
 
 use http::Request;
 
-use crate::error::Error;
-use crate::gateway::Snapshot;
+use crate::gateway::{Snapshot, host_of};
+use crate::overload::{Admitted, Refused};
 
 /// Held for as long as an admitted request is in flight (until its response finishes);
 /// dropping it tells the admission controller the request left.
 #[derive(Debug)]
 pub struct AdmitGuard {
-    _private: (),
+    admitted: Admitted,
+}
+
+impl AdmitGuard {
+    /// The upstream answered: the request counts as served (a pass with its response time).
+    pub fn served(&mut self) {
+        self.admitted.served();
+    }
 }
 
 /// Seam: admission. The overload shedder decides here (in-flight against its limit, CPU
 /// state), before any work is spent on the request; a refusal becomes `Error::Overloaded`
-/// (503 with `Retry-After`) without reading the body. `/healthz` never reaches this.
-/// Today every request is admitted.
-pub fn admit<B>(snapshot: &Snapshot, request: &Request<B>) -> Result<AdmitGuard, Error> {
-    let _ = (snapshot, request);
-    Ok(AdmitGuard { _private: () })
+/// (503 with `Retry-After`, `Connection: close` when severe) without reading the body.
+/// `/healthz` never reaches this. The route is matched here only when shedding is on (its
+/// route group and priority class decide), so `off` costs one branch.
+pub fn admit<B>(snapshot: &Snapshot, request: &Request<B>) -> Result<AdmitGuard, Refused> {
+    let overload = &snapshot.overload;
+    let route = overload.shedder().and_then(|_| {
+        snapshot.router.find(
+            host_of(request),
+            request.uri().path(),
+            request.method(),
+            request.headers(),
+        )
+    });
+    Ok(AdmitGuard {
+        admitted: overload.admit(route)?,
+    })
 }

@@ -79,6 +79,9 @@ pub enum BalanceKind {
     /// Smooth weighted round robin (nginx's algorithm), per serving thread.
     #[default]
     RoundRobin,
+    /// Power of two choices over peak-EWMA latency x (in-flight + 1), with a success-rate
+    /// health gate (weights are ignored).
+    P2cEwma,
 }
 
 /// A named service with one or more endpoints.
@@ -284,6 +287,8 @@ pub struct Config {
     pub access_log: tailguard_access_log::Config,
     /// The metrics exporter (`[metrics]`; read at startup, a reload does not move it).
     pub metrics: tailguard_metrics::MetricsConfig,
+    /// Overload protection (`[overload]`).
+    pub overload: tailguard_overload::OverloadConfig,
 }
 
 /// Collects diagnostics with positions computed from byte offsets.
@@ -372,6 +377,7 @@ impl Config {
         let mut limits = Limits::default();
         let mut access_log = tailguard_access_log::Config::default();
         let mut metrics = tailguard_metrics::MetricsConfig::default();
+        let mut overload = tailguard_overload::OverloadConfig::default();
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -420,11 +426,16 @@ impl Config {
                         metrics = m;
                     }
                 }
+                "overload" => {
+                    if let Some(o) = one_of(&mut diags, "overload", value) {
+                        overload = o;
+                    }
+                }
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
-                     `timeouts`, `limits`, `access_log`, `metrics`",
+                     `timeouts`, `limits`, `access_log`, `metrics`, `overload`",
                 ),
             }
         }
@@ -439,6 +450,7 @@ impl Config {
             limits,
             access_log,
             metrics,
+            overload,
         };
         for (field, message) in config.metrics.check() {
             diags.push(None, field, message);
@@ -632,6 +644,23 @@ impl Config {
         if self.limits.connections == 0 {
             d.push(None, "limits.connections", "must be at least 1");
         }
+        if let Err(e) = self.overload.validate() {
+            d.push(None, "overload", e.to_string());
+        }
+        for id in self.overload.classes.keys() {
+            if !self.routes.iter().any(|r| r.id.get_ref() == id) {
+                d.push(
+                    None,
+                    format!("overload.classes.{id}"),
+                    format!("no route with id `{id}`"),
+                );
+            }
+        }
+    }
+
+    /// Sets the overload mode (`tailguard run --overload off|adaptive|gozero`).
+    pub fn override_overload(&mut self, mode: tailguard_overload::OverloadMode) {
+        self.overload.mode = mode;
     }
 
     /// Replaces the first listener's address (`tailguard run --listen`).

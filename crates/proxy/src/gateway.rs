@@ -28,6 +28,7 @@ use crate::config::{Config, Timeouts};
 use crate::error::Error;
 use crate::headers;
 use crate::metrics::{CountingConnector, GatewayMetrics, SnapshotMetrics};
+use crate::overload::Overload;
 use crate::record::{Finish, RequestRecord};
 use crate::route::{Route, Router};
 use crate::upstream::Upstream;
@@ -49,6 +50,8 @@ pub struct Snapshot {
     pub router: Router,
     /// Upstreams in config order (routes hold indexes into this).
     pub upstreams: Vec<Upstream>,
+    /// Shedder, breakers (by route index), carried over from the previous snapshot.
+    pub overload: Overload,
     client: UpstreamClient,
     request_timeout: Option<Duration>,
     /// Set when a newer snapshot replaced this one: connections that cached this snapshot
@@ -107,10 +110,18 @@ impl Snapshot {
             router.routes().iter().map(|r| Arc::clone(&r.id)),
             &upstreams,
         )?;
+        let names: Vec<Arc<str>> = upstreams.iter().map(|u| Arc::clone(&u.name)).collect();
+        let overload = Overload::build(
+            &config.overload,
+            &router,
+            &names,
+            previous.map(|p| &p.overload),
+        );
         Ok(Snapshot {
             request_timeout: millis(config.timeouts.request_ms),
             router,
             metrics,
+            overload,
             upstreams,
             client,
             retired: AtomicBool::new(false),
@@ -263,12 +274,15 @@ pub(crate) async fn serve(
     let held = hold(&conn);
     let mut record = RequestRecord::new(start, conn.remote, conn.tls, &req);
     held.snapshot().metrics.gateway.request_started();
-    let admitted = match admission::admit(held.snapshot(), &req) {
+    let mut admitted = match admission::admit(held.snapshot(), &req) {
         Ok(guard) => guard,
-        Err(e) => return Ok(error_response(e, record, held, None)),
+        Err(refused) => {
+            return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
+        }
     };
     match forward(held.snapshot(), &conn, req, &mut record).await {
         Ok((resp, first)) => {
+            admitted.served();
             let (parts, body) = resp.into_parts();
             record.status = parts.status.as_u16();
             let finish = Finish {
@@ -345,7 +359,7 @@ fn error_response(
 
 /// The request's host without port: from the URI (HTTP/2 `:authority`, absolute form) or
 /// the `Host` header.
-fn host_of<B>(req: &Request<B>) -> &str {
+pub(crate) fn host_of<B>(req: &Request<B>) -> &str {
     let raw = req
         .uri()
         .host()
@@ -434,6 +448,7 @@ async fn forward(
     record.bytes_in = count.clone();
     let body = RequestBody::new(body, limits.body_bytes, count);
 
+    let breaker = snap.overload.dispatch(route_index)?;
     let dispatched = Instant::now();
     let waiting = snap.metrics.gateway.upstream_dispatched();
     let exchange = snap.client.request(Request::from_parts(parts, body));
@@ -458,6 +473,7 @@ async fn forward(
         Err(_) => Outcome::Aborted,
     };
     upstream.balance.complete(endpoint_index, outcome, elapsed);
+    breaker.finish(outcome);
 
     let mut resp = result?;
     snap.metrics.gateway.upstream_response(&resp);

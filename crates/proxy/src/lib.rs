@@ -47,6 +47,7 @@ pub mod error;
 pub mod gateway;
 pub mod headers;
 pub mod metrics;
+pub mod overload;
 pub mod record;
 pub mod route;
 pub mod server;

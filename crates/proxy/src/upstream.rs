@@ -55,6 +55,7 @@ impl Upstream {
         let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();
         let balance: Box<dyn Balance> = match config.balance {
             BalanceKind::RoundRobin => Box::new(RoundRobin::new(&weights)),
+            BalanceKind::P2cEwma => Box::new(crate::overload::P2cEwma::new(endpoints.len())),
         };
         Upstream {
             name: Arc::from(config.name.get_ref().as_str()),

@@ -4,5 +4,6 @@ mod config;
 mod errors;
 mod forwarding;
 mod lifecycle;
+mod overload;
 mod routing;
 mod support;

@@ -62,6 +62,10 @@ pub(crate) struct RunArgs {
     /// (overrides `[metrics] synthetic_series`).
     #[arg(long, value_name = "N")]
     synthetic_series: Option<usize>,
+    /// Overload protection: off, adaptive, or gozero (go-zero's formulas, for A/B runs);
+    /// overrides `[overload] mode`.
+    #[arg(long, value_name = "off|adaptive|gozero", value_parser = tailguard_proxy::overload::parse_mode)]
+    overload: Option<tailguard_overload::OverloadMode>,
 }
 
 fn parse_priority(s: &str) -> Result<Priority, String> {
@@ -127,6 +131,9 @@ fn load(args: &RunArgs) -> Result<Config, Error> {
         args.access_log_format,
         args.access_log_buffer,
     )?;
+    if let Some(mode) = args.overload {
+        config.override_overload(mode);
+    }
     Ok(config)
 }
 

@@ -1,0 +1,184 @@
+//! Overload protection in the gateway: the shedder's cap refuses requests above it with a
+//! 503 that never reaches the upstream while /healthz stays up, the breaker stops
+//! dispatching to a failing upstream, p2c-EWMA prefers the fast endpoint, and the
+//! `[overload]` section is validated.
+
+use std::time::Duration;
+
+use tailguard_overload::OverloadMode;
+use tailguard_test_support::{Upstream, get, http1_client};
+
+use crate::support::{proxy_to, start};
+
+/// Every diagnostic of an invalid config.
+fn errors_of(text: &str) -> Vec<String> {
+    match tailguard_proxy::Config::parse(text, "gw.toml", std::path::Path::new(".")) {
+        Ok(_) => panic!("config unexpectedly valid"),
+        Err(tailguard_proxy::Error::Config(d)) => d.iter().map(ToString::to_string).collect(),
+        Err(other) => panic!("not a config error: {other}"),
+    }
+}
+
+/// Polls `f` every 20 ms for up to 10 s.
+async fn eventually(mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached in 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_above_the_cap_are_shed_before_the_upstream_and_health_stays_up() {
+    // The upstream holds every request for 3 s, so in-flight only grows.
+    let upstream = Upstream::builder()
+        .delay(Duration::from_secs(3))
+        .start()
+        .await;
+    let (server, url) = start(proxy_to(
+        &[upstream.addr],
+        "[overload]\nmode = \"adaptive\"\n",
+    ));
+    let snapshot = server.gateway().snapshot();
+    let group = snapshot
+        .overload
+        .shedder()
+        .expect("shedding is on")
+        .group("all");
+    // Wait for the sampler thread's first ticks: with no history, C = 1 pass x 10/s x 1 s
+    // default minRt = 10, so the cap is 10 x C + cores.
+    eventually(|| group.snapshot(Duration::ZERO).capacity == 10.0).await;
+    let cap = 100.0 + snapshot.overload.shedder().unwrap().cores();
+
+    let client = http1_client();
+    let n = 130;
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let resp = client.request(get_req(&url)).await.unwrap();
+                let retry = resp.headers().get("retry-after").is_some();
+                (resp.status().as_u16(), retry)
+            })
+        })
+        .collect();
+    // Health is answered while the gateway sheds.
+    eventually(|| group.inflight() as f64 >= cap).await;
+    let (status, body) = get(&client, &format!("{url}/healthz")).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+
+    let mut ok = 0;
+    let mut shed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (200, _) => ok += 1,
+            (503, true) => shed += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ok + shed, n);
+    assert!(shed >= n - cap as usize - 1, "shed {shed}, cap {cap}");
+    assert_eq!(
+        upstream.requests(),
+        ok,
+        "shed requests never reached the upstream"
+    );
+    let s = group.snapshot(Duration::ZERO);
+    assert_eq!(s.shed.iter().sum::<u64>(), shed as u64);
+    assert_eq!(s.inflight, 0);
+}
+
+fn get_req(url: &str) -> http::Request<tailguard_test_support::TestBody> {
+    crate::support::get(url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_stops_dispatching_to_a_failing_upstream() {
+    let upstream = Upstream::builder().status(503).start().await;
+    let (_server, url) = start(proxy_to(
+        &[upstream.addr],
+        "[overload]\nmode = \"adaptive\"\n",
+    ));
+    let client = http1_client();
+    for _ in 0..300 {
+        let (status, _) = get(&client, &url).await;
+        assert_eq!(status, 503);
+    }
+    // Rejection is capped at 0.8: about a fifth still reaches the upstream (probes).
+    let dispatched = upstream.requests();
+    assert!(
+        (30..150).contains(&dispatched),
+        "dispatched {dispatched} of 300"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_mode_never_sheds_or_breaks() {
+    let upstream = Upstream::builder().status(503).start().await;
+    let (server, url) = start(proxy_to(&[upstream.addr], ""));
+    assert!(server.gateway().snapshot().overload.shedder().is_none());
+    let client = http1_client();
+    for _ in 0..50 {
+        assert_eq!(get(&client, &url).await.0, 503);
+    }
+    assert_eq!(upstream.requests(), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2c_ewma_prefers_the_fast_endpoint() {
+    let slow = Upstream::builder()
+        .delay(Duration::from_millis(80))
+        .start()
+        .await;
+    let fast = Upstream::start().await;
+    let mut config = proxy_to(&[slow.addr, fast.addr], "");
+    config.upstreams[0].balance = tailguard_proxy::config::BalanceKind::P2cEwma;
+    let (_server, url) = start(config);
+    let client = http1_client();
+    for _ in 0..40 {
+        assert_eq!(get(&client, &url).await.0, 200);
+    }
+    // The slow one is tried once (ties go to the first endpoint), then only when starved
+    // for a second.
+    assert!(
+        slow.requests() <= 3,
+        "slow {} fast {}",
+        slow.requests(),
+        fast.requests()
+    );
+}
+
+#[test]
+fn overload_section_is_validated_and_the_flag_overrides_it() {
+    let errs = errors_of(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\nendpoints = [{ address = \"127.0.0.1:1\" }]\n[[routes]]\nid = \"r\"\nupstream = \"u\"\n[overload]\nmode = \"fast\"\n",
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("overload") && e.contains("fast")),
+        "{errs:#?}"
+    );
+    let errs = errors_of(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\nendpoints = [{ address = \"127.0.0.1:1\" }]\n[[routes]]\nid = \"r\"\nupstream = \"u\"\n[overload]\nmode = \"adaptive\"\nthreshold = 1.5\n[overload.classes]\nnope = \"high\"\n",
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("overload: invalid overload config: overload.threshold")),
+        "{errs:#?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("overload.classes.nope: no route with id `nope`")),
+        "{errs:#?}"
+    );
+
+    let mut c = proxy_to(
+        &["127.0.0.1:1".parse().unwrap()],
+        "[overload]\nmode = \"gozero\"\n[overload.classes]\nall = \"critical\"\n",
+    );
+    assert_eq!(c.overload.mode, OverloadMode::Gozero);
+    c.override_overload(OverloadMode::Off);
+    assert_eq!(c.overload.shedder_config(), None);
+}
