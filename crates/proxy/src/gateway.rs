@@ -105,18 +105,19 @@ impl Snapshot {
             _ => new_client(&config.timeouts, metrics),
         };
         let router = Router::new(routes);
-        let metrics = SnapshotMetrics::build(
-            metrics,
-            router.routes().iter().map(|r| Arc::clone(&r.id)),
-            &upstreams,
-        )?;
         let names: Vec<Arc<str>> = upstreams.iter().map(|u| Arc::clone(&u.name)).collect();
         let overload = Overload::build(
             &config.overload,
             &router,
             &names,
             previous.map(|p| &p.overload),
+            metrics.registry(),
         );
+        let metrics = SnapshotMetrics::build(
+            metrics,
+            router.routes().iter().map(|r| Arc::clone(&r.id)),
+            &upstreams,
+        )?;
         Ok(Snapshot {
             request_timeout: millis(config.timeouts.request_ms),
             router,

@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use http::{HeaderValue, Response, header::CONNECTION};
 use tailguard_overload::{
-    Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig, OverloadMode,
-    OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig, SamplerHandle, Shedder, failure_status,
+    Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig,
+    OverloadMetrics, OverloadMode, OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig,
+    SamplerHandle, Shedder, failure_status,
 };
+use tailguard_metrics::Registry;
 
 use crate::balance::{Balance, Outcome};
 use crate::error::Error;
@@ -37,6 +39,8 @@ pub struct Overload {
     mode: OverloadMode,
     shedder: Option<Shedder>,
     sampler: Option<Arc<SamplerHandle>>,
+    /// Registered once per registry, carried over by reloads.
+    metrics: Option<OverloadMetrics>,
     /// By route index (the router's precedence order); empty when off.
     routes: Vec<RouteGuard>,
 }
@@ -49,6 +53,7 @@ impl Overload {
         router: &Router,
         upstream_names: &[Arc<str>],
         previous: Option<&Overload>,
+        registry: &Registry,
     ) -> Overload {
         let Some(shedder_config) = config.shedder_config() else {
             return Overload::default();
@@ -77,6 +82,21 @@ impl Overload {
                 }
             },
         };
+        let (metrics, new_metrics) = match previous.and_then(|p| p.metrics.clone()) {
+            Some(m) => (Some(m), false),
+            None => match OverloadMetrics::register(registry) {
+                Ok(m) => (Some(m), true),
+                Err(e) => {
+                    tracing::error!("overload: metrics not registered: {e}");
+                    (None, false)
+                }
+            },
+        };
+        if let Some(m) = &metrics
+            && (new_metrics || reuse.is_none())
+        {
+            m.watch_shedder(&shedder, sampler.as_ref().map(|s| s.gauge()));
+        }
         let breaker_config = config.breaker_config();
         let routes = router
             .routes()
@@ -88,10 +108,14 @@ impl Overload {
                     previous
                         .and_then(|p| p.breaker_named(&name))
                         .unwrap_or_else(|| {
-                            Arc::new(
+                            let b = Arc::new(
                                 Breaker::new(&name, bc.clone())
                                     .expect("the default breaker configs are valid"),
-                            )
+                            );
+                            if let Some(m) = &metrics {
+                                m.watch_breaker(upstream, &r.id, &b);
+                            }
+                            b
                         })
                 });
                 RouteGuard {
@@ -105,6 +129,7 @@ impl Overload {
             mode: config.mode,
             shedder: Some(shedder),
             sampler,
+            metrics,
             routes,
         }
     }

@@ -88,6 +88,23 @@ async fn requests_above_the_cap_are_shed_before_the_upstream_and_health_stays_up
     let s = group.snapshot(Duration::ZERO);
     assert_eq!(s.shed.iter().sum::<u64>(), shed as u64);
     assert_eq!(s.inflight, 0);
+
+    // The gateway's registry shows it.
+    let text = String::from_utf8(
+        server
+            .gateway()
+            .metrics()
+            .registry()
+            .render(tailguard_metrics::Format::Text),
+    )
+    .unwrap();
+    let line = format!("tailguard_overload_shed_total{{group=\"all\",class=\"normal\"}} {shed}.0");
+    assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "tailguard_breaker_state{upstream=\"up\",route=\"all\"} 0"),
+        "{text}"
+    );
 }
 
 fn get_req(url: &str) -> http::Request<tailguard_test_support::TestBody> {
