@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Response, header::CONNECTION};
-use tailguard_overload::{
-    Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig,
-    OverloadMetrics, OverloadMode, OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig,
-    SamplerHandle, Shedder, failure_status,
-};
 use tailguard_metrics::Registry;
+use tailguard_overload::{
+    Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig, OverloadMetrics,
+    OverloadMode, OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig, SamplerHandle, Shedder,
+    failure_status,
+};
 
 use crate::balance::{Balance, Outcome};
 use crate::error::Error;
