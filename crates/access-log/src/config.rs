@@ -20,6 +20,11 @@ pub const DEFAULT_BUFFERS: usize = 32;
 /// for `tail -f`).
 pub const DEFAULT_FLUSH_MS: u64 = 1000;
 
+/// Nice 10 for the writer thread: when it shares a core with a serving thread, the serving
+/// thread wins (CFS weight 1024 vs 110), yet the writer, which needs well under 1% of a
+/// core, is never starved the way `SCHED_IDLE` would starve it on a saturated core.
+pub const DEFAULT_WRITER_NICE: i32 = 10;
+
 /// Where lines go.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(from = "String")]
@@ -84,6 +89,7 @@ pub enum FormatName {
 /// buffers = 32                               # pool size: memory = buffer_size * buffers
 /// flush_ms = 1000                            # idle buffers reach the file within this
 /// on_full = "drop"                           # or "block"
+/// writer_nice = 10                           # the writer yields to serving threads
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -102,6 +108,8 @@ pub struct Config {
     pub flush_ms: u64,
     /// What to do when no buffer is free.
     pub on_full: OnFull,
+    /// Nice value of the writer thread (0 keeps the process's own).
+    pub writer_nice: i32,
 }
 
 impl Default for Config {
@@ -114,6 +122,7 @@ impl Default for Config {
             buffers: DEFAULT_BUFFERS,
             flush_ms: DEFAULT_FLUSH_MS,
             on_full: OnFull::Drop,
+            writer_nice: DEFAULT_WRITER_NICE,
         }
     }
 }
@@ -139,6 +148,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "buffers = {} is outside 2 ..= 65536",
                 self.buffers
+            )));
+        }
+        if !(-20..=19).contains(&self.writer_nice) {
+            return Err(Error::Config(format!(
+                "writer_nice = {} is outside -20 ..= 19",
+                self.writer_nice
             )));
         }
         if self.flush_ms == 0 {

@@ -58,7 +58,8 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 pub use config::{
-    Config, DEFAULT_BUFFER_SIZE, DEFAULT_BUFFERS, DEFAULT_FLUSH_MS, FormatName, OnFull, Output,
+    Config, DEFAULT_BUFFER_SIZE, DEFAULT_BUFFERS, DEFAULT_FLUSH_MS, DEFAULT_WRITER_NICE,
+    FormatName, OnFull, Output,
 };
 pub use error::Error;
 pub use format::{COMBINED, Format, VARIABLES};
@@ -141,9 +142,13 @@ impl AccessLog {
             stats::Counters::new(metrics),
         ));
         let thread = WriterThread::new(Arc::clone(&shared), sink, config.flush_interval());
+        let nice = config.writer_nice;
         let handle = std::thread::Builder::new()
             .name("tailguard-log-writer".into())
-            .spawn(move || thread.run(&rx))
+            .spawn(move || {
+                writer::lower_priority(nice);
+                thread.run(&rx);
+            })
             .map_err(Error::Spawn)?;
         let log = Self {
             inner: Arc::new(Buffered {

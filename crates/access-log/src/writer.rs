@@ -25,6 +25,17 @@ pub(crate) enum Sink {
     Stdout,
 }
 
+/// Sets this thread's nice value (on Linux, PRIO_PROCESS with a thread id is per thread).
+pub(crate) fn lower_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    let tid = rustix::thread::gettid();
+    if let Err(err) = rustix::process::setpriority_process(Some(tid), nice) {
+        tracing::warn!(%err, nice, "access log writer: could not set its nice value");
+    }
+}
+
 /// Opens `path` for append, creating it with mode 0640 (owner writes, group reads: log
 /// shippers usually run in the group; the world never reads access logs).
 pub(crate) fn open(path: &Path) -> io::Result<File> {

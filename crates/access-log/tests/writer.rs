@@ -472,3 +472,29 @@ fn metrics_count_lines_bytes_drops_and_errors() {
     assert!(full.write_errors > 0 && full.dropped_lines > 0);
     assert!(text.contains("# TYPE tailguard_access_log_writer_lag_seconds gauge"));
 }
+
+#[test]
+fn writer_thread_runs_at_the_configured_nice_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_log, writer) = AccessLog::start(&config(&dir.path().join("a.log"), 4096, 2)).unwrap();
+    // The writer names itself; find it among this process's threads and read its nice value
+    // (field 19 of /proc/<pid>/task/<tid>/stat).
+    let nice_of_writer = || {
+        fs::read_dir("/proc/self/task").unwrap().find_map(|t| {
+            let dir = t.unwrap().path();
+            let comm = fs::read_to_string(dir.join("comm")).ok()?;
+            if !comm.starts_with("tailguard-log-w") {
+                return None;
+            }
+            let stat = fs::read_to_string(dir.join("stat")).ok()?;
+            let after_name = &stat[stat.rfind(')')? + 2..];
+            after_name.split(' ').nth(16)?.parse::<i32>().ok()
+        })
+    };
+    let mut nice = None;
+    eventually("the writer's nice value", || {
+        nice = nice_of_writer();
+        nice == Some(tailguard_access_log::DEFAULT_WRITER_NICE)
+    });
+    writer.shutdown();
+}
