@@ -34,6 +34,10 @@ pub struct LoadArgs {
     /// Pin the generator threads to these cores (comma-separated), e.g. `--pin 0`.
     #[arg(long, value_delimiter = ',')]
     pub pin: Vec<usize>,
+    /// Nice value of the generator threads, e.g. -10 to run ahead of builds on a shared
+    /// machine (negative needs root).
+    #[arg(long, allow_hyphen_values = true)]
+    pub nice: Option<i32>,
     /// What each request carries.
     #[command(flatten)]
     pub request: Box<RequestArgs>,
@@ -139,6 +143,7 @@ impl LoadArgs {
             }),
             progress: std::io::stdout().is_terminal(),
             pin: self.pin.clone(),
+            nice: self.nice,
         })
     }
 }
@@ -157,6 +162,10 @@ pub struct LabArgs {
     /// Directory holding the scenarios.
     #[arg(long, default_value = "lab/scenarios")]
     pub scenarios: PathBuf,
+    /// Nice value for every process of the run (upstream, gateway, nginx, generator threads),
+    /// e.g. -10 so a shared machine's other work does not decide the tail (needs root).
+    #[arg(long, allow_hyphen_values = true)]
+    pub nice: Option<i32>,
 }
 
 /// Arguments of `tailguard upstream`.
@@ -293,6 +302,7 @@ pub fn lab(args: LabArgs) -> anyhow::Result<ExitCode> {
                 out.clone()
             },
             exe: exe.clone(),
+            nice: args.nice,
         };
         crate::runner::run(&opts)?;
     }

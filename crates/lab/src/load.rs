@@ -67,6 +67,8 @@ pub struct LoadConfig {
     pub progress: bool,
     /// Cores to pin the generator threads to (empty: not pinned).
     pub pin: Vec<usize>,
+    /// Nice value of the generator threads (negative: ahead of other work; needs root).
+    pub nice: Option<i32>,
 }
 
 impl LoadConfig {
@@ -88,6 +90,7 @@ impl LoadConfig {
             scrape: None,
             progress: false,
             pin: Vec::new(),
+            nice: None,
         }
     }
 }
@@ -294,6 +297,7 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
             (start_cell.clone(), connected.clone(), started.clone());
         let timeout = config.timeout;
         let pin = config.pin.clone();
+        let nice = config.nice;
         let handle = std::thread::Builder::new()
             .name(format!("load-{lane}"))
             .spawn(move || -> Result<ThreadStats, LabError> {
@@ -303,6 +307,11 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
                     eprintln!(
                         "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
                     );
+                }
+                if let Some(n) = nice
+                    && let Err(e) = crate::procs::nice_current_thread(n)
+                {
+                    eprintln!("load: cannot set nice {n} on thread {lane}: {e}");
                 }
                 // The default 50 us timer slack would let every timerfd wake-up come late by
                 // up to that much, and the lateness would count as latency.

@@ -190,17 +190,35 @@ pub fn wait_for_line(
     })
 }
 
-/// A command wrapped in `taskset -c CPUS` when cores are given and taskset exists.
-pub fn pinned_command(program: &std::path::Path, cpus: &[usize]) -> (Command, Option<String>) {
+/// A command wrapped in `nice -n NICE` and `taskset -c CPUS` when asked for and available.
+pub fn pinned_command(
+    program: &std::path::Path,
+    cpus: &[usize],
+    nice: Option<i32>,
+) -> (Command, Option<String>) {
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(n) = nice
+        && which("nice").is_some()
+    {
+        argv.extend(["nice".into(), "-n".into(), n.to_string().into()]);
+    }
+    let mut pinned = None;
     if !cpus.is_empty() && which("taskset").is_some() {
         let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
         let list = list.join(",");
-        let mut cmd = Command::new("taskset");
-        cmd.arg("-c").arg(&list).arg(program);
-        (cmd, Some(list))
-    } else {
-        (Command::new(program), None)
+        argv.extend(["taskset".into(), "-c".into(), list.clone().into()]);
+        pinned = Some(list);
     }
+    argv.push(program.as_os_str().to_owned());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    (cmd, pinned)
+}
+
+/// Sets the calling thread's nice value (on Linux, `setpriority(PRIO_PROCESS, 0)` is per
+/// thread); negative values need root.
+pub fn nice_current_thread(nice: i32) -> Result<(), LabError> {
+    rustix::process::setpriority_process(None, nice).map_err(|e| LabError::Io(e.into()))
 }
 
 /// The path of `name` on `$PATH`.

@@ -31,6 +31,8 @@ pub struct RunOptions {
     pub out: PathBuf,
     /// The `tailguard` executable (`run` and `upstream` subcommands).
     pub exe: PathBuf,
+    /// Nice value for every process of the run.
+    pub nice: Option<i32>,
 }
 
 /// One row of the comparison table.
@@ -124,11 +126,15 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             "not pinned: the scenario wants cpu {wanted:?} but this machine has {cores} (or no taskset)"
         )
     };
+    let pinning = match opts.nice {
+        Some(n) => format!("{pinning}; every process at nice {n}"),
+        None => pinning,
+    };
     println!("  {pinning}");
     let pins = |cpus: &[usize]| if can_pin { cpus.to_vec() } else { Vec::new() };
 
     // The upstream, shared by every condition.
-    let (mut cmd, _) = pinned_command(&opts.exe, &pins(&pin.upstream));
+    let (mut cmd, _) = pinned_command(&opts.exe, &pins(&pin.upstream), opts.nice);
     cmd.arg("upstream")
         .arg("--listen")
         .arg("127.0.0.1:0")
@@ -389,6 +395,7 @@ impl Ctx<'_> {
             timeout: l.timeout,
             warmup: l.warmup,
             pin: self.load_cpus.clone(),
+            nice: self.opts.nice,
             ..LoadConfig::new(url, rate, l.duration, l.connections)
         }
     }
@@ -470,7 +477,14 @@ impl Ctx<'_> {
                 ));
             }
         }
-        let (mut cmd, _) = pinned_command(&self.opts.exe, &self.gateway_cpus);
+        // The exact command, for reproducing a condition by hand.
+        let _ = std::fs::write(
+            self.opts
+                .out
+                .join(format!("{}.gateway.cmd", slug(&cond.name))),
+            format!("{} {}\n", self.opts.exe.display(), args.join(" ")),
+        );
+        let (mut cmd, _) = pinned_command(&self.opts.exe, &self.gateway_cpus, self.opts.nice);
         cmd.args(&args)
             .stdin(Stdio::null())
             .stdout(
@@ -506,7 +520,7 @@ impl Ctx<'_> {
         let conf_path = dir.join("nginx.conf");
         std::fs::write(&conf_path, conf).map_err(|e| e.to_string())?;
         let log = dir.join("stderr.log");
-        let (mut cmd, _) = pinned_command(&nginx, &self.gateway_cpus);
+        let (mut cmd, _) = pinned_command(&nginx, &self.gateway_cpus, self.opts.nice);
         cmd.arg("-e")
             .arg(dir.join("error.log"))
             .arg("-p")
@@ -530,7 +544,7 @@ impl Ctx<'_> {
         let wrk = which("wrk")?;
         let target = self.start_target(cond).ok()?;
         let secs = self.scenario.load.duration.as_secs().clamp(1, 30);
-        let (mut cmd, _) = pinned_command(&wrk, &self.load_cpus);
+        let (mut cmd, _) = pinned_command(&wrk, &self.load_cpus, self.opts.nice);
         let out = cmd
             .arg("-t1")
             .arg(format!("-c{}", self.scenario.load.connections))
