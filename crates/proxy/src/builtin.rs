@@ -15,51 +15,50 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::task::AbortHandle;
 
 use crate::config::BuiltinConfig;
 use crate::error::Error;
 
-/// A running responder; its accept loop stops when this is dropped (connections already
-/// accepted finish on their own).
+/// A running responder on its own thread (with its own current-thread runtime, so it never
+/// competes with a serving thread's tasks); it stops when this is dropped.
 #[derive(Debug)]
 pub struct Responder {
     addr: SocketAddr,
-    accept: AbortHandle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Responder {
-    /// Binds 127.0.0.1:0 and starts serving on the current tokio runtime.
+    /// Binds 127.0.0.1:0 and starts serving.
     pub fn start(config: &BuiltinConfig) -> Result<Responder, Error> {
         let any: SocketAddr = "127.0.0.1:0".parse().expect("literal address");
-        let std_listener =
-            std::net::TcpListener::bind(any).map_err(|source| Error::Bind { addr: any, source })?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|source| Error::Bind { addr: any, source })?;
-        let addr = std_listener
-            .local_addr()
-            .map_err(|source| Error::Bind { addr: any, source })?;
-        let listener =
-            TcpListener::from_std(std_listener).map_err(|source| Error::Bind { addr, source })?;
+        let bind_err = |source| Error::Bind { addr: any, source };
+        let std_listener = std::net::TcpListener::bind(any).map_err(bind_err)?;
+        std_listener.set_nonblocking(true).map_err(bind_err)?;
+        let addr = std_listener.local_addr().map_err(bind_err)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Internal(format!("builtin responder runtime: {e}")))?;
         let config = Arc::new(config.clone());
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let config = Arc::clone(&config);
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| respond(Arc::clone(&config), req));
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("tailguard-builtin".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(std_listener) else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = stopped => {}
+                        _ = accept_loop(listener, config) => {}
+                    }
                 });
-            }
+            })
+            .map_err(|e| Error::Internal(format!("builtin responder thread: {e}")))?;
+        Ok(Responder {
+            addr,
+            stop: Some(stop),
         })
-        .abort_handle();
-        Ok(Responder { addr, accept })
     }
 
     /// The address it listens on.
@@ -70,7 +69,25 @@ impl Responder {
 
 impl Drop for Responder {
     fn drop(&mut self) {
-        self.accept.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, config: Arc<BuiltinConfig>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let config = Arc::clone(&config);
+        tokio::spawn(async move {
+            let service = service_fn(move |req| respond(Arc::clone(&config), req));
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
     }
 }
 

@@ -31,6 +31,7 @@ use crate::metrics::{CountingConnector, GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::record::{Finish, RequestRecord};
 use crate::route::{Route, Router};
+use crate::shard::PerThread;
 use crate::upstream::Upstream;
 
 /// The pooled keep-alive HTTP/1.1 client to upstream endpoints.
@@ -52,7 +53,9 @@ pub struct Snapshot {
     pub upstreams: Vec<Upstream>,
     /// Shedder, breakers (by route index), carried over from the previous snapshot.
     pub overload: Overload,
-    client: UpstreamClient,
+    /// One pooled client per serving thread: a connection is made, used and kept on the
+    /// thread that runs its requests (the pool's lock is never contended).
+    clients: Arc<PerThread<UpstreamClient>>,
     request_timeout: Option<Duration>,
     /// Set when a newer snapshot replaced this one: connections that cached this snapshot
     /// switch to the current one for their next request.
@@ -100,9 +103,11 @@ impl Snapshot {
                 Some(Route::build(r, up))
             })
             .collect();
-        let client = match previous {
-            Some(p) if same_pool_settings(&p.config.timeouts, &config.timeouts) => p.client.clone(),
-            _ => new_client(&config.timeouts, metrics),
+        let clients = match previous {
+            Some(p) if same_pool_settings(&p.config.timeouts, &config.timeouts) => {
+                Arc::clone(&p.clients)
+            }
+            _ => Arc::new(PerThread::new(|_| new_client(&config.timeouts, metrics))),
         };
         let router = Router::new(routes);
         let names: Vec<Arc<str>> = upstreams.iter().map(|u| Arc::clone(&u.name)).collect();
@@ -124,7 +129,7 @@ impl Snapshot {
             metrics,
             overload,
             upstreams,
-            client,
+            clients,
             retired: AtomicBool::new(false),
             _responders: responders,
             config,
@@ -452,7 +457,7 @@ async fn forward(
     let breaker = snap.overload.dispatch(route_index)?;
     let dispatched = Instant::now();
     let waiting = snap.metrics.gateway.upstream_dispatched();
-    let exchange = snap.client.request(Request::from_parts(parts, body));
+    let exchange = snap.clients.get().request(Request::from_parts(parts, body));
     let result = match snap.request_timeout {
         Some(limit) => match tokio::time::timeout(limit, exchange).await {
             Ok(r) => r.map_err(|e| classify(&e, endpoint.addr)),

@@ -10,7 +10,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tailguard_access_log::AccessLog;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -37,6 +37,7 @@ pub struct Server {
     accept_tasks: Vec<JoinHandle<()>>,
     graceful: Arc<GracefulShutdown>,
     access_logs: AccessLogs,
+    serving: Vec<ServingThread>,
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -57,41 +58,102 @@ fn builder(limits: &Limits, timeouts: &Timeouts) -> Builder {
     b
 }
 
-fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+/// A nonblocking listening socket with `SO_REUSEPORT`, so each serving thread can bind its
+/// own socket on the same address and the kernel spreads connections over them.
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
+    use socket2::{Domain, Protocol, Socket, Type};
     let err = |source| Error::Bind { addr, source };
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()
-    } else {
-        TcpSocket::new_v6()
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
+    socket.set_reuse_address(true).map_err(err)?;
+    socket.set_reuse_port(true).map_err(err)?;
+    socket.set_nonblocking(true).map_err(err)?;
+    socket.bind(&addr.into()).map_err(err)?;
+    socket.listen(BACKLOG as i32).map_err(err)?;
+    Ok(socket.into())
+}
+
+/// One configured listener, as every serving thread shares it.
+struct ListenerShared {
+    tls: Option<TlsAcceptor>,
+    permits: Arc<Semaphore>,
+    access_log: AccessLog,
+}
+
+/// A serving thread: its own current-thread tokio runtime, kept until shutdown.
+#[derive(Debug)]
+struct ServingThread {
+    exit: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServingThread {
+    fn stop(&mut self) {
+        if let Some(exit) = self.exit.take() {
+            let _ = exit.send(());
+        }
+        if let Some(join) = self.join.take() {
+            let _ = join.join();
+        }
     }
-    .map_err(err)?;
-    socket.set_reuseaddr(true).map_err(err)?;
-    socket.bind(addr).map_err(err)?;
-    socket.listen(BACKLOG).map_err(err)
+}
+
+impl Drop for ServingThread {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl Server {
-    /// Binds every listener and starts serving on the current tokio runtime.
-    pub fn start(config: Config) -> Result<Server, Error> {
+    /// Binds every listener and starts `threads` serving threads (at least one), recording
+    /// into a private metrics registry.
+    pub fn start(config: Config, threads: usize) -> Result<Server, Error> {
         let metrics = crate::GatewayMetrics::register(&tailguard_metrics::Registry::new())?;
-        Self::start_with_metrics(config, metrics)
+        Self::start_with_metrics(config, metrics, threads)
     }
 
     /// [`Server::start`], recording into `metrics` (whose registry an exporter serves).
+    ///
+    /// Each serving thread runs its own current-thread tokio runtime with its own
+    /// `SO_REUSEPORT` socket per listener: a connection lives on one thread from accept to
+    /// close, with its upstream pool on the same thread, so nothing on the request path
+    /// crosses threads (Pingora's no-steal mode, nginx's workers).
     pub fn start_with_metrics(
         config: Config,
         metrics: Arc<crate::GatewayMetrics>,
+        threads: usize,
     ) -> Result<Server, Error> {
+        let threads = threads.max(1);
         let listen_config: Vec<String> = config
             .listeners
             .iter()
             .map(|l| l.address.get_ref().clone())
             .collect();
-        let mut listeners = Vec::new();
+        // Bind the first socket of each listener here, so a bind error is reported before
+        // anything starts and port 0 resolves to one port that every thread then shares.
+        let mut sockets: Vec<Vec<std::net::TcpListener>> =
+            (0..threads).map(|_| Vec::new()).collect();
+        let mut addrs = Vec::new();
         for l in &config.listeners {
-            let addr: SocketAddr = l.address.get_ref().parse().map_err(|_| {
+            let wanted: SocketAddr = l.address.get_ref().parse().map_err(|_| {
                 Error::Internal(format!("unvalidated address {}", l.address.get_ref()))
             })?;
+            let first = bind(wanted)?;
+            let addr = first.local_addr().map_err(|source| Error::Bind {
+                addr: wanted,
+                source,
+            })?;
+            sockets[0].push(first);
+            for per_thread in sockets.iter_mut().skip(1) {
+                per_thread.push(bind(addr)?);
+            }
+            addrs.push(addr);
+        }
+        let log_metrics = tailguard_access_log::Metrics::register(metrics.registry())
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let access_logs = AccessLogs::start(&config, Some(&log_metrics))?;
+        let mut shared = Vec::new();
+        for (i, l) in config.listeners.iter().enumerate() {
             let tls = match &l.tls {
                 Some(t) => Some(TlsAcceptor::from(crate::tls::server_config(
                     &config.base_dir,
@@ -99,40 +161,61 @@ impl Server {
                 )?)),
                 None => None,
             };
-            listeners.push((bind(addr)?, tls));
+            shared.push(Arc::new(ListenerShared {
+                tls,
+                permits: Arc::new(Semaphore::new(config.limits.connections)),
+                access_log: access_logs.for_listener(i),
+            }));
         }
-        let limits = config.limits.clone();
-        let log_metrics = tailguard_access_log::Metrics::register(metrics.registry())
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        let access_logs = AccessLogs::start(&config, Some(&log_metrics))?;
         let builder = Arc::new(builder(&config.limits, &config.timeouts));
         let gateway = Gateway::with_metrics(config, metrics)?;
         let (stop, _) = watch::channel(false);
-        let graceful = GracefulShutdown::new();
-        let shared = Arc::new(graceful);
-        let mut addrs = Vec::new();
+        let graceful = Arc::new(GracefulShutdown::new());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let mut serving = Vec::new();
+        for (index, sockets) in sockets.into_iter().enumerate() {
+            let acceptors: Vec<(std::net::TcpListener, Acceptor)> = sockets
+                .into_iter()
+                .zip(&shared)
+                .map(|(socket, listener)| {
+                    (
+                        socket,
+                        Acceptor {
+                            listener: Arc::clone(listener),
+                            gateway: Arc::clone(&gateway),
+                            builder: Arc::clone(&builder),
+                            graceful: Arc::clone(&graceful),
+                        },
+                    )
+                })
+                .collect();
+            let (exit, exit_rx) = tokio::sync::oneshot::channel::<()>();
+            let stop_rx = stop.subscribe();
+            let ready_tx = ready_tx.clone();
+            let join = std::thread::Builder::new()
+                .name(format!("tailguard-serve-{index}"))
+                .spawn(move || serve_thread(acceptors, stop_rx, exit_rx, ready_tx))
+                .map_err(|e| Error::Internal(format!("spawning a serving thread: {e}")))?;
+            serving.push(ServingThread {
+                exit: Some(exit),
+                join: Some(join),
+            });
+        }
+        drop(ready_tx);
         let mut accept_tasks = Vec::new();
-        for (i, (listener, tls)) in listeners.into_iter().enumerate() {
-            let addr = listener
-                .local_addr()
-                .map_err(|source| Error::Internal(format!("local_addr: {source}")))?;
+        for _ in 0..threads {
+            match ready_rx.recv() {
+                Ok(Ok(tasks)) => accept_tasks.extend(tasks),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(Error::Internal("a serving thread died at start".into())),
+            }
+        }
+        for (addr, l) in addrs.iter().zip(&shared) {
             tracing::info!(
                 "tailguard: listening on {addr}{}",
-                if tls.is_some() { " (tls)" } else { "" }
+                if l.tls.is_some() { " (tls)" } else { "" }
             );
-            addrs.push(addr);
-            let acceptor = Acceptor {
-                listener,
-                tls,
-                gateway: Arc::clone(&gateway),
-                builder: Arc::clone(&builder),
-                graceful: Arc::clone(&shared),
-                permits: Arc::new(Semaphore::new(limits.connections)),
-                access_log: access_logs.for_listener(i),
-            };
-            accept_tasks.push(tokio::spawn(acceptor.run(stop.subscribe())));
         }
-        let graceful = shared;
         Ok(Server {
             gateway,
             addrs,
@@ -141,6 +224,7 @@ impl Server {
             accept_tasks,
             graceful,
             access_logs,
+            serving,
         })
     }
 
@@ -195,35 +279,76 @@ impl Server {
                 .is_ok(),
             Err(_) => false,
         };
+        // Drained (or out of time): stop the serving runtimes, dropping whatever is left.
+        let mut serving = self.serving;
+        for thread in &mut serving {
+            thread.stop();
+        }
         // Every answered request has logged by now: write and fsync every buffered line.
         self.access_logs.shutdown();
         drained
     }
 }
 
+type Ready = std::sync::mpsc::Sender<Result<Vec<JoinHandle<()>>, Error>>;
+
+/// A serving thread's life: build its runtime, start an accept loop per listener, report
+/// ready, then keep serving until the server says exit.
+fn serve_thread(
+    acceptors: Vec<(std::net::TcpListener, Acceptor)>,
+    stop: watch::Receiver<bool>,
+    exit: tokio::sync::oneshot::Receiver<()>,
+    ready: Ready,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(Error::Internal(format!("serving runtime: {e}"))));
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let mut tasks = Vec::new();
+        for (socket, acceptor) in acceptors {
+            let addr = socket.local_addr().ok();
+            match TcpListener::from_std(socket) {
+                Ok(listener) => tasks.push(tokio::spawn(acceptor.run(listener, stop.clone()))),
+                Err(source) => {
+                    let addr = addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+                    let _ = ready.send(Err(Error::Bind { addr, source }));
+                    return;
+                }
+            }
+        }
+        let _ = ready.send(Ok(tasks));
+        let _ = exit.await;
+    });
+}
+
 struct Acceptor {
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    listener: Arc<ListenerShared>,
     gateway: Arc<Gateway>,
     builder: Arc<Builder>,
     graceful: Arc<GracefulShutdown>,
-    permits: Arc<Semaphore>,
-    access_log: AccessLog,
 }
 
 impl Acceptor {
-    async fn run(self, mut stop: watch::Receiver<bool>) {
+    async fn run(self, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+        let shared = Arc::clone(&self.listener);
         loop {
             let permit = tokio::select! {
                 _ = stop.changed() => return,
-                p = Arc::clone(&self.permits).acquire_owned() => match p {
+                p = Arc::clone(&shared.permits).acquire_owned() => match p {
                     Ok(p) => p,
                     Err(_) => return,
                 },
             };
             let (stream, remote) = tokio::select! {
                 _ = stop.changed() => return,
-                r = self.listener.accept() => match r {
+                r = listener.accept() => match r {
                     Ok(pair) => pair,
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
@@ -240,11 +365,11 @@ impl Acceptor {
                 snapshot: self.gateway.snapshot(),
                 gateway: Arc::clone(&self.gateway),
                 remote,
-                tls: self.tls.is_some(),
-                access_log: self.access_log.clone(),
+                tls: shared.tls.is_some(),
+                access_log: shared.access_log.clone(),
             });
             let builder = Arc::clone(&self.builder);
-            let tls = self.tls.clone();
+            let tls = shared.tls.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 let _counted = counted;

@@ -37,7 +37,7 @@ pub(crate) fn proxy_to(endpoints: &[std::net::SocketAddr], extra: &str) -> Confi
 
 /// Starts a gateway and returns it with its base URL.
 pub(crate) fn start(config: Config) -> (Server, String) {
-    let server = Server::start(config).expect("gateway starts");
+    let server = Server::start(config, 2).expect("gateway starts");
     let url = format!("http://{}", server.local_addrs()[0]);
     (server, url)
 }

@@ -27,7 +27,8 @@ pub(crate) struct RunArgs {
     /// Replace the first listener's address (e.g. 127.0.0.1:0 for any free port).
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Worker threads of the serving runtime (default: number of cores).
+    /// Serving threads, each with its own runtime and listening socket (default: number of
+    /// cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Replace the endpoints of upstream NAME: NAME=ADDR[,ADDR...] (repeatable).
@@ -166,12 +167,12 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
         .max(1);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("tailguard-serve")
+    // The main thread's own small runtime: signals, reloads and the drain wait. The serving
+    // threads (each with its own runtime) are started by `Server::start`.
+    let control = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("building the serving runtime")?;
+        .context("building the control runtime")?;
     let registry = Registry::builder()
         .self_metrics_prefix(Some("tailguard_metrics"))
         .build()?;
@@ -184,9 +185,13 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("tailguard: registered {n} synthetic series");
     }
     let _exporter = start_exporter(&args, &config.metrics, registry)?;
-    let server = runtime.block_on(async { Server::start_with_metrics(config, metrics) })?;
-    runtime.block_on(wait_for_signals(server, &args))?;
-    runtime.shutdown_timeout(Duration::from_millis(100));
+    control.block_on(async {
+        // Handlers first: a SIGHUP that arrives once the listening line is out must reload,
+        // not kill the process.
+        let signals = Signals::register()?;
+        let server = Server::start_with_metrics(config, metrics, threads)?;
+        wait_for_signals(server, signals, &args).await
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -235,11 +240,31 @@ fn start_exporter(
     }
 }
 
-async fn wait_for_signals(server: Server, args: &RunArgs) -> anyhow::Result<()> {
-    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            hup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            usr1: signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?,
+        })
+    }
+}
+
+async fn wait_for_signals(server: Server, signals: Signals, args: &RunArgs) -> anyhow::Result<()> {
+    let Signals {
+        mut hup,
+        mut term,
+        mut int,
+        mut usr1,
+    } = signals;
     loop {
         tokio::select! {
             _ = hup.recv() => reload(&server, args),
