@@ -88,7 +88,16 @@ fn gateway_scrape_counts_traffic_and_passes_promtool() {
     let config = dir.path().join("gw.toml");
     std::fs::write(&config, CONFIG).expect("write config");
     let config = config.to_str().expect("utf-8 path");
-    let gateway = Gateway::run(&["--config", config, "--metrics-listen", "127.0.0.1:0"]);
+    // One serving thread: each thread has its own upstream pool, and the counts below
+    // assume all five requests share one.
+    let gateway = Gateway::run(&[
+        "--config",
+        config,
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+    ]);
     gateway.wait_for_log("/metrics", Duration::from_secs(20));
     let log = gateway.log();
     let metrics: SocketAddr = log
