@@ -12,10 +12,16 @@
 //!    `throttled_usec`), `cpu.max`, `cpuset.cpus.effective`;
 //! 2. cgroup v1, same rule for the `cpuacct` hierarchy: `cpuacct.usage` (ns),
 //!    `cpu.cfs_quota_us`/`cpu.cfs_period_us`, `cpuset.cpus`;
-//! 3. otherwise `/proc/self/stat` (`utime + stime`) over the cores this process may run on.
+//! 3. otherwise (the root cgroup: a VM or bare host) the busy time of the cores this process
+//!    may run on (its affinity mask), from `/proc/stat`; `/proc/self/stat` (`utime + stime`)
+//!    if that cannot be read.
 //!
-//! The root cgroup is skipped on purpose: its usage is the whole machine, load generator
-//! included, which is exactly what made go-zero shed on someone else's CPU.
+//! The root cgroup's own usage is skipped on purpose: it is the whole machine, load
+//! generator on other cores included, which is what made go-zero shed on someone else's
+//! CPU. The busy time of *our* cores is the right signal there instead of our own usage:
+//! without a quota, what limits us is what others leave on the cores we may run on (a
+//! process sharing its core with a CPU-bound upstream or a noisy neighbour never reaches
+//! 100 % of its own, yet cannot get more).
 //!
 //! Every reader takes a root path, so tests build fake trees (`/proc/self/...`,
 //! `/sys/fs/cgroup/...`) in a temp dir for each layout.
@@ -55,6 +61,14 @@ pub enum CpuSourceKind {
         /// The `cpuset` directory, if mounted.
         cpuset: Option<PathBuf>,
     },
+    /// Busy time of the allowed CPUs in `/proc/stat` (user, nice, system, irq, softirq and
+    /// steal: time the CPU was not available to us).
+    HostCores {
+        /// The `/proc/stat` file.
+        stat: PathBuf,
+        /// Allowed CPU ids.
+        cpus: Vec<usize>,
+    },
     /// `/proc/self/stat` of this process.
     Proc {
         /// The stat file.
@@ -78,9 +92,28 @@ impl CpuReader {
     /// Finds this process's CPU accounting under `root` (`/` in production).
     /// `affinity_cores` is how many cores the process may run on (`sched_getaffinity`).
     pub fn detect(root: &Path, affinity_cores: usize) -> Self {
-        let affinity = affinity_cores.max(1) as f64;
-        let kind = detect_kind(root).unwrap_or_else(|| CpuSourceKind::Proc {
-            stat: root.join("proc/self/stat"),
+        let cpus: Vec<usize> = (0..affinity_cores.max(1)).collect();
+        Self::detect_cpus(root, &cpus)
+    }
+
+    /// Like [`detect`](Self::detect), with the allowed CPU ids.
+    pub fn detect_cpus(root: &Path, cpus: &[usize]) -> Self {
+        let affinity = cpus.len().max(1) as f64;
+        let kind = detect_kind(root).unwrap_or_else(|| {
+            let stat = root.join("proc/stat");
+            let mut buf = String::new();
+            let usable = read_into(&stat, &mut buf).is_ok()
+                && parse_host_cores(&buf, cpus).is_some_and(|(_, n)| n == cpus.len());
+            if usable && !cpus.is_empty() {
+                CpuSourceKind::HostCores {
+                    stat,
+                    cpus: cpus.to_vec(),
+                }
+            } else {
+                CpuSourceKind::Proc {
+                    stat: root.join("proc/self/stat"),
+                }
+            }
         });
         Self {
             kind,
@@ -89,9 +122,9 @@ impl CpuReader {
         }
     }
 
-    /// The production reader: root `/`, affinity from `sched_getaffinity`.
+    /// The production reader: root `/`, allowed CPUs from `sched_getaffinity`.
     pub fn system() -> Self {
-        Self::detect(Path::new("/"), affinity_cores())
+        Self::detect_cpus(Path::new("/"), &affinity_cpus())
     }
 
     /// A reader of an explicit source (tests, or an operator override).
@@ -171,6 +204,24 @@ impl CpuReader {
                     cores,
                 })
             }
+            CpuSourceKind::HostCores { stat, cpus } => {
+                read_into(stat, &mut self.buf)?;
+                let (ticks, found) = parse_host_cores(&self.buf, cpus).ok_or(Error::Parse {
+                    path: stat.clone(),
+                    what: "cpuN lines with at least 8 fields",
+                })?;
+                if found != cpus.len() {
+                    return Err(Error::Parse {
+                        path: stat.clone(),
+                        what: "a line for every allowed CPU",
+                    });
+                }
+                Ok(CpuTotals {
+                    usage: Duration::from_millis(ticks * (1000 / USER_HZ)),
+                    throttled: None,
+                    cores: found as f64,
+                })
+            }
             CpuSourceKind::Proc { stat } => {
                 read_into(stat, &mut self.buf)?;
                 let ticks = parse_proc_stat(&self.buf).ok_or(Error::Parse {
@@ -184,6 +235,19 @@ impl CpuReader {
                 })
             }
         }
+    }
+}
+
+/// CPU ids in this process's affinity mask (`0..available_parallelism` if unknown).
+pub fn affinity_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => {
+            let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+                .filter(|&i| set.is_set(i))
+                .collect();
+            if cpus.is_empty() { vec![0] } else { cpus }
+        }
+        Err(_) => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
     }
 }
 
@@ -360,6 +424,33 @@ pub(crate) fn count_cpuset(s: &str) -> Option<usize> {
         }
     }
     Some(n)
+}
+
+/// Busy ticks (user + nice + system + irq + softirq + steal) summed over the `cpuN` lines of
+/// `/proc/stat` whose N is in `cpus`, and how many such lines were found.
+fn parse_host_cores(s: &str, cpus: &[usize]) -> Option<(u64, usize)> {
+    let mut busy = 0u64;
+    let mut found = 0usize;
+    for line in s.lines() {
+        let Some(rest) = line.strip_prefix("cpu") else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let Some(Ok(id)) = fields.next().map(str::parse::<usize>) else {
+            continue; // the aggregate "cpu" line
+        };
+        if !cpus.contains(&id) {
+            continue;
+        }
+        let v: Vec<u64> = fields.take(8).map(|f| f.parse().unwrap_or(0)).collect();
+        if v.len() < 8 {
+            return None;
+        }
+        // user nice system idle iowait irq softirq steal
+        busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+        found += 1;
+    }
+    Some((busy, found))
 }
 
 /// utime + stime (fields 14 and 15) of `/proc/self/stat`, in USER_HZ ticks. The command name

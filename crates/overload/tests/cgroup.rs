@@ -141,7 +141,8 @@ fn v1_reads_cpuacct_quota_and_cpuset() {
 #[test]
 fn root_cgroups_fall_back_to_the_process_itself() {
     // This machine's layout: hybrid v1 + unified, everything at "/", no quota. The root
-    // cgroup's usage is the whole host (load generator included): use /proc/self/stat.
+    // cgroup's usage is the whole host (load generator included); with no /proc/stat to
+    // read our cores from, the process's own /proc/self/stat is the fallback.
     let t = tempfile::tempdir().unwrap();
     let r = t.path();
     write(
@@ -178,6 +179,56 @@ fn root_cgroups_fall_back_to_the_process_itself() {
         "300 ticks at USER_HZ 100"
     );
     assert_eq!(got.cores, 1.0, "the affinity mask");
+}
+
+#[test]
+fn root_cgroup_reads_the_busy_time_of_the_cores_we_may_run_on() {
+    // Hybrid root layout, pinned to CPU 1 of 2: CPU 1's busy time is the signal (a
+    // CPU-bound neighbour there leaves us nothing, even though our own usage is low);
+    // CPU 0 (the load generator's) is not.
+    let t = tempfile::tempdir().unwrap();
+    let r = t.path();
+    write(r, "proc/self/cgroup", "2:cpuacct:/\n1:cpu:/\n0::/\n");
+    write(
+        r,
+        "proc/self/mountinfo",
+        "33 31 0:30 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct\n",
+    );
+    write(r, "sys/fs/cgroup/cpuacct/cpuacct.usage", "1\n");
+    let stat = |cpu0_user: u64, cpu1_user: u64| {
+        format!(
+            "cpu  {} 0 0 0 0 0 0 0 0 0\ncpu0 {cpu0_user} 0 0 500 0 0 0 0 0 0\ncpu1 {cpu1_user} 5 10 400 7 1 2 3 0 0\nintr 1 2 3\n",
+            cpu0_user + cpu1_user
+        )
+    };
+    write(r, "proc/stat", &stat(1000, 100));
+    let mut reader = CpuReader::detect_cpus(r, &[1]);
+    assert_eq!(
+        reader.kind(),
+        &CpuSourceKind::HostCores {
+            stat: r.join("proc/stat"),
+            cpus: vec![1]
+        }
+    );
+    let got = reader.read().unwrap();
+    // user 100 + nice 5 + system 10 + irq 1 + softirq 2 + steal 3 = 121 ticks (idle and
+    // iowait are not busy)
+    assert_eq!(got.usage, Duration::from_millis(1210));
+    assert_eq!(got.cores, 1.0);
+    let mut s = CpuSampler::new(Smoothing::Ewma { beta: 0.0 });
+    s.update(Duration::ZERO, Ok(got));
+    // 25 ticks of CPU 1 in 250 ms: saturated, whatever CPU 0 did.
+    write(r, "proc/stat", &stat(9000, 125));
+    assert_eq!(s.update(Duration::from_millis(250), reader.read()), 1000);
+    // A CPU missing from /proc/stat is an error, not a zero.
+    let mut other = CpuReader::with_kind(
+        CpuSourceKind::HostCores {
+            stat: r.join("proc/stat"),
+            cpus: vec![1, 7],
+        },
+        2,
+    );
+    assert!(matches!(other.read(), Err(Error::Parse { .. })));
 }
 
 #[test]
