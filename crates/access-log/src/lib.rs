@@ -56,6 +56,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub use config::{
     Config, DEFAULT_BUFFER_SIZE, DEFAULT_BUFFERS, DEFAULT_FLUSH_MS, DEFAULT_WRITER_NICE,
@@ -261,16 +262,39 @@ impl Writer {
     /// queue are written, the file is fsynced, the writer thread exits. Call it after the
     /// server has answered its last request: then lines written == requests answered.
     pub fn shutdown(mut self) -> Stats {
-        self.stop()
+        self.stop(None)
     }
 
-    fn stop(&mut self) -> Stats {
+    /// Like [`Writer::shutdown`], but gives up waiting after `deadline`: a log on a disk
+    /// that stopped answering (a hung NFS mount, a FIFO nobody reads) must not keep the
+    /// process from exiting. The writer thread is then left to finish or die with the
+    /// process; the lines it still holds are reported through tracing.
+    pub fn shutdown_within(mut self, deadline: Duration) -> Stats {
+        self.stop(Some(deadline))
+    }
+
+    fn stop(&mut self, deadline: Option<Duration>) -> Stats {
         let Some(r) = self.inner.take() else {
             return Stats::default();
         };
         r.shared.closed.store(true, Ordering::Release);
         r.shared.pool.wake_all();
         r.shared.send(Msg::Stop);
+        if let Some(deadline) = deadline {
+            let start = Instant::now();
+            // Shutdown only: a short poll keeps this free of another channel.
+            while !r.thread.is_finished() {
+                if start.elapsed() >= deadline {
+                    tracing::error!(
+                        waited_ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+                        "the access log writer is still writing (stalled disk?); \
+                         not waiting longer, buffered lines may be lost"
+                    );
+                    return r.shared.counters.snapshot();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         if r.thread.join().is_err() {
             tracing::error!("the access log writer thread panicked");
         }
@@ -280,6 +304,6 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(None);
     }
 }

@@ -498,3 +498,20 @@ fn writer_thread_runs_at_the_configured_nice_value() {
     });
     writer.shutdown();
 }
+
+#[test]
+fn shutdown_within_gives_up_on_a_stalled_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, reader) = fifo(dir.path());
+    let (log, writer) = AccessLog::start(&config(&path, 4096, 4)).unwrap();
+    for i in 0..5_000 {
+        let target = format!("/t0/{i}");
+        log.log(&numbered(target.as_bytes()));
+    }
+    // The writer is blocked in write(2) on the full pipe: shutdown must still return.
+    let stats = writer.shutdown_within(Duration::from_millis(200));
+    assert!(stats.lines_written < 5_000, "{stats:?}");
+    // Unblock the writer so it ends before the test process does.
+    let text = drain(reader).join().unwrap();
+    assert!(!combined_targets(&text).is_empty());
+}

@@ -8,7 +8,7 @@
 //! serving threads.
 
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Version};
 use tailguard_access_log::{
@@ -20,6 +20,11 @@ use crate::config::{Config, Diagnostic};
 use crate::error::Error;
 use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
+
+/// How long a stop waits for the writers to write and fsync: 5 s covers a healthy disk with
+/// every buffer full (32 x 64 KiB) many times over; past it the disk is stalled, and the
+/// process exits rather than hang (the lines still held are reported).
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The running access logs of a server: one handle per listener (listeners with the same
 /// settings share one log and one writer thread).
@@ -187,7 +192,7 @@ impl AccessLogs {
         self.writers
             .into_iter()
             .map(|w| {
-                let stats = w.shutdown();
+                let stats = w.shutdown_within(DRAIN_DEADLINE);
                 if stats.lines_written + stats.dropped_lines + stats.write_errors > 0 {
                     tracing::info!(
                         lines = stats.lines_written,
