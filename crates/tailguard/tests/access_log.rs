@@ -286,3 +286,126 @@ fn idle_lines_reach_the_file_and_the_metrics_within_the_flush_interval() {
     gw.signal("TERM");
     assert!(gw.wait_exit(Duration::from_secs(30)).success());
 }
+
+#[test]
+fn a_log_on_dev_full_keeps_serving_and_counts_errors() {
+    let mut gw = Gateway::run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--access-log",
+        "/dev/full",
+        "--access-log-buffer",
+        "4096",
+    ]);
+    gw.wait_for_log("/metrics", Duration::from_secs(20));
+    let metrics = gw
+        .log()
+        .split("tailguard: metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("metrics address in the log")
+        .to_owned();
+    // Every request is answered although no line can be written.
+    assert_eq!(send(&gw.url(), 2, 200), 400);
+    let series = "tailguard_access_log_write_errors_total{log=\"/dev/full\"} ";
+    let start = std::time::Instant::now();
+    loop {
+        let text = scrape(&metrics);
+        let errors: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        if errors > 0.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no write errors counted:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    gw.signal("TERM");
+    assert!(
+        gw.wait_exit(Duration::from_secs(30)).success(),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("access log write failed"), "{}", gw.log());
+}
+
+#[test]
+fn a_stalled_log_pipe_drops_and_counts_but_never_holds_requests_or_the_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("stalled.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // The read end: opened (which waits for the gateway to open the write end), then left
+    // unread until the gateway has exited.
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut file = std::fs::File::open(&fifo).unwrap();
+            opened_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            let mut text = String::new();
+            file.read_to_string(&mut text).unwrap();
+            text
+        })
+    };
+    let mut gw = Gateway::run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--access-log",
+        fifo.to_str().unwrap(),
+        "--access-log-buffer",
+        "4096",
+    ]);
+    opened_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    gw.wait_for_log("/metrics", Duration::from_secs(20));
+    let metrics = gw
+        .log()
+        .split("tailguard: metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("metrics address in the log")
+        .to_owned();
+    // 4000 lines of ~80 B: far more than the 64 KiB pipe plus 32 buffers of 4 KiB.
+    assert_eq!(send(&gw.url(), 4, 1000), 4000, "every request answered");
+    let text = scrape(&metrics);
+    let series = format!(
+        "tailguard_access_log_dropped_lines_total{{log=\"{}\"}} ",
+        fifo.display()
+    );
+    let dropped: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        dropped > 0.0,
+        "{series} in\n{}",
+        text.lines().filter(|l| l.contains("access_log")).collect::<Vec<_>>().join("\n")
+    );
+    // The writer is stuck in write(2); the stop gives up on it after its deadline.
+    gw.signal("TERM");
+    assert!(
+        gw.wait_exit(Duration::from_secs(30)).success(),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("still writing"), "{}", gw.log());
+    go_tx.send(()).unwrap();
+    let lines = reader.join().unwrap();
+    assert!(lines.lines().count() < 4000);
+}
