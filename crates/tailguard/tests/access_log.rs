@@ -395,7 +395,10 @@ fn a_stalled_log_pipe_drops_and_counts_but_never_holds_requests_or_the_exit() {
     assert!(
         dropped > 0.0,
         "{series} in\n{}",
-        text.lines().filter(|l| l.contains("access_log")).collect::<Vec<_>>().join("\n")
+        text.lines()
+            .filter(|l| l.contains("access_log"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // The writer is stuck in write(2); the stop gives up on it after its deadline.
     gw.signal("TERM");
