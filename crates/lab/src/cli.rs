@@ -162,6 +162,9 @@ pub struct LabArgs {
     /// Directory holding the scenarios.
     #[arg(long, default_value = "lab/scenarios")]
     pub scenarios: PathBuf,
+    /// Override the scenario's measured duration per run (e.g. 30s).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
     /// Nice value for every process of the run (upstream, gateway, nginx, generator threads),
     /// e.g. -10 so a shared machine's other work does not decide the tail (needs root).
     #[arg(long, allow_hyphen_values = true)]
@@ -303,6 +306,7 @@ pub fn lab(args: LabArgs) -> anyhow::Result<ExitCode> {
             },
             exe: exe.clone(),
             nice: args.nice,
+            duration: args.duration,
         };
         crate::runner::run(&opts)?;
     }

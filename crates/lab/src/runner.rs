@@ -33,6 +33,8 @@ pub struct RunOptions {
     pub exe: PathBuf,
     /// Nice value for every process of the run.
     pub nice: Option<i32>,
+    /// Overrides the scenario's measured duration.
+    pub duration: Option<Duration>,
 }
 
 /// One row of the comparison table.
@@ -90,6 +92,9 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     let (mut scenario, path) = Scenario::load(&opts.scenario, &opts.scenarios_dir)?;
     if opts.quick {
         scenario.make_quick();
+    }
+    if let Some(d) = opts.duration {
+        scenario.load.duration = d;
     }
     std::fs::create_dir_all(&opts.out)?;
     // Absolute, because nginx resolves paths against its own prefix.
@@ -287,9 +292,15 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     let _ = writeln!(summary, "{}\n", scenario.description.trim());
     let _ = writeln!(
         summary,
-        "- command: `tailguard lab {}{}`",
+        "- command: `tailguard lab {}{}{}{}`",
         scenario.name,
-        if opts.quick { " --quick" } else { "" }
+        if opts.quick { " --quick" } else { "" },
+        opts.duration
+            .map(|d| format!(" --duration {}s", d.as_secs_f64()))
+            .unwrap_or_default(),
+        opts.nice
+            .map(|n| format!(" --nice {n}"))
+            .unwrap_or_default()
     );
     let _ = writeln!(summary, "- machine: {}", machine());
     let _ = writeln!(summary, "- {pinning}");

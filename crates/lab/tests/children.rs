@@ -137,6 +137,7 @@ fn a_rejected_gateway_flag_skips_the_condition_and_stops_the_upstream() {
         out: dir.path().join("out"),
         exe,
         nice: None,
+        duration: None,
     })
     .unwrap();
     let why = outcome.rows[0].result.as_ref().unwrap_err();
