@@ -221,6 +221,18 @@ pub fn nice_current_thread(nice: i32) -> Result<(), LabError> {
     rustix::process::setpriority_process(None, nice).map_err(|e| LabError::Io(e.into()))
 }
 
+/// Sets the nice value of the calling process's autogroup (its session) and returns the old
+/// one. With `kernel.sched_autogroup_enabled`, CFS first shares the CPU between sessions, so a
+/// per-thread nice only orders threads inside this session: on a machine shared with other
+/// sessions' builds, the session's own weight is what keeps them from deciding the tail.
+pub fn set_autogroup_nice(nice: i32) -> Option<i32> {
+    let path = "/proc/self/autogroup";
+    let old = std::fs::read_to_string(path).ok()?;
+    let old: i32 = old.rsplit("nice").next()?.trim().parse().ok()?;
+    std::fs::write(path, nice.to_string()).ok()?;
+    Some(old)
+}
+
 /// The path of `name` on `$PATH`.
 pub fn which(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;

@@ -131,9 +131,13 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             "not pinned: the scenario wants cpu {wanted:?} but this machine has {cores} (or no taskset)"
         )
     };
-    let pinning = match opts.nice {
-        Some(n) => format!("{pinning}; every process at nice {n}"),
-        None => pinning,
+    let restore_autogroup = opts.nice.and_then(crate::procs::set_autogroup_nice);
+    let pinning = match (opts.nice, restore_autogroup) {
+        (Some(n), Some(_)) => {
+            format!("{pinning}; every process at nice {n}, and this session's autogroup too")
+        }
+        (Some(n), None) => format!("{pinning}; every process at nice {n}"),
+        (None, _) => pinning,
     };
     println!("  {pinning}");
     let pins = |cpus: &[usize]| if can_pin { cpus.to_vec() } else { Vec::new() };
@@ -271,6 +275,9 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         });
     }
     drop(upstream);
+    if let Some(old) = restore_autogroup {
+        let _ = crate::procs::set_autogroup_nice(old);
+    }
 
     let table = render_table(&scenario, &rows);
     println!("\n{table}");
