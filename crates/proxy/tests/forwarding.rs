@@ -234,3 +234,36 @@ async fn builtin_responder_answers_through_the_proxy() {
     assert!(body.contains("x-forwarded-for: 127.0.0.1"), "{body}");
     assert!(body.contains("via: 1.1 tailguard"), "{body}");
 }
+
+#[tokio::test]
+async fn a_stream_of_unknown_length_gets_its_head_before_its_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An upstream that sends a chunked head at once and its body only when told to.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await.unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = released.await;
+        s.write_all(b"5\r\nhello\r\n0\r\n\r\n").await.unwrap();
+        let _ = s.read(&mut buf).await;
+    });
+    let (_server, url) = support::start(support::proxy_to(&[addr], ""));
+    let client = http1_client();
+    // If the gateway waited for the body, the head would never come (the body waits for it).
+    let resp = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.request(support::get(&format!("{url}/events"))),
+    )
+    .await
+    .expect("head arrives before the body is sent")
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    release.send(()).unwrap();
+    assert_eq!(support::text(resp).await, "hello");
+}

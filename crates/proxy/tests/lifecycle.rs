@@ -92,3 +92,64 @@ async fn shutdown_lets_in_flight_requests_finish() {
         "listener closed"
     );
 }
+
+#[tokio::test]
+async fn idle_keep_alive_connection_is_closed_after_idle_ms() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let (server, _) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nidle_ms = 200\n",
+    ));
+    let mut s = tokio::net::TcpStream::connect(server.local_addrs()[0])
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The response, then (after 200 ms idle) EOF; 10 s bounds the test, not the behaviour.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "idle connection still open after 10 s");
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200 OK"));
+}
+
+#[tokio::test]
+async fn connections_over_the_limit_wait_until_one_closes() {
+    let upstream = Upstream::start().await;
+    let config = support::proxy_to(&[upstream.addr], "[limits]\nconnections = 1\n");
+    let server = tailguard_proxy::Server::start(config, 1).unwrap();
+    let url = format!("http://{}", server.local_addrs()[0]);
+    // The first client holds the only slot with an idle keep-alive connection.
+    let first = http1_client();
+    assert_eq!(
+        tailguard_test_support::get(&first, &format!("{url}/"))
+            .await
+            .0,
+        200
+    );
+    let second = tokio::spawn({
+        let url = url.clone();
+        async move { tailguard_test_support::get(&http1_client(), &format!("{url}/")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "a second connection was served beyond the limit"
+    );
+    assert_eq!(upstream.requests(), 1);
+    drop(first); // closes its pooled connection, freeing the slot
+    let got = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("served once the slot is free");
+    assert_eq!(got.unwrap().0, 200);
+}
