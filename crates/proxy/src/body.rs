@@ -13,6 +13,10 @@ use hyper::body::Incoming;
 use crate::error::Error;
 use crate::record::Finish;
 
+/// How much of an over-limit body is read and discarded before the 413 (a client that sends
+/// more than this may see its connection reset instead).
+const DRAIN_BYTES: u64 = 4 * 1024 * 1024;
+
 /// The downstream request body on its way upstream: errors with [`Error::BodyTooLarge`]
 /// as soon as more than the limit has streamed, whatever the framing (chunked or not), so
 /// the gateway never buffers or forwards more than the limit.
@@ -45,6 +49,22 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = &mut *self;
+        if this.seen > this.limit {
+            // Over the limit: read and discard the rest (up to DRAIN_BYTES more) before
+            // failing, so the client finishes sending and reads the 413 instead of a reset on
+            // a connection closed with unread data (nginx's lingering close). `seen` keeps
+            // this state across Pending; nothing more is forwarded.
+            while this.seen <= this.limit.saturating_add(DRAIN_BYTES) {
+                match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                    Some(Ok(f)) => this.seen += f.data_ref().map_or(0, |d| d.len() as u64),
+                    _ => break,
+                }
+            }
+            if let Some(c) = &this.count {
+                c.store(this.seen, Ordering::Relaxed);
+            }
+            return Poll::Ready(Some(Err(Error::BodyTooLarge)));
+        }
         match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
@@ -53,7 +73,8 @@ impl Body for RequestBody {
                         c.store(this.seen, Ordering::Relaxed);
                     }
                     if this.seen > this.limit {
-                        return Poll::Ready(Some(Err(Error::BodyTooLarge)));
+                        // Drain (above), then fail.
+                        return Pin::new(this).poll_frame(cx);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
