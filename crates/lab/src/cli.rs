@@ -156,7 +156,7 @@ pub struct LabArgs {
     /// Run every condition for seconds only (CI).
     #[arg(long)]
     pub quick: bool,
-    /// Where to write reports, hgrm files and the plot (default: target/lab/<scenario>).
+    /// Where to write reports, hgrm files and the plot (default: `target/lab/<scenario>`).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Directory holding the scenarios.
