@@ -534,7 +534,22 @@ impl Ctx<'_> {
         let listen = free_addr().map_err(|e| e.to_string())?;
         let dir = self.opts.out.join(format!("{}.nginx", slug(&cond.name)));
         std::fs::create_dir_all(dir.join("tmp")).map_err(|e| e.to_string())?;
-        let conf = nginx_config(&dir, listen, &self.upstream_addr);
+        // The proxy helper's config (lab/nginx/proxy.conf, also used by lab/compare-nginx.sh)
+        // when present, so both benchmarks measure the same nginx; else a built-in equivalent.
+        let template = self
+            .opts
+            .scenarios_dir
+            .parent()
+            .map(|lab| lab.join("nginx/proxy.conf"))
+            .filter(|p| p.is_file());
+        let conf = match &template {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .replace("@DIR@", &dir.display().to_string())
+                .replace("@LISTEN@", &listen.to_string())
+                .replace("@UPSTREAM@", &self.upstream_addr),
+            None => nginx_config(&dir, listen, &self.upstream_addr),
+        };
         let conf_path = dir.join("nginx.conf");
         std::fs::write(&conf_path, conf).map_err(|e| e.to_string())?;
         let log = dir.join("stderr.log");
