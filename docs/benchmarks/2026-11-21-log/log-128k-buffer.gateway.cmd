@@ -1,0 +1,1 @@
+/work/wt/lab/target/release/tailguard run --listen 127.0.0.1:34801 --upstream demo=127.0.0.1:35065 --metrics-listen 127.0.0.1:46273 --threads 1 --access-log /work/wt/lab/docs/benchmarks/2026-11-21-log/access-128k.log --access-log-buffer 131072

@@ -1,0 +1,1 @@
+/work/wt/lab/target/release/tailguard run --listen 127.0.0.1:45425 --upstream demo=127.0.0.1:35065 --metrics-listen 127.0.0.1:33399 --threads 1 --access-log /work/wt/lab/docs/benchmarks/2026-11-21-log/access-64k.log --access-log-buffer 65536
