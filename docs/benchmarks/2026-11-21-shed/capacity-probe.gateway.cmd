@@ -1,0 +1,1 @@
+/work/wt/lab/target/release/tailguard run --listen 127.0.0.1:45499 --upstream demo=127.0.0.1:39291 --metrics-listen 127.0.0.1:35563 --threads 1
