@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, Signal, kill_process_group};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, kill_process_group, waitid};
 
 use crate::LabError;
 
@@ -59,16 +59,31 @@ impl ChildGuard {
 
     /// `Some(status)` when the child has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        let status = self.child.try_wait().ok().flatten();
+        if status.is_some() {
+            // Reaped: its PID may be reused at once, so `stop_all` must not signal it.
+            let pid = self.child.id() as i32;
+            live().retain(|p| *p != pid);
+        }
+        status
     }
 
     /// Stops the child's group: SIGTERM, then SIGKILL after `grace`; waits for the leader.
+    ///
+    /// The leader is reaped only after the last signal to its group: until then it stays a
+    /// zombie that holds its PID, so the group id cannot have been reused by an unrelated
+    /// process (PIDs wrap within seconds on a busy machine).
     pub fn stop(&mut self, grace: Duration) {
         let pid = self.child.id() as i32;
-        if self.exited().is_none() {
+        if self.leader() == Leader::Reaped {
+            // Its PID, and so the group id, may belong to someone else by now: signal nothing.
+            live().retain(|p| *p != pid);
+            return;
+        }
+        if !self.leader_exited() {
             signal_group(pid, Signal::TERM);
             let deadline = Instant::now() + grace;
-            while Instant::now() < deadline && self.exited().is_none() {
+            while Instant::now() < deadline && !self.leader_exited() {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
@@ -77,6 +92,37 @@ impl ChildGuard {
         let _ = self.child.wait();
         live().retain(|p| *p != pid);
     }
+
+    /// Whether the leader has exited, without reaping it (`waitid` with `WNOWAIT`). A leader
+    /// reaped earlier (through [`ChildGuard::exited`]) counts as exited.
+    fn leader_exited(&mut self) -> bool {
+        self.leader() != Leader::Running
+    }
+
+    /// The leader's state, read without reaping it.
+    fn leader(&self) -> Leader {
+        let Some(pid) = Pid::from_raw(self.child.id() as i32) else {
+            return Leader::Reaped;
+        };
+        let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        match waitid(WaitId::Pid(pid), options) {
+            Ok(Some(_)) => Leader::Zombie,
+            Ok(None) => Leader::Running,
+            // ECHILD: already reaped (through `exited()`).
+            Err(_) => Leader::Reaped,
+        }
+    }
+}
+
+/// Where a child's leader process is, as far as signalling its group is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leader {
+    /// Running: its PID is its group id and is ours.
+    Running,
+    /// Exited but not reaped: the zombie still holds the PID, the group id is still ours.
+    Zombie,
+    /// Reaped: the PID may already belong to an unrelated process.
+    Reaped,
 }
 
 impl Drop for ChildGuard {
