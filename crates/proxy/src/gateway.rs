@@ -339,9 +339,13 @@ fn error_response(
                 )
             };
         }
-        match err.blame() {
+        match (&err, err.blame()) {
+            // A shed request is counted in the overload metrics; a line per rejection at
+            // `warn` would cost the very requests shed to save CPU (go-zero's breaker paid two
+            // log lines per rejection), so it is only there for debugging.
+            (Error::Overloaded, _) => line!(debug),
             // A client's mistake is routine for the gateway; an upstream's or our own is not.
-            crate::error::Blame::Downstream => line!(info),
+            (_, crate::error::Blame::Downstream) => line!(info),
             _ => line!(warn),
         }
     }

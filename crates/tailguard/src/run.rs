@@ -105,14 +105,20 @@ fn parse_upstream(s: &str) -> Result<(String, Vec<SocketAddr>), String> {
     Ok((name.to_owned(), addrs))
 }
 
-fn init_logging() {
+/// Sets up the gateway's own log (stderr). Lines are handed to a writer thread
+/// (tracing-appender's non-blocking writer), so a serving thread that logs an error never
+/// waits on a slow terminal or pipe (request-path rule 4); when that writer falls behind, lines
+/// are dropped rather than stalling requests. The guard flushes what is queued when dropped.
+fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+    guard
 }
 
 /// Loads the config the run arguments name and applies the command-line overrides.
@@ -155,7 +161,7 @@ fn print_errors(err: &Error) {
 }
 
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    init_logging();
+    let _log_writer = init_logging();
     let config = match load(&args) {
         Ok(c) => c,
         Err(e) => {
