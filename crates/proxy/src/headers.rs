@@ -2,7 +2,10 @@
 //! and the forwarding headers (`X-Forwarded-For`, `X-Forwarded-Proto`, `Via`,
 //! `X-Request-Id`).
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
+
+use bytes::Bytes;
 
 use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE, VIA};
 use http::{HeaderMap, HeaderName, HeaderValue, Version};
@@ -54,21 +57,20 @@ pub fn via_value(version: Version) -> HeaderValue {
 /// `X-Forwarded-Proto` (replacing it: only this hop knows the scheme it was reached by) and
 /// `Via` (appending).
 pub fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, tls: bool, version: Version) {
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) if headers.get_all(&X_FORWARDED_FOR).iter().count() == 1 => {
-            format!("{prior}, {client}")
-        }
-        Some(_) => {
-            let all: Vec<&str> = headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            format!("{}, {client}", all.join(", "))
-        }
-        None => client.to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    // One buffer, handed to the header value without a second copy: earlier hops' values
+    // (joined, whatever number of header lines they came in), then this client.
+    let mut xff = String::with_capacity(48);
+    for prior in headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+    {
+        xff.push_str(prior);
+        xff.push_str(", ");
+    }
+    // Writing into a String cannot fail.
+    let _ = write!(xff, "{client}");
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
         headers.insert(&X_FORWARDED_FOR, v);
     }
     headers.insert(
@@ -84,8 +86,14 @@ pub fn request_id(headers: &mut HeaderMap) -> HeaderValue {
     if let Some(id) = headers.get(&X_REQUEST_ID) {
         return id.clone();
     }
-    let id = HeaderValue::from_str(&format!("{:032x}", fastrand::u128(..)))
-        .expect("hex digits are a valid header value");
+    // Hex digits on the stack, then one copy into the header value (no `format!`).
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let random = fastrand::u128(..);
+    let mut hex = [0u8; 32];
+    for (i, digit) in hex.iter_mut().enumerate() {
+        *digit = HEX[((random >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    let id = HeaderValue::from_bytes(&hex).expect("hex digits are a valid header value");
     headers.insert(&X_REQUEST_ID, id.clone());
     id
 }
