@@ -20,6 +20,7 @@
 //! or reload (metrics read the atomics), and only requests to the same (upstream, route) meet
 //! there.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -246,7 +247,7 @@ impl Breaker {
             ring.buckets[idx].sum += 1;
             ring.pending += 1;
         }
-        BreakerPermit {
+        DispatchPermit {
             breaker: self,
             dispatched_at: at,
             done: false,
@@ -405,13 +406,19 @@ fn history(ring: &Ring) -> History {
 /// layer-1 rejection): neither a success nor a failure.
 #[derive(Debug)]
 #[must_use = "dropping the permit forgets the request"]
-pub struct BreakerPermit<'a> {
-    breaker: &'a Breaker,
+pub struct DispatchPermit<B: Deref<Target = Breaker>> {
+    breaker: B,
     dispatched_at: u64,
     done: bool,
 }
 
-impl BreakerPermit<'_> {
+/// A [`DispatchPermit`] borrowing its breaker.
+pub type BreakerPermit<'a> = DispatchPermit<&'a Breaker>;
+
+/// A [`DispatchPermit`] holding its breaker by `Arc` (for `'static` futures).
+pub type OwnedBreakerPermit = DispatchPermit<Arc<Breaker>>;
+
+impl<B: Deref<Target = Breaker>> DispatchPermit<B> {
     /// The upstream answered.
     pub fn success(mut self, now: Duration) {
         self.done = true;
@@ -432,12 +439,14 @@ impl BreakerPermit<'_> {
             self.success(now)
         }
     }
+}
 
+impl DispatchPermit<&Breaker> {
     /// Turns this into a permit that owns its breaker (for `'static` futures).
     pub fn into_owned(mut self, breaker: &Arc<Breaker>) -> OwnedBreakerPermit {
         debug_assert!(std::ptr::eq(self.breaker, &**breaker));
         self.done = true;
-        OwnedBreakerPermit {
+        DispatchPermit {
             breaker: Arc::clone(breaker),
             dispatched_at: self.dispatched_at,
             done: false,
@@ -445,52 +454,11 @@ impl BreakerPermit<'_> {
     }
 }
 
-impl Drop for BreakerPermit<'_> {
+impl<B: Deref<Target = Breaker>> Drop for DispatchPermit<B> {
     fn drop(&mut self) {
         if !self.done {
             // No clock here: forgetting only needs the bucket index, which cannot have
             // expired earlier than "now"; use the dispatch bucket's own time.
-            let at = self.breaker.cfg.bucket() * (self.dispatched_at as u32);
-            self.breaker.finish(at, self.dispatched_at, None);
-        }
-    }
-}
-
-/// [`BreakerPermit`] holding its breaker by `Arc`.
-#[derive(Debug)]
-#[must_use = "dropping the permit forgets the request"]
-pub struct OwnedBreakerPermit {
-    breaker: Arc<Breaker>,
-    dispatched_at: u64,
-    done: bool,
-}
-
-impl OwnedBreakerPermit {
-    /// The upstream answered.
-    pub fn success(mut self, now: Duration) {
-        self.done = true;
-        self.breaker.finish(now, self.dispatched_at, Some(true));
-    }
-
-    /// The upstream failed.
-    pub fn failure(mut self, now: Duration) {
-        self.done = true;
-        self.breaker.finish(now, self.dispatched_at, Some(false));
-    }
-
-    /// Ends by status code: a failure iff [`failure_status`].
-    pub fn status(self, now: Duration, status: u16) {
-        if failure_status(status) {
-            self.failure(now)
-        } else {
-            self.success(now)
-        }
-    }
-}
-
-impl Drop for OwnedBreakerPermit {
-    fn drop(&mut self) {
-        if !self.done {
             let at = self.breaker.cfg.bucket() * (self.dispatched_at as u32);
             self.breaker.finish(at, self.dispatched_at, None);
         }

@@ -57,8 +57,8 @@ mod shedder;
 
 pub use balance::{P2c, P2cConfig, Pick};
 pub use breaker::{
-    Breaker, BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, History, OwnedBreakerPermit,
-    failure_status,
+    Breaker, BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, DispatchPermit, History,
+    OwnedBreakerPermit, failure_status,
 };
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use config::{OverloadConfig, OverloadMode};
