@@ -124,7 +124,7 @@ async fn wait_inflight(ctl: &Controller, n: i64) {
     panic!("in-flight never reached {n} (is {})", ctl.inflight());
 }
 
-/// C = 5, CPU 95 %: L = 2.5.
+/// C = 5, CPU 95 %, 1 core: L = 5 x 0.5 + 1 = 3.5.
 fn hot_controller(clock: &FakeClock) -> Arc<Controller> {
     let ms = Duration::from_millis;
     let ctl = Arc::new(Controller::new("api", ShedderConfig::adaptive()).unwrap());
@@ -150,10 +150,10 @@ async fn shedder_layer_rejects_above_the_limit_without_reading_the_body() {
     let addr = serve(svc).await;
 
     let mut held = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         held.push(send(addr, "GET /hold HTTP/1.1\r\nhost: t\r\n\r\n").await);
     }
-    wait_inflight(&ctl, 3).await;
+    wait_inflight(&ctl, 4).await;
 
     // A 1 MB upload whose body never comes: the 503 must not wait for it.
     let mut s = send(
@@ -168,16 +168,16 @@ async fn shedder_layer_rejects_above_the_limit_without_reading_the_body() {
         "{head}"
     );
     assert!(head.contains("x-overloaded: 1\r\n"), "{head}");
-    assert_eq!(app.calls.load(Ordering::SeqCst), 3, "the app never saw it");
+    assert_eq!(app.calls.load(Ordering::SeqCst), 4, "the app never saw it");
 
-    // 3 in flight is not above 2 x L: the connection may be kept.
+    // 4 in flight is not above 2 x L: the connection may be kept.
     let mut s = send(addr, "GET / HTTP/1.1\r\nhost: t\r\n\r\n").await;
     let head = read_head(&mut s).await;
     assert!(head.starts_with("http/1.1 503"), "{head}");
     assert!(!head.contains("connection: close"), "{head}");
 
-    // Severe: above 2 x L = 5 in flight, the connection is closed.
-    let extra: Vec<_> = (0..3)
+    // Severe: above 2 x L = 7 in flight, the connection is closed.
+    let extra: Vec<_> = (0..4)
         .map(|_| {
             ctl.admit(Duration::from_millis(100), Class::Critical)
                 .unwrap()
@@ -190,13 +190,13 @@ async fn shedder_layer_rejects_above_the_limit_without_reading_the_body() {
     drop(extra);
 
     // Release the held requests: they complete as served.
-    app.gate.add_permits(3);
+    app.gate.add_permits(4);
     for s in &mut held {
         assert!(read_head(s).await.starts_with("http/1.1 200"));
     }
     wait_inflight(&ctl, 0).await;
     let snap = ctl.snapshot(Duration::from_millis(100));
-    assert_eq!(snap.served, 50 + 3);
+    assert_eq!(snap.served, 50 + 4);
     assert_eq!(snap.shed[Class::Normal.index()], 3);
 }
 

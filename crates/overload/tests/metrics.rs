@@ -26,8 +26,8 @@ fn a_scrape_shows_shedder_breaker_and_balancer_state() {
             .unwrap()
             .complete(ms(10), Outcome::Served);
     }
-    shedder.tick(ms(100), 950); // C = 5, L = 2.5, hot
-    let held: Vec<_> = (0..3)
+    shedder.tick(ms(100), 950); // C = 5, L = 5 x 0.5 + 1 core = 3.5, hot
+    let held: Vec<_> = (0..4)
         .map(|_| api.admit(ms(100), Class::Normal).unwrap())
         .collect();
     assert!(api.admit(ms(100), Class::Low).is_err());
@@ -51,11 +51,11 @@ fn a_scrape_shows_shedder_breaker_and_balancer_state() {
     for line in [
         "tailguard_overload_cpu_usage_ratio 0.95",
         "tailguard_overload_cores 1.0",
-        "tailguard_overload_inflight{group=\"api\"} 3",
-        "tailguard_overload_limit{group=\"api\"} 2.5",
+        "tailguard_overload_inflight{group=\"api\"} 4",
+        "tailguard_overload_limit{group=\"api\"} 3.5",
         "tailguard_overload_capacity{group=\"api\"} 5.0",
         "tailguard_overload_hot{group=\"api\"} 1",
-        "tailguard_overload_admitted_total{group=\"api\"} 53.0",
+        "tailguard_overload_admitted_total{group=\"api\"} 54.0",
         "tailguard_overload_shed_total{group=\"api\",class=\"low\"} 1.0",
         "tailguard_overload_shed_total{group=\"api\",class=\"normal\"} 1.0",
         "tailguard_overload_shed_total{group=\"api\",class=\"critical\"} 0.0",

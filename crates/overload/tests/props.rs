@@ -80,8 +80,8 @@ proptest! {
                     c.tick(now, cpu);
                     let s = c.snapshot(now);
                     prop_assert!(s.limit >= f64::from(cores), "L {} below N {cores}", s.limit);
-                    prop_assert!(s.limit <= s.capacity.max(f64::from(cores)) + 1e-9,
-                        "L {} above max(C {}, N)", s.limit, s.capacity);
+                    prop_assert!(s.limit <= s.capacity + f64::from(cores) + 1e-9,
+                        "L {} above C {} + N", s.limit, s.capacity);
                 }
                 Op::Advance(ms) => now += Duration::from_millis(ms),
                 _ => {}

@@ -39,16 +39,16 @@ fn cold_controller_admits_everything() {
 }
 
 #[test]
-fn cpu_factor_scales_the_limit_down_to_a_tenth() {
-    // C = 50 passes x 10/s x 0.1 s = 50
+fn cpu_factor_scales_the_limit_down_to_a_tenth_plus_the_cores() {
+    // C = 50 passes x 10/s x 0.1 s = 50; 1 core
     let c = warmed(50, ms(100), 0);
     assert_eq!(c.snapshot(ms(100)).capacity, 50.0);
     for (cpu, limit) in [
-        (899, 50.0),
-        (900, 50.0),
-        (950, 25.0),
-        (990, 5.0),
-        (1000, 5.0),
+        (899, 51.0),
+        (900, 51.0),
+        (950, 26.0),
+        (990, 6.0),
+        (1000, 6.0),
     ] {
         c.tick(ms(150), cpu);
         assert_eq!(c.snapshot(ms(150)).limit, limit, "cpu {cpu}");
@@ -56,17 +56,17 @@ fn cpu_factor_scales_the_limit_down_to_a_tenth() {
 }
 
 #[test]
-fn limit_never_falls_below_the_core_count() {
+fn limit_keeps_the_core_count_on_top_of_the_capacity() {
     let c = warmed(50, ms(1), 1000); // C = 0.5
     c.set_cores(2.0);
     c.tick(ms(150), 1000);
-    assert_eq!(c.snapshot(ms(150)).limit, 2.0);
+    assert_eq!(c.snapshot(ms(150)).limit, 0.5 * 0.1 + 2.0);
 }
 
 #[test]
 fn cool_off_lasts_one_second_after_the_last_hot_tick_if_something_was_shed() {
-    let c = warmed(50, ms(10), 950); // L = 2.5, hot; at 50 % CPU L = C = 5
-    let held = hold(&c, ms(100), 6);
+    let c = warmed(50, ms(10), 950); // L = 2.5 + 1, hot; at 50 % CPU L = C + 1 = 6
+    let held = hold(&c, ms(100), 7);
     assert!(c.admit(ms(100), Class::Normal).is_err());
     c.tick(ms(200), 950); // last overloaded moment
     c.tick(ms(300), 500); // CPU back under the threshold
@@ -106,15 +106,15 @@ fn in_flight_cap_rejects_at_once_and_turns_hot_when_pinned_for_25_ms() {
     assert!(c.admit(ms(125), Class::Normal).is_err());
     let s = c.snapshot(ms(125));
     assert!(s.hot, "pinned at the cap for 25 ms: overloaded");
-    assert_eq!(s.limit, 5.0, "no CPU factor at 0 % CPU");
+    assert_eq!(s.limit, 6.0, "no CPU factor at 0 % CPU: C + 1 core");
     drop(held);
     // Drained: the next tick releases the trigger; the cool-off keeps the gate for 1 s
     // after the moment it turned hot (125 ms).
     c.tick(ms(200), 0);
-    let held = hold(&c, ms(200), 6);
+    let held = hold(&c, ms(200), 7);
     assert!(
         c.admit(ms(200), Class::Normal).is_err(),
-        "6 > L = 5 during cool-off"
+        "7 > L = 6 during cool-off"
     );
     assert!(c.admit(ms(1124), Class::Normal).is_err());
     assert!(c.admit(ms(1125), Class::Normal).is_ok());
@@ -122,18 +122,70 @@ fn in_flight_cap_rejects_at_once_and_turns_hot_when_pinned_for_25_ms() {
 }
 
 #[test]
-fn in_flight_trigger_turns_hot_after_three_ticks_without_cpu() {
+fn in_flight_trigger_turns_hot_after_ten_ticks_without_cpu() {
     // Trigger level 8 x 5 + 1 = 41, under the cap of 51.
     let c = warmed(50, ms(10), 0);
     let held = hold(&c, ms(100), 45);
     assert!(c.admit(ms(100), Class::Normal).is_ok());
-    c.tick(ms(200), 0);
-    c.tick(ms(300), 0);
-    assert!(!c.snapshot(ms(300)).hot, "two ticks are not enough");
-    assert!(c.admit(ms(300), Class::Normal).is_ok());
-    c.tick(ms(400), 0);
-    assert!(c.snapshot(ms(400)).hot, "three ticks above the level");
-    assert!(c.admit(ms(400), Class::Normal).is_err());
+    for t in (200..=1000).step_by(100) {
+        c.tick(ms(t), 0);
+    }
+    assert!(!c.snapshot(ms(1000)).hot, "nine ticks are not enough");
+    assert!(c.admit(ms(1000), Class::Normal).is_ok());
+    c.tick(ms(1100), 0);
+    assert!(c.snapshot(ms(1100)).hot, "ten ticks (1 s) above the level");
+    assert!(c.admit(ms(1100), Class::Normal).is_err());
+    drop(held);
+}
+
+#[test]
+fn a_slow_rise_to_the_cap_is_admitted_up_to_twice_the_cap() {
+    // C = 5, 1 core: calm at C + 1 = 6, cap 51, minRt 10 ms: a rise from 6 to 51 faster than
+    // (10 − 1) x 10 ms / 2 = 45 ms is an onset; a slower one is a burst.
+    let c = warmed(50, ms(10), 0);
+    let mut held = hold(&c, ms(100), 6);
+    held.push(c.admit(ms(100), Class::Normal).unwrap()); // the last calm admission (6 <= 6)
+    held.extend(hold(&c, ms(145), 45)); // 52 in flight, 45 ms later
+    assert!(c.admit(ms(145), Class::Normal).is_ok(), "45 ms: a burst");
+    held.extend(hold(&c, ms(145), 51)); // 103 in flight (the permit above was dropped)
+    let capped = c.admit(ms(145), Class::Normal).unwrap_err();
+    assert!(capped.severe, "above twice the cap");
+    assert!(
+        c.admit(ms(146), Class::Normal).is_err(),
+        "the episode at the cap has begun: rejected above the cap"
+    );
+    drop(held);
+
+    let c = warmed(50, ms(10), 0);
+    let mut held = hold(&c, ms(100), 6);
+    held.push(c.admit(ms(100), Class::Normal).unwrap());
+    held.extend(hold(&c, ms(144), 45));
+    assert!(c.admit(ms(144), Class::Normal).is_err(), "44 ms: an onset");
+    drop(held);
+}
+
+#[test]
+fn hysteresis_keeps_a_shedding_controller_hot_down_to_85_percent() {
+    let c = warmed(50, ms(10), 950); // hot, L = 5 x 0.5 + 1 = 3.5
+    let held = hold(&c, ms(100), 7);
+    assert!(c.admit(ms(100), Class::Normal).is_err(), "shed");
+    let mut t = 200;
+    for _ in 0..20 {
+        c.tick(ms(t), 860); // under the threshold, above threshold − hysteresis
+        t += 100;
+    }
+    assert!(c.snapshot(ms(t)).hot, "2 s at 86 %: still hot");
+    assert!(c.admit(ms(t), Class::Normal).is_err());
+    c.tick(ms(t), 840);
+    let cooled = ms(t - 100) + ms(1000);
+    assert!(c.admit(cooled - ms(1), Class::Normal).is_err(), "cool-off");
+    assert!(c.admit(cooled, Class::Normal).is_ok(), "84 %: cooled off");
+    drop(held);
+
+    // Without anything shed, 86 % does not make a cold controller hot.
+    let c = warmed(50, ms(10), 860);
+    let held = hold(&c, ms(100), 7);
+    assert!(c.admit(ms(100), Class::Normal).is_ok());
     drop(held);
 }
 
@@ -208,10 +260,10 @@ fn only_served_requests_feed_the_window() {
 
 #[test]
 fn priority_classes_are_monotone_and_critical_bypasses() {
-    let c = warmed(50, ms(10), 950); // L = 2.5: low 1.25, normal 2.5, high 3.75
+    let c = warmed(50, ms(10), 950); // L = 2.5 + 1: low 1.75, normal 3.5, high 5.25
     let mut held = Vec::new();
     let mut seen = Vec::new();
-    for flying in 0..6 {
+    for flying in 0..8 {
         let admitted = |class| c.admit(ms(100), class).is_ok();
         let row = [
             admitted(Class::Low),
@@ -228,13 +280,15 @@ fn priority_classes_are_monotone_and_critical_bypasses() {
             (0, [true, true, true, true]),
             (1, [true, true, true, true]),
             (2, [false, true, true, true]),
-            (3, [false, false, true, true]),
-            (4, [false, false, false, true]),
-            (5, [false, false, false, true]),
+            (3, [false, true, true, true]),
+            (4, [false, false, true, true]),
+            (5, [false, false, true, true]),
+            (6, [false, false, false, true]),
+            (7, [false, false, false, true]),
         ]
     );
     let shed = c.snapshot(ms(100)).shed;
-    assert_eq!(shed, [4, 3, 2, 0], "shed counted per class");
+    assert_eq!(shed, [6, 4, 2, 0], "shed counted per class");
 }
 
 #[test]
