@@ -17,9 +17,9 @@
 //! # Example
 //!
 //! A route group that served 50 requests per 100 ms bucket at 10 ms each has capacity
-//! `C = 50 · 10/s · 0.010 s = 5` requests in flight. At 95 % CPU the limit is
-//! `L = C · (1 − 0.95)/(1 − 0.90) = 2.5`, so a third normal request is shed while a critical
-//! one still gets in:
+//! `C = 50 · 10/s · 0.010 s = 5` requests in flight. At 95 % CPU on one core the limit is
+//! `L = C · (1 − 0.95)/(1 − 0.90) + 1 = 3.5`, so a fifth normal request is shed while a
+//! critical one still gets in:
 //!
 //! ```
 //! use std::time::Duration;
@@ -35,10 +35,10 @@
 //! ctl.tick(ms(100), 950); // closes the bucket; CPU is now hot
 //! let s = ctl.snapshot(ms(100));
 //! println!("C={} L={} hot={}", s.capacity, s.limit, s.hot);
-//! assert_eq!(format!("C={} L={} hot={}", s.capacity, s.limit, s.hot), "C=5 L=2.5 hot=true");
+//! assert_eq!(format!("C={} L={} hot={}", s.capacity, s.limit, s.hot), "C=5 L=3.5 hot=true");
 //!
-//! let held: Vec<_> = (0..3).map(|_| ctl.admit(ms(100), Class::Normal).unwrap()).collect();
-//! assert!(ctl.admit(ms(100), Class::Normal).is_err()); // 3 in flight > 2.5
+//! let held: Vec<_> = (0..4).map(|_| ctl.admit(ms(100), Class::Normal).unwrap()).collect();
+//! assert!(ctl.admit(ms(100), Class::Normal).is_err()); // 4 in flight > 3.5
 //! assert!(ctl.admit(ms(100), Class::Critical).is_ok()); // critical bypasses
 //! drop(held);
 //! ```
