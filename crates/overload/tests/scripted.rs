@@ -141,17 +141,17 @@ fn in_flight_trigger_turns_hot_after_ten_ticks_without_cpu() {
 #[test]
 fn a_slow_rise_to_the_cap_is_admitted_up_to_twice_the_cap() {
     // C = 5, 1 core: calm at C + 1 = 6, cap 51, minRt 10 ms: a rise from 6 to 51 faster than
-    // (10 − 1) x 10 ms / 2 = 45 ms is an onset; a slower one is a burst.
+    // (10 − 1) x 10 ms / 2.5 = 36 ms is an onset; a slower one is a burst.
     let c = warmed(50, ms(10), 0);
     let mut held = hold(&c, ms(100), 6);
     held.push(c.admit(ms(100), Class::Normal).unwrap()); // the last calm admission (6 <= 6)
-    held.extend(hold(&c, ms(145), 45)); // 52 in flight, 45 ms later
-    assert!(c.admit(ms(145), Class::Normal).is_ok(), "45 ms: a burst");
-    held.extend(hold(&c, ms(145), 51)); // 103 in flight (the permit above was dropped)
-    let capped = c.admit(ms(145), Class::Normal).unwrap_err();
+    held.extend(hold(&c, ms(136), 45)); // 52 in flight, 36 ms later
+    assert!(c.admit(ms(136), Class::Normal).is_ok(), "36 ms: a burst");
+    held.extend(hold(&c, ms(136), 51)); // 103 in flight (the permit above was dropped)
+    let capped = c.admit(ms(136), Class::Normal).unwrap_err();
     assert!(capped.severe, "above twice the cap");
     assert!(
-        c.admit(ms(146), Class::Normal).is_err(),
+        c.admit(ms(137), Class::Normal).is_err(),
         "the episode at the cap has begun: rejected above the cap"
     );
     drop(held);
@@ -159,8 +159,24 @@ fn a_slow_rise_to_the_cap_is_admitted_up_to_twice_the_cap() {
     let c = warmed(50, ms(10), 0);
     let mut held = hold(&c, ms(100), 6);
     held.push(c.admit(ms(100), Class::Normal).unwrap());
-    held.extend(hold(&c, ms(144), 45));
-    assert!(c.admit(ms(144), Class::Normal).is_err(), "44 ms: an onset");
+    held.extend(hold(&c, ms(135), 45));
+    assert!(c.admit(ms(135), Class::Normal).is_err(), "35 ms: an onset");
+    drop(held);
+}
+
+#[test]
+fn cpu_alone_does_not_turn_hot_while_the_group_drains() {
+    // CPU at 95 %, but an admission found in-flight at or under C + 1 = 6 within the bucket.
+    let c = warmed(50, ms(10), 0);
+    drop(c.admit(ms(150), Class::Normal).unwrap());
+    let held = hold(&c, ms(160), 8);
+    c.tick(ms(200), 950);
+    assert!(!c.snapshot(ms(200)).hot, "drained 50 ms ago: a burst");
+    assert!(c.admit(ms(200), Class::Normal).is_ok());
+    // A whole bucket without a calm admission: queued, and the CPU is hot.
+    c.tick(ms(300), 950);
+    assert!(c.snapshot(ms(300)).hot);
+    assert!(c.admit(ms(300), Class::Normal).is_err(), "8 > L = 3.5");
     drop(held);
 }
 
