@@ -68,7 +68,14 @@ impl Overload {
             Some(s) => Some(s),
             None => match SamplerHandle::spawn(
                 shedder.clone(),
-                CpuReader::system(),
+                {
+                    let reader = CpuReader::system();
+                    // Which CPU the trigger sees (own cgroup, or the allowed cores' busy
+                    // time in /proc/stat in the root cgroup): the first thing to check
+                    // when the shedder acts on a CPU reading that looks wrong.
+                    tracing::info!("overload: CPU from {:?}", reader.kind());
+                    reader
+                },
                 MonotonicClock,
                 config.smoothing(),
                 Duration::from_millis(250),
