@@ -75,17 +75,18 @@ wait_port "$tg_port"
   echo "$("$exe" --version); $(nginx -v 2>&1); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); $(oha --version)"
 } > "$out/machine.txt"
 
-# CPU seconds (user + system) used so far by a process and its children threads/processes.
-cpu_of() { local t=0; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+# CPU ticks used so far by the given processes (all their threads): "user system".
+cpu_of() { local u=0 s=0; for p in "$@"; do read -r pu ps < <(awk '{print $14, $15}' "/proc/$p/stat"); u=$((u + pu)); s=$((s + ps)); done; echo "$u $s"; }
 ng_pids=("$ng_master" $(pgrep -P "$ng_master"))
 declare -A procs=([nginx]="${ng_pids[*]}" [tailguard]="$tg_pid")
 declare -A url=([nginx]="http://127.0.0.1:$ng_port/" [tailguard]="http://127.0.0.1:$tg_port/")
 for p in nginx tailguard; do
   "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d2s "${url[$p]}" > /dev/null   # warm up pools and caches
   echo "== wrk max: $p" >&2
-  before=$(cpu_of ${procs[$p]})
+  read -r u0 s0 < <(cpu_of ${procs[$p]})
   "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d"$dur" --latency "${url[$p]}" > "$out/wrk-$p.txt"
-  echo $(( $(cpu_of ${procs[$p]}) - before )) > "$out/wrk-$p.ticks"
+  read -r u1 s1 < <(cpu_of ${procs[$p]})
+  echo "$((u1 - u0)) $((s1 - s0))" > "$out/wrk-$p.ticks"
 done
 max_nginx=$(awk '/^Requests\/sec:/ {print $2}' "$out/wrk-nginx.txt")
 rate=$(python3 -c "print(max(1, int(float('$max_nginx') / 2)))")
@@ -105,8 +106,9 @@ def wrk(p):
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
     sock = re.search(r"Socket errors: (.*)", t)
     n = int(re.search(r"(\d+) requests in", t).group(1))
-    ticks = int(open(f"{out}/wrk-{p}.ticks").read())
-    us = ticks / os.sysconf("SC_CLK_TCK") / n * 1e6
+    user, system = (int(x) for x in open(f"{out}/wrk-{p}.ticks").read().split())
+    per = lambda ticks: ticks / os.sysconf("SC_CLK_TCK") / n * 1e6
+    us = (per(user + system), per(user), per(system))
     return rps, (int(errs.group(1)) if errs else 0), (sock.group(1) if sock else "none"), us
 def oha(p):
     d = json.load(open(f"{out}/oha-{p}.json"))
@@ -121,13 +123,13 @@ print(open(f"{out}/machine.txt").read().rstrip())
 print(f"proxy: 1 worker on core 0; wrk/oha and the upstream on core 1; {conns} connections, {dur} per run; nice {os.environ.get('PRIO', 'default')}")
 rows = {p: (wrk(p), oha(p)) for p in ("nginx", "tailguard")}
 print()
-print(f"| proxy | wrk max req/s | proxy CPU us/req | oha -q {rate}: P50 ms | P99 ms | P99.9 ms | P100 ms | achieved req/s | 200s/total |")
+print(f"| proxy | wrk max req/s | proxy CPU us/req (user + sys) | oha -q {rate}: P50 ms | P99 ms | P99.9 ms | P100 ms | achieved req/s | 200s/total |")
 print("|---|---|---|---|---|---|---|---|---|")
 for p, ((rps, non2xx, sock, us), (ms, ach, ok, total)) in rows.items():
-    print(f"| {p} | {rps:.0f} | {us:.1f} | {ms['p50']:.3f} | {ms['p99']:.3f} | {ms['p99.9']:.3f} | {ms['p100']:.3f} | {ach:.0f} | {ok}/{total} |")
+    print(f"| {p} | {rps:.0f} | {us[0]:.1f} ({us[1]:.1f} + {us[2]:.1f}) | {ms['p50']:.3f} | {ms['p99']:.3f} | {ms['p99.9']:.3f} | {ms['p100']:.3f} | {ach:.0f} | {ok}/{total} |")
 (n_rps, _, _, n_us), (n_ms, *_) = rows["nginx"]
 (t_rps, _, _, t_us), (t_ms, *_) = rows["tailguard"]
-print(f"| ratio tailguard/nginx | {t_rps / n_rps:.2f} | {t_us / n_us:.2f} | {t_ms['p50'] / n_ms['p50']:.2f} | {t_ms['p99'] / n_ms['p99']:.2f} | {t_ms['p99.9'] / n_ms['p99.9']:.2f} | {t_ms['p100'] / n_ms['p100']:.2f} | | |")
+print(f"| ratio tailguard/nginx | {t_rps / n_rps:.2f} | {t_us[0] / n_us[0]:.2f} | {t_ms['p50'] / n_ms['p50']:.2f} | {t_ms['p99'] / n_ms['p99']:.2f} | {t_ms['p99.9'] / n_ms['p99.9']:.2f} | {t_ms['p100'] / n_ms['p100']:.2f} | | |")
 for p, ((rps, non2xx, sock, _), _) in rows.items():
     if non2xx or sock != "none":
         print(f"warning: {p}: wrk saw {non2xx} non-2xx responses, socket errors: {sock}")

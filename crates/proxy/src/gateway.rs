@@ -1,8 +1,7 @@
-//! The request path: a config snapshot (router, upstreams, pooled client) swapped
-//! atomically on reload, and the function that takes a request from head to response.
+//! The request path: a config snapshot (router, upstreams and their connection pools)
+//! swapped atomically on reload, and the function that takes a request from head to response.
 
 use std::convert::Infallible;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,14 +10,11 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, VIA};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
@@ -27,15 +23,12 @@ use crate::builtin::Responder;
 use crate::config::{Config, Timeouts};
 use crate::error::Error;
 use crate::headers;
-use crate::metrics::{CountingConnector, GatewayMetrics, SnapshotMetrics};
+use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
+use crate::pool::{EndpointPool, PoolSettings, Sender};
 use crate::record::{Finish, RequestRecord};
 use crate::route::{Route, Router};
-use crate::shard::PerThread;
 use crate::upstream::Upstream;
-
-/// The pooled keep-alive HTTP/1.1 client to upstream endpoints.
-pub type UpstreamClient = Client<CountingConnector, RequestBody>;
 
 fn millis(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
@@ -53,9 +46,6 @@ pub struct Snapshot {
     pub upstreams: Vec<Upstream>,
     /// Shedder, breakers (by route index), carried over from the previous snapshot.
     pub overload: Overload,
-    /// One pooled client per serving thread: a connection is made, used and kept on the
-    /// thread that runs its requests (the pool's lock is never contended).
-    clients: Arc<PerThread<UpstreamClient>>,
     request_timeout: Option<Duration>,
     /// Set when a newer snapshot replaced this one: connections that cached this snapshot
     /// switch to the current one for their next request.
@@ -67,13 +57,26 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
-    /// The upstream pool of `previous` is reused when its timeouts are unchanged, so a
-    /// reload keeps warm upstream connections.
+    /// An endpoint of `previous` with the same address and pool settings keeps its pool, so
+    /// a reload keeps warm upstream connections.
     pub fn build(
         config: Config,
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
     ) -> Result<Snapshot, Error> {
+        let settings = pool_settings(&config.timeouts);
+        let mut pool_for = |addr: SocketAddr| {
+            previous
+                .and_then(|p| p.pool_of(addr))
+                .filter(|pool| pool.settings() == settings)
+                .unwrap_or_else(|| {
+                    Arc::new(EndpointPool::new(
+                        addr,
+                        settings,
+                        Arc::clone(metrics.pool()),
+                    ))
+                })
+        };
         let mut responders = Vec::new();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
@@ -90,7 +93,7 @@ impl Snapshot {
                     .filter_map(|e| Some((e.address.get_ref().parse().ok()?, *e.weight.get_ref())))
                     .collect(),
             };
-            upstreams.push(Upstream::build(u, &addrs));
+            upstreams.push(Upstream::build(u, &addrs, &mut pool_for));
         }
         let routes = config
             .routes
@@ -103,12 +106,6 @@ impl Snapshot {
                 Some(Route::build(r, up))
             })
             .collect();
-        let clients = match previous {
-            Some(p) if same_pool_settings(&p.config.timeouts, &config.timeouts) => {
-                Arc::clone(&p.clients)
-            }
-            _ => Arc::new(PerThread::new(|_| new_client(&config.timeouts, metrics))),
-        };
         let router = Router::new(routes);
         let names: Vec<Arc<str>> = upstreams.iter().map(|u| Arc::clone(&u.name)).collect();
         let overload = Overload::build(
@@ -129,7 +126,6 @@ impl Snapshot {
             metrics,
             overload,
             upstreams,
-            clients,
             retired: AtomicBool::new(false),
             _responders: responders,
             config,
@@ -137,20 +133,27 @@ impl Snapshot {
     }
 }
 
-fn same_pool_settings(a: &Timeouts, b: &Timeouts) -> bool {
-    a.connect_ms == b.connect_ms && a.idle_ms == b.idle_ms
+impl Snapshot {
+    /// The pool of the endpoint at `addr`, if this snapshot has one.
+    fn pool_of(&self, addr: SocketAddr) -> Option<Arc<EndpointPool>> {
+        self.endpoint_pools()
+            .find(|p| p.addr() == addr)
+            .map(Arc::clone)
+    }
+
+    /// Every endpoint's pool (an address listed under two upstreams has two).
+    pub(crate) fn endpoint_pools(&self) -> impl Iterator<Item = &Arc<EndpointPool>> {
+        self.upstreams
+            .iter()
+            .flat_map(|u| u.endpoints.iter().map(|e| &e.pool))
+    }
 }
 
-fn new_client(t: &Timeouts, metrics: &GatewayMetrics) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(millis(t.connect_ms));
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(millis(t.idle_ms))
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(metrics.connector(connector))
+fn pool_settings(t: &Timeouts) -> PoolSettings {
+    PoolSettings {
+        connect_timeout: millis(t.connect_ms),
+        idle_timeout: millis(t.idle_ms),
+    }
 }
 
 /// The gateway: the current snapshot, replaced atomically by [`Gateway::reload`].
@@ -190,9 +193,16 @@ impl Gateway {
         let old = self.current.load_full();
         let new = Snapshot::build(config, Some(&old), &self.metrics);
         self.metrics.reloaded(new.is_ok());
-        let new = new?;
-        let old = self.current.swap(Arc::new(new));
+        let new = Arc::new(new?);
+        let old = self.current.swap(Arc::clone(&new));
         old.retired.store(true, Ordering::Release);
+        // Pools the new snapshot did not take over close their idle connections now; their
+        // busy ones close when their requests finish.
+        for pool in old.endpoint_pools() {
+            if !new.endpoint_pools().any(|p| Arc::ptr_eq(p, pool)) {
+                pool.retire();
+            }
+        }
         Ok(())
     }
 
@@ -209,6 +219,8 @@ pub(crate) struct ConnCtx {
     pub(crate) gateway: Arc<Gateway>,
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) remote: SocketAddr,
+    /// `remote`'s IP as an `X-Forwarded-For` element, formatted once per connection.
+    pub(crate) remote_ip: HeaderValue,
     pub(crate) tls: bool,
     /// The listener's access log (a handle per connection, not per request).
     pub(crate) access_log: tailguard_access_log::AccessLog,
@@ -287,13 +299,14 @@ pub(crate) async fn serve(
         }
     };
     match forward(held.snapshot(), &conn, req, &mut record).await {
-        Ok((resp, first)) => {
+        Ok((resp, first, sender)) => {
             admitted.served();
             let (parts, body) = resp.into_parts();
             record.status = parts.status.as_u16();
             let finish = Finish {
                 record,
                 held,
+                upstream_conn: Some(sender),
                 _admitted: Some(admitted),
             };
             Ok(Response::from_parts(
@@ -357,6 +370,7 @@ fn error_response(
         Some(Finish {
             record,
             held,
+            upstream_conn: None,
             _admitted: admitted,
         }),
     );
@@ -396,7 +410,7 @@ async fn forward(
     conn: &ConnCtx,
     req: Request<Incoming>,
     record: &mut RequestRecord,
-) -> Result<(Response<Incoming>, Option<Frame<Bytes>>), Error> {
+) -> Result<(Response<Incoming>, Option<Frame<Bytes>>, Sender), Error> {
     let limits = &snap.config.limits;
     if head_bytes(&req) > limits.header_bytes {
         return Err(Error::HeadersTooLarge);
@@ -426,32 +440,27 @@ async fn forward(
     headers::remove_hop_by_hop(&mut parts.headers);
     if let Some(host) = &route.host_rewrite {
         parts.headers.insert(HOST, host.clone());
-    } else if !parts.headers.contains_key(HOST)
-        && let Some(authority) = parts.uri.authority()
-    {
-        // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`.
-        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
-            parts.headers.insert(HOST, v);
-        }
+    } else if !parts.headers.contains_key(HOST) {
+        // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`
+        // (an HTTP/1.0 request may have neither: then the endpoint's address, as curl sends).
+        let host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or_else(|| endpoint.host.clone());
+        parts.headers.insert(HOST, host);
     }
     record.request_id = Some(headers::request_id(&mut parts.headers));
-    headers::add_forwarding(
-        &mut parts.headers,
-        conn.remote.ip(),
-        conn.tls,
-        parts.version,
-    );
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    parts.uri = Uri::builder()
-        .scheme(Scheme::HTTP)
-        .authority(endpoint.authority.clone())
-        .path_and_query(path)
-        .build()
-        .map_err(|_| Error::BadRequest("request target cannot be forwarded"))?;
+    headers::add_forwarding(&mut parts.headers, &conn.remote_ip, conn.tls, parts.version);
+    // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
+    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(path);
+    }
     parts.version = Version::HTTP_11;
 
     let count = (!body.is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
@@ -461,22 +470,22 @@ async fn forward(
     let breaker = snap.overload.dispatch(route_index)?;
     let dispatched = Instant::now();
     let waiting = snap.metrics.gateway.upstream_dispatched();
-    let exchange = snap.clients.get().request(Request::from_parts(parts, body));
+    let exchange = exchange(&endpoint.pool, Request::from_parts(parts, body), dispatched);
     let result = match snap.request_timeout {
         Some(limit) => match tokio::time::timeout(limit, exchange).await {
-            Ok(r) => r.map_err(|e| classify(&e, endpoint.addr)),
+            Ok(r) => r,
             Err(_) => Err(Error::UpstreamTimeout {
                 addr: endpoint.addr,
                 phase: "request",
             }),
         },
-        None => exchange.await.map_err(|e| classify(&e, endpoint.addr)),
+        None => exchange.await,
     };
     let elapsed = dispatched.elapsed();
     drop(waiting);
     record.upstream_time = Some(elapsed);
     let outcome = match &result {
-        Ok(r) => Outcome::Status(r.status().as_u16()),
+        Ok((r, _)) => Outcome::Status(r.status().as_u16()),
         Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
         Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
@@ -485,8 +494,7 @@ async fn forward(
     upstream.balance.complete(endpoint_index, outcome, elapsed);
     breaker.finish(outcome);
 
-    let mut resp = result?;
-    snap.metrics.gateway.upstream_response(&resp);
+    let (mut resp, sender) = result?;
     record.upstream_status = Some(resp.status().as_u16());
     let first = match snap.request_timeout {
         Some(limit) => {
@@ -503,7 +511,31 @@ async fn forward(
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
     resp.headers_mut().append(VIA, via);
-    Ok((resp, first))
+    Ok((resp, first, sender))
+}
+
+/// Sends a request on a pooled connection (or a new one) and waits for the response head.
+/// A request that an idle connection could not take (the upstream closed it as it was
+/// taken: the request was not written) goes once more, on a new connection.
+async fn exchange(
+    pool: &EndpointPool,
+    req: Request<RequestBody>,
+    now: Instant,
+) -> Result<(Response<Incoming>, Sender), Error> {
+    let (mut sender, reused) = pool.checkout(now).await?;
+    match sender.try_send_request(req).await {
+        Ok(resp) => Ok((resp, sender)),
+        Err(mut e) => match e.take_message() {
+            Some(unsent) if reused => {
+                let mut sender = pool.connect().await?;
+                match sender.send_request(unsent).await {
+                    Ok(resp) => Ok((resp, sender)),
+                    Err(e) => Err(classify(&e, pool.addr())),
+                }
+            }
+            _ => Err(classify(e.error(), pool.addr())),
+        },
+    }
 }
 
 /// Bodies up to this size are read ahead (one frame) before the response head is sent.
@@ -536,11 +568,10 @@ async fn read_ahead(
     }
 }
 
-/// Sorts a client error into blame: our own body errors (the downstream's fault) are found
-/// in the source chain; a failed connect is the endpoint refusing (or timing out); anything
-/// after that is a broken upstream exchange.
-fn classify(err: &hyper_util::client::legacy::Error, addr: SocketAddr) -> Error {
-    let mut io_kind = None;
+/// Sorts an error of the upstream exchange into blame: our own request-body errors (the
+/// downstream's fault) are found in the source chain; anything else broke the exchange with
+/// the upstream (connect errors never get here: the pool reports those itself).
+fn classify(err: &hyper::Error, addr: SocketAddr) -> Error {
     let mut source = std::error::Error::source(err);
     while let Some(s) = source {
         if let Some(own) = s.downcast_ref::<Error>() {
@@ -549,23 +580,11 @@ fn classify(err: &hyper_util::client::legacy::Error, addr: SocketAddr) -> Error 
                 other => Error::DownstreamBody(other.to_string()),
             };
         }
-        if let Some(e) = s.downcast_ref::<io::Error>() {
-            io_kind.get_or_insert(e.kind());
-        }
         source = s.source();
     }
-    let reason = chain(err);
-    if err.is_connect() {
-        if io_kind == Some(io::ErrorKind::TimedOut) {
-            Error::UpstreamTimeout {
-                addr,
-                phase: "connect",
-            }
-        } else {
-            Error::UpstreamConnect { addr, reason }
-        }
-    } else {
-        Error::UpstreamBroken { addr, reason }
+    Error::UpstreamBroken {
+        addr,
+        reason: chain(err),
     }
 }
 

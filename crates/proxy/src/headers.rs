@@ -2,7 +2,6 @@
 //! and the forwarding headers (`X-Forwarded-For`, `X-Forwarded-Proto`, `Via`,
 //! `X-Request-Id`).
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use bytes::Bytes;
@@ -55,29 +54,35 @@ pub fn via_value(version: Version) -> HeaderValue {
 
 /// Adds `X-Forwarded-For` (appending the client to any list already there),
 /// `X-Forwarded-Proto` (replacing it: only this hop knows the scheme it was reached by) and
-/// `Via` (appending).
-pub fn add_forwarding(headers: &mut HeaderMap, client: IpAddr, tls: bool, version: Version) {
-    // One buffer, handed to the header value without a second copy: earlier hops' values
-    // (joined, whatever number of header lines they came in), then this client.
-    let mut xff = String::with_capacity(48);
-    for prior in headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-    {
-        xff.push_str(prior);
-        xff.push_str(", ");
-    }
-    // Writing into a String cannot fail.
-    let _ = write!(xff, "{client}");
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
-        headers.insert(&X_FORWARDED_FOR, v);
+/// `Via` (appending). `client` is the client's address as a header value
+/// ([`client_address`]).
+pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue, tls: bool, version: Version) {
+    if headers.contains_key(&X_FORWARDED_FOR) {
+        // One buffer, handed to the header value without a second copy: earlier hops'
+        // values (joined, whatever number of header lines they came in), then this client.
+        let mut xff = Vec::with_capacity(64);
+        for prior in headers.get_all(&X_FORWARDED_FOR) {
+            xff.extend_from_slice(prior.as_bytes());
+            xff.extend_from_slice(b", ");
+        }
+        xff.extend_from_slice(client.as_bytes());
+        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
+            headers.insert(&X_FORWARDED_FOR, v);
+        }
+    } else {
+        // The common case: the connection's address, formatted once per connection.
+        headers.insert(&X_FORWARDED_FOR, client.clone());
     }
     headers.insert(
         &X_FORWARDED_PROTO,
         HeaderValue::from_static(if tls { "https" } else { "http" }),
     );
     headers.append(VIA, via_value(version));
+}
+
+/// A client's IP address as an `X-Forwarded-For` element, made once per connection.
+pub fn client_address(ip: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&ip.to_string()).expect("an IP address is a valid header value")
 }
 
 /// The request's id: the client's `X-Request-Id` if it sent one, else a new random one
@@ -126,7 +131,7 @@ mod tests {
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
         add_forwarding(
             &mut h,
-            "127.0.0.1".parse().expect("ip"),
+            &client_address("127.0.0.1".parse().expect("ip")),
             true,
             Version::HTTP_11,
         );

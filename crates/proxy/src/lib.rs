@@ -48,6 +48,7 @@ pub mod gateway;
 pub mod headers;
 pub mod metrics;
 pub mod overload;
+pub mod pool;
 pub mod record;
 pub mod route;
 pub mod server;

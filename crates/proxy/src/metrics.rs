@@ -8,16 +8,12 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::Uri;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
 use tailguard_metrics::{
     Counter, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry, StatusCounters,
@@ -77,12 +73,12 @@ pub(crate) struct EndpointHandles {
 /// An endpoint by upstream name and address.
 type EndpointKey = (Arc<str>, SocketAddr);
 
-/// Upstream connection pool counters, shared with the connector.
+/// Upstream connection pool counters, shared with every endpoint's pool.
 #[derive(Debug)]
-struct Pool {
+pub(crate) struct PoolMetrics {
     opened: Counter,
     open: Gauge,
-    reused: Counter,
+    pub(crate) reused: Counter,
     in_flight: Gauge,
 }
 
@@ -99,7 +95,7 @@ pub struct GatewayMetrics {
     in_flight: Gauge,
     connections_opened: Counter,
     connections_active: Gauge,
-    pool: Arc<Pool>,
+    pool: Arc<PoolMetrics>,
     errors: Family<Counter>,
     error_table: Box<[OnceLock<Counter>]>,
     reloads_ok: Counter,
@@ -167,7 +163,7 @@ impl GatewayMetrics {
             "tailguard_downstream_connections_active",
             "Client connections open now.",
         )?;
-        let pool = Arc::new(Pool {
+        let pool = Arc::new(PoolMetrics {
             opened: one(
                 "tailguard_upstream_connections_opened",
                 "Connections opened to upstream endpoints.",
@@ -342,21 +338,9 @@ impl GatewayMetrics {
         UpstreamGuard(&self.pool)
     }
 
-    /// Notes whether an upstream response came on a reused connection.
-    pub(crate) fn upstream_response<B>(&self, response: &http::Response<B>) {
-        if let Some(uses) = response.extensions().get::<ConnectionUses>()
-            && uses.0.fetch_add(1, Ordering::Relaxed) > 0
-        {
-            self.pool.reused.inc();
-        }
-    }
-
-    /// The pooled client's connector, counting the connections it opens.
-    pub(crate) fn connector(&self, inner: HttpConnector) -> CountingConnector {
-        CountingConnector {
-            inner,
-            pool: Arc::clone(&self.pool),
-        }
+    /// The counters every endpoint's pool records into.
+    pub(crate) fn pool(&self) -> &Arc<PoolMetrics> {
+        &self.pool
     }
 }
 
@@ -372,7 +356,7 @@ impl Drop for ConnectionGuard {
 
 /// Keeps an upstream request counted as waiting for its response head.
 #[derive(Debug)]
-pub(crate) struct UpstreamGuard<'a>(&'a Pool);
+pub(crate) struct UpstreamGuard<'a>(&'a PoolMetrics);
 
 impl Drop for UpstreamGuard<'_> {
     fn drop(&mut self) {
@@ -438,66 +422,28 @@ pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) 
     }
 }
 
-/// Uses of one upstream connection, carried into each response's extensions by the pool.
-#[derive(Debug, Clone)]
-struct ConnectionUses(Arc<AtomicU64>);
-
-/// The upstream connector: hyper's `HttpConnector`, counting what it opens.
-#[derive(Debug, Clone)]
-pub struct CountingConnector {
-    inner: HttpConnector,
-    pool: Arc<Pool>,
-}
-
-type ConnectFuture = Pin<
-    Box<
-        dyn Future<Output = Result<CountedConnection, Box<dyn std::error::Error + Send + Sync>>>
-            + Send,
-    >,
->;
-
-impl tower_service::Service<Uri> for CountingConnector {
-    type Response = CountedConnection;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-    type Future = ConnectFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.inner.call(uri);
-        let pool = Arc::clone(&self.pool);
-        Box::pin(async move {
-            let io = connecting.await?;
-            pool.opened.inc();
-            pool.open.inc();
-            Ok(CountedConnection {
-                io,
-                uses: ConnectionUses(Arc::new(AtomicU64::new(0))),
-                pool,
-            })
-        })
-    }
-}
-
 /// An upstream connection counted as open until dropped.
 #[derive(Debug)]
-pub struct CountedConnection {
+pub(crate) struct CountedConnection {
     io: TokioIo<TcpStream>,
-    uses: ConnectionUses,
-    pool: Arc<Pool>,
+    pool: Arc<PoolMetrics>,
+}
+
+impl CountedConnection {
+    /// Counts a newly opened connection.
+    pub(crate) fn new(stream: TcpStream, pool: &Arc<PoolMetrics>) -> CountedConnection {
+        pool.opened.inc();
+        pool.open.inc();
+        CountedConnection {
+            io: TokioIo::new(stream),
+            pool: Arc::clone(pool),
+        }
+    }
 }
 
 impl Drop for CountedConnection {
     fn drop(&mut self) {
         self.pool.open.dec();
-    }
-}
-
-impl Connection for CountedConnection {
-    fn connected(&self) -> Connected {
-        self.io.connected().extra(self.uses.clone())
     }
 }
 

@@ -10,6 +10,7 @@ use http::{HeaderValue, Method, Uri, Version};
 
 use crate::admission::AdmitGuard;
 use crate::gateway::{Held, Snapshot};
+use crate::pool::Sender;
 
 /// Everything about one request that metrics and the access log need. Filled in as the
 /// request goes (head, route, upstream exchange, response), read once in [`finish`].
@@ -96,12 +97,24 @@ impl RequestRecord {
 pub struct Finish {
     pub(crate) record: RequestRecord,
     pub(crate) held: Held,
+    /// The upstream connection the response came on: back to its pool if the body was read
+    /// to the end, else closed.
+    pub(crate) upstream_conn: Option<Sender>,
     pub(crate) _admitted: Option<AdmitGuard>,
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         let end = Instant::now();
+        if let (Some(sender), true, Some((u, e))) = (
+            self.upstream_conn.take(),
+            self.record.completed,
+            self.record.endpoint,
+        ) {
+            self.held.snapshot().upstreams[u].endpoints[e]
+                .pool
+                .release(sender, end);
+        }
         finish(&self.record, self.held.snapshot(), end);
         crate::access_log::log(
             self.held.access_log(),

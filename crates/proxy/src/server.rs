@@ -192,9 +192,10 @@ impl Server {
             let (exit, exit_rx) = tokio::sync::oneshot::channel::<()>();
             let stop_rx = stop.subscribe();
             let ready_tx = ready_tx.clone();
+            let gateway = Arc::clone(&gateway);
             let join = std::thread::Builder::new()
                 .name(format!("tailguard-serve-{index}"))
-                .spawn(move || serve_thread(acceptors, stop_rx, exit_rx, ready_tx))
+                .spawn(move || serve_thread(gateway, acceptors, stop_rx, exit_rx, ready_tx))
                 .map_err(|e| Error::Internal(format!("spawning a serving thread: {e}")))?;
             serving.push(ServingThread {
                 exit: Some(exit),
@@ -292,9 +293,14 @@ impl Server {
 
 type Ready = std::sync::mpsc::Sender<Result<Vec<JoinHandle<()>>, Error>>;
 
-/// A serving thread's life: build its runtime, start an accept loop per listener, report
-/// ready, then keep serving until the server says exit.
+/// How often a serving thread closes its idle upstream connections past the idle timeout.
+const EVICT_EVERY: Duration = Duration::from_secs(1);
+
+/// A serving thread's life: build its runtime, start an accept loop per listener and the
+/// idle-connection reaper of its pool slots, report ready, then keep serving until the
+/// server says exit.
 fn serve_thread(
+    gateway: Arc<Gateway>,
     acceptors: Vec<(std::net::TcpListener, Acceptor)>,
     stop: watch::Receiver<bool>,
     exit: tokio::sync::oneshot::Receiver<()>,
@@ -324,6 +330,17 @@ fn serve_thread(
             }
         }
         let _ = ready.send(Ok(tasks));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(EVICT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let now = std::time::Instant::now();
+                for pool in gateway.snapshot().endpoint_pools() {
+                    pool.evict(now);
+                }
+            }
+        });
         let _ = exit.await;
     });
 }
@@ -365,6 +382,7 @@ impl Acceptor {
                 snapshot: self.gateway.snapshot(),
                 gateway: Arc::clone(&self.gateway),
                 remote,
+                remote_ip: crate::headers::client_address(remote.ip()),
                 tls: shared.tls.is_some(),
                 access_log: shared.access_log.clone(),
             });

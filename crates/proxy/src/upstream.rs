@@ -4,10 +4,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use http::HeaderValue;
 use http::uri::Authority;
 
 use crate::balance::{Balance, RoundRobin};
 use crate::config::{BalanceKind, UpstreamConfig};
+use crate::pool::EndpointPool;
 
 /// One address of an upstream, as built at config load.
 ///
@@ -20,6 +22,10 @@ pub struct Endpoint {
     pub addr: SocketAddr,
     /// `addr` as a URI authority, made once so a request does not format it.
     pub authority: Authority,
+    /// `addr` as a `Host` header, for a request that arrived without one (HTTP/1.0).
+    pub host: HeaderValue,
+    /// Idle keep-alive connections to `addr`, per serving thread (kept across reloads).
+    pub pool: Arc<EndpointPool>,
     /// Relative share of requests.
     pub weight: u32,
 }
@@ -39,17 +45,27 @@ pub struct Upstream {
 
 impl Upstream {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
-    /// `builtin` upstream, the responder's bound address).
-    pub fn build(config: &UpstreamConfig, addrs: &[(SocketAddr, u32)]) -> Upstream {
+    /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
+    /// connection pool (a reload passes the previous snapshot's, so warm connections stay).
+    pub fn build(
+        config: &UpstreamConfig,
+        addrs: &[(SocketAddr, u32)],
+        mut pool_for: impl FnMut(SocketAddr) -> Arc<EndpointPool>,
+    ) -> Upstream {
         let endpoints: Vec<Endpoint> = addrs
             .iter()
-            .map(|&(addr, weight)| Endpoint {
-                addr,
-                authority: addr
-                    .to_string()
-                    .parse()
-                    .expect("a socket address is a valid URI authority"),
-                weight,
+            .map(|&(addr, weight)| {
+                let text = addr.to_string();
+                Endpoint {
+                    addr,
+                    authority: text
+                        .parse()
+                        .expect("a socket address is a valid URI authority"),
+                    host: HeaderValue::from_str(&text)
+                        .expect("a socket address is a valid header value"),
+                    pool: pool_for(addr),
+                    weight,
+                }
             })
             .collect();
         let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();

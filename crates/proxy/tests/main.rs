@@ -5,5 +5,6 @@ mod errors;
 mod forwarding;
 mod lifecycle;
 mod overload;
+mod pool;
 mod routing;
 mod support;

@@ -10,6 +10,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: every proxied request allocates and frees a few dozen
+/// small blocks (hyper's heads and channels, the request's futures) on its serving thread,
+/// and glibc's allocator spent about a tenth of that thread's user CPU on them, in
+/// `malloc_consolidate` and `unlink_chunk` among others (perf,
+/// `docs/benchmarks/2026-11-22-proxy-cpu/`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// tailguard: an HTTP API gateway whose observability and overload protection cost the
 /// requests nothing.
 #[derive(Debug, Parser)]

@@ -1,0 +1,221 @@
+//! The upstream connection pool: idle HTTP/1.1 keep-alive connections to one endpoint, kept
+//! per serving thread and handed out most recently used first.
+//!
+//! Written on hyper's connection API rather than taken from hyper-util's pooled `Client`,
+//! because that client cost about a sixth of the serving thread's user CPU per proxied request
+//! (perf, `docs/benchmarks/2026-11-22-proxy-cpu/`): it finds a connection in a pool shared by
+//! key (a SipHash map of scheme and authority behind a mutex), boxes its connect and checkout
+//! futures, clones itself per request, and spawns a task per request to wait until the
+//! connection can be reused. Here an endpoint owns its pool and a request reaches it through
+//! the index the balancer returned; a serving thread only takes and returns connections in its
+//! own slot (the slot's mutex is never contended, design.md §2 rule 3); and a connection goes
+//! back to the pool when its response body has been read to the end, with no task spawned.
+//! A connection whose body was not read to the end is closed instead (its unread bytes would
+//! otherwise be taken for the next response).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hyper::client::conn::http1::{Builder, SendRequest};
+use tokio::net::TcpStream;
+
+use crate::body::RequestBody;
+use crate::error::Error;
+use crate::metrics::{CountedConnection, PoolMetrics};
+use crate::shard::PerThread;
+
+/// Idle connections one serving thread keeps per endpoint (nginx's `keepalive` is the same
+/// cap, per worker); a connection released beyond it is closed.
+pub const MAX_IDLE_PER_THREAD: usize = 256;
+
+/// A sender on an upstream connection: where a request is written.
+pub(crate) type Sender = SendRequest<RequestBody>;
+
+/// What a pool is built with; two pools with equal settings are interchangeable, which is
+/// how a reload keeps the warm pools of endpoints it did not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// TCP connect timeout (`None`: the OS's).
+    pub connect_timeout: Option<Duration>,
+    /// An idle connection older than this is closed (`None`: kept until the upstream closes).
+    pub idle_timeout: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+/// The pool of one endpoint.
+#[derive(Debug)]
+pub struct EndpointPool {
+    addr: SocketAddr,
+    settings: PoolSettings,
+    slots: PerThread<Mutex<Vec<Idle>>>,
+    metrics: Arc<PoolMetrics>,
+    /// Set when a reload removed the endpoint: released connections are closed, not kept.
+    retired: AtomicBool,
+}
+
+impl EndpointPool {
+    /// An empty pool for `addr`.
+    pub(crate) fn new(
+        addr: SocketAddr,
+        settings: PoolSettings,
+        metrics: Arc<PoolMetrics>,
+    ) -> EndpointPool {
+        EndpointPool {
+            addr,
+            settings,
+            slots: PerThread::new(|_| Mutex::new(Vec::new())),
+            metrics,
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// The endpoint's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The settings the pool was built with.
+    pub fn settings(&self) -> PoolSettings {
+        self.settings
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Vec<Idle>> {
+        // A panic while holding a slot cannot leave the Vec half-changed (push and pop only).
+        self.slots
+            .get()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A connection ready to take a request: the most recently released idle one of this
+    /// thread, else a new one. `now` is the request's start (no clock read here). Returns
+    /// the sender and whether the connection served a request before.
+    pub(crate) async fn checkout(&self, now: Instant) -> Result<(Sender, bool), Error> {
+        loop {
+            let Some(mut idle) = self.slot().pop() else {
+                break;
+            };
+            if idle.sender.is_closed() || self.expired(&idle, now) {
+                continue;
+            }
+            // Released at the end of its body, its connection task may not have run since
+            // to say it wants the next request: it will, or it reports the connection closed.
+            if idle.sender.is_ready() || idle.sender.ready().await.is_ok() {
+                self.metrics.reused.inc();
+                return Ok((idle.sender, true));
+            }
+        }
+        Ok((self.connect().await?, false))
+    }
+
+    /// Opens a new connection and starts its task on the calling thread's runtime.
+    pub(crate) async fn connect(&self) -> Result<Sender, Error> {
+        let addr = self.addr;
+        let connecting = TcpStream::connect(addr);
+        let stream = match self.settings.connect_timeout {
+            Some(limit) => match tokio::time::timeout(limit, connecting).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(Error::UpstreamTimeout {
+                        addr,
+                        phase: "connect",
+                    });
+                }
+            },
+            None => connecting.await,
+        }
+        .map_err(|e| connect_error(addr, &e))?;
+        // Requests are written whole; waiting for an ACK (Nagle) would only add latency.
+        let _ = stream.set_nodelay(true);
+        let io = CountedConnection::new(stream, &self.metrics);
+        let (sender, connection) =
+            Builder::new()
+                .handshake(io)
+                .await
+                .map_err(|e| Error::UpstreamConnect {
+                    addr,
+                    reason: e.to_string(),
+                })?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(upstream = %addr, "upstream connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Gives back a connection whose response was read to its end, to this thread's slot.
+    /// `now` is when the response ended.
+    pub(crate) fn release(&self, sender: Sender, now: Instant) {
+        if sender.is_closed() || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut slot = self.slot();
+        if slot.len() < MAX_IDLE_PER_THREAD {
+            slot.push(Idle { sender, since: now });
+        }
+    }
+
+    fn expired(&self, idle: &Idle, now: Instant) -> bool {
+        self.settings
+            .idle_timeout
+            .is_some_and(|limit| now.saturating_duration_since(idle.since) >= limit)
+    }
+
+    /// Closes this thread's idle connections that are past the idle timeout or already
+    /// closed by the upstream. Called by each serving thread about once a second.
+    pub(crate) fn evict(&self, now: Instant) {
+        let expired: Vec<Idle> = {
+            let mut slot = self.slot();
+            if slot.is_empty() {
+                return;
+            }
+            let (keep, expired) = std::mem::take(&mut *slot)
+                .into_iter()
+                .partition(|idle| !idle.sender.is_closed() && !self.expired(idle, now));
+            *slot = keep;
+            expired
+        };
+        // Dropped outside the lock: each drop tells a connection task to close.
+        drop(expired);
+    }
+
+    /// The endpoint left the config: closes every idle connection and every one released
+    /// from now on.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        for slot in self.slots.iter() {
+            let idle = std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()));
+            drop(idle);
+        }
+    }
+
+    /// Idle connections in every slot (for tests and the idle gauge).
+    pub fn idle_count(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|s| s.lock().map_or(0, |v| v.len()))
+            .sum()
+    }
+}
+
+fn connect_error(addr: SocketAddr, err: &std::io::Error) -> Error {
+    if err.kind() == std::io::ErrorKind::TimedOut {
+        Error::UpstreamTimeout {
+            addr,
+            phase: "connect",
+        }
+    } else {
+        Error::UpstreamConnect {
+            addr,
+            reason: err.to_string(),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The upstream connection pool against a raw TCP upstream that counts its open connections
+//! and can close idle ones, as real upstreams do when their keep-alive timeout passes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tailguard_test_support::http1_client;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::support;
+
+/// A keep-alive HTTP/1.1 upstream written on raw sockets: answers every request head with
+/// `body_bytes` bytes, closes a connection that stays idle for `idle_close`, and counts
+/// connections accepted and open.
+struct RawUpstream {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+}
+
+impl RawUpstream {
+    async fn start(body_bytes: usize, idle_close: Option<Duration>) -> RawUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let (a, o) = (Arc::clone(&accepted), Arc::clone(&open));
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                a.fetch_add(1, Ordering::SeqCst);
+                o.fetch_add(1, Ordering::SeqCst);
+                let o = Arc::clone(&o);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    let response = {
+                        let mut r =
+                            format!("HTTP/1.1 200 OK\r\ncontent-length: {body_bytes}\r\n\r\n")
+                                .into_bytes();
+                        r.resize(r.len() + body_bytes, b'x');
+                        r
+                    };
+                    loop {
+                        let read = match idle_close {
+                            Some(limit) if buf.is_empty() => {
+                                match tokio::time::timeout(limit, stream.read(&mut chunk)).await {
+                                    Ok(r) => r,
+                                    Err(_) => break, // idle too long: close, as upstreams do
+                                }
+                            }
+                            _ => stream.read(&mut chunk).await,
+                        };
+                        let n = match read {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            if stream.write_all(&response).await.is_err() {
+                                o.fetch_sub(1, Ordering::SeqCst);
+                                return;
+                            }
+                        }
+                    }
+                    o.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        RawUpstream {
+            addr,
+            accepted,
+            open,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+/// Polls `f` every 20 ms for up to 5 s.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..250 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
+    let upstream = RawUpstream::start(5, Some(Duration::from_millis(50))).await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    for i in 1..=5 {
+        let (status, body) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+        assert_eq!((status, body.as_str()), (200, "xxxxx"), "request {i}");
+        // The upstream closes the pooled connection; the gateway must notice, not send on it.
+        eventually("the upstream closed its idle connection", || {
+            upstream.open() == 0
+        })
+        .await;
+    }
+    assert_eq!(upstream.accepted(), 5, "one new connection per request");
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let upstream = RawUpstream::start(5, None).await;
+    let (_server, url) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nidle_ms = 300\n",
+    ));
+    let client = http1_client();
+    for _ in 0..3 {
+        let (status, _) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        upstream.open(),
+        1,
+        "sequential requests share a pooled connection"
+    );
+    // The reaper runs every second; the connection is past 300 ms idle by its next round.
+    eventually("the gateway closed its idle upstream connection", || {
+        upstream.open() == 0
+    })
+    .await;
+    let (status, _) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        upstream.accepted(),
+        2,
+        "a new connection after the idle one closed"
+    );
+}
+
+#[tokio::test]
+async fn a_response_abandoned_mid_body_closes_its_upstream_connection() {
+    // 4 MiB: more than the sockets buffer, so the body is still streaming when dropped.
+    let upstream = RawUpstream::start(4 << 20, None).await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    {
+        let client = http1_client();
+        let resp = client
+            .request(support::get(&format!("{url}/big")))
+            .await
+            .expect("response head");
+        assert_eq!(resp.status(), 200);
+        // Dropped with the client: the gateway's downstream connection closes mid-body.
+    }
+    // The unread rest of the body must not be taken for the next response: that connection
+    // is closed, not pooled.
+    eventually("the abandoned upstream connection closed", || {
+        upstream.open() == 0
+    })
+    .await;
+    let client = http1_client();
+    let resp = client
+        .request(support::get(&format!("{url}/again")))
+        .await
+        .expect("response head");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(support::text(resp).await.len(), 4 << 20);
+    assert_eq!(upstream.accepted(), 2);
+}
+
+#[tokio::test]
+async fn a_reload_that_keeps_an_endpoint_keeps_its_warm_connections() {
+    let upstream = RawUpstream::start(5, None).await;
+    let config = support::proxy_to(&[upstream.addr], "");
+    let (server, url) = support::start(config.clone());
+    let client = http1_client();
+    let (status, _) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+    assert_eq!(status, 200);
+    server.reload(config).expect("same config reloads");
+    for _ in 0..3 {
+        let (status, _) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "the reload kept the pooled connection"
+    );
+
+    // A reload that drops the endpoint closes its idle connection at once.
+    let other = RawUpstream::start(5, None).await;
+    server
+        .reload(support::proxy_to(&[other.addr], ""))
+        .expect("reload to another endpoint");
+    eventually("the removed endpoint's idle connection closed", || {
+        upstream.open() == 0
+    })
+    .await;
+    let (status, _) = tailguard_test_support::get(&client, &format!("{url}/")).await;
+    assert_eq!(status, 200);
+    assert_eq!(other.accepted(), 1);
+}
