@@ -55,7 +55,15 @@ impl RetryBudget {
 
     /// Counts an original request.
     pub fn deposit(&self, now: Duration) {
-        self.with(now, |r| r.slots[(r.cur % 10) as usize].requests += 1);
+        self.deposit_many(now, 1);
+    }
+
+    /// Counts `n` original requests at once (for callers that count requests elsewhere,
+    /// e.g. per serving thread, and hand the total over when a retry is considered).
+    pub fn deposit_many(&self, now: Duration, n: u64) {
+        if n > 0 {
+            self.with(now, |r| r.slots[(r.cur % 10) as usize].requests += n);
+        }
     }
 
     /// Takes one retry from the budget if there is room.

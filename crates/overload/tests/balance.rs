@@ -111,3 +111,12 @@ fn retry_budget_is_ten_percent_plus_a_floor() {
     let granted = (0..100).filter(|_| b.try_withdraw(ms(11_500))).count();
     assert_eq!(granted, 30);
 }
+
+#[test]
+fn deposit_many_counts_like_single_deposits() {
+    let b = RetryBudget::new(0.1, 0);
+    b.deposit_many(ms(0), 200);
+    b.deposit_many(ms(0), 0);
+    let granted = (0..100).filter(|_| b.try_withdraw(ms(100))).count();
+    assert_eq!(granted, 20, "10 % of 200, no floor");
+}

@@ -9,21 +9,94 @@
 //!
 //! Layer-1 rejections never reach a breaker: a shed request is refused before routing
 //! completes, so it is never dispatched, and the breaker counts only dispatched requests.
+//!
+//! The retry budget of each upstream is the exception to "absent when off": retrying a
+//! connect failure on another endpoint is plain proxying, and the budget is what keeps it
+//! from multiplying an overload, so it exists in every mode (see [`Overload::may_retry`]).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderValue, Response, header::CONNECTION};
+use http::{HeaderValue, Method, Response, header::CONNECTION};
 use tailguard_metrics::Registry;
 use tailguard_overload::{
     Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig, OverloadMetrics,
-    OverloadMode, OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig, SamplerHandle, Shedder,
-    failure_status,
+    OverloadMode, OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig, RetryBudget, SamplerHandle,
+    Shedder, failure_status,
 };
 
 use crate::balance::{Balance, Outcome};
 use crate::error::Error;
 use crate::route::Router;
+use crate::shard::PerThread;
+
+/// Retries may add this share of an upstream's requests (SRE book: 10 %)...
+const RETRY_RATIO: f64 = 0.1;
+/// ...plus this many per second, so a quiet upstream can still retry a connect failure
+/// (research §9.4: a minimum of 3-10 per second).
+const RETRY_FLOOR_PER_SEC: u64 = 3;
+/// The budget's window (`RetryBudget` keeps 10 x 1 s).
+const RETRY_WINDOW: Duration = Duration::from_secs(10);
+
+/// The retry budget of one upstream. Requests are counted per serving thread (no line
+/// written by two threads on the request path); the totals reach the library's
+/// [`RetryBudget`] only when a retry is considered, which is rare (a connect failure).
+#[derive(Debug)]
+struct Retries {
+    requests: PerThread<AtomicU64>,
+    /// Requests already handed to the budget, and when (only touched by `may_retry`).
+    synced: Mutex<(u64, Duration)>,
+    budget: RetryBudget,
+}
+
+impl Retries {
+    fn new(now: Duration) -> Retries {
+        Retries {
+            requests: PerThread::new(|_| AtomicU64::new(0)),
+            synced: Mutex::new((0, now)),
+            budget: RetryBudget::new(RETRY_RATIO, RETRY_FLOOR_PER_SEC),
+        }
+    }
+
+    fn count(&self) {
+        self.requests.get().fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Hands the requests counted since the last call to the budget, then takes a retry.
+    fn withdraw(&self, now: Duration) -> bool {
+        let total: u64 = self
+            .requests
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum();
+        {
+            let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+            let (seen, at) = *synced;
+            let new = total.saturating_sub(seen);
+            // The budget files them under `now`; of a span longer than its window only the
+            // last window's share (at an even rate) may count.
+            let span = now.saturating_sub(at);
+            let recent = if span > RETRY_WINDOW {
+                (new as f64 * RETRY_WINDOW.as_secs_f64() / span.as_secs_f64()) as u64
+            } else {
+                new
+            };
+            self.budget.deposit_many(now, recent);
+            *synced = (total.max(seen), now);
+        }
+        self.budget.try_withdraw(now)
+    }
+}
+
+/// GET, HEAD, OPTIONS, PUT and DELETE: sending one twice has the effect of sending it once
+/// (RFC 9110 §9.2.2; TRACE too, but a gateway has no business retrying it).
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+    )
+}
 
 /// What a route needs on the request path, by route index.
 #[derive(Debug)]
@@ -43,6 +116,8 @@ pub struct Overload {
     metrics: Option<OverloadMetrics>,
     /// By route index (the router's precedence order); empty when off.
     routes: Vec<RouteGuard>,
+    /// Retry budgets by upstream index, in every mode; carried over reloads by name.
+    retries: Vec<(Arc<str>, Arc<Retries>)>,
 }
 
 impl Overload {
@@ -55,8 +130,27 @@ impl Overload {
         previous: Option<&Overload>,
         registry: &Registry,
     ) -> Overload {
+        let now = MonotonicClock.now();
+        let retries = upstream_names
+            .iter()
+            .map(|name| {
+                let kept = previous.and_then(|p| {
+                    p.retries
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, r)| Arc::clone(r))
+                });
+                (
+                    Arc::clone(name),
+                    kept.unwrap_or_else(|| Arc::new(Retries::new(now))),
+                )
+            })
+            .collect();
         let Some(shedder_config) = config.shedder_config() else {
-            return Overload::default();
+            return Overload {
+                retries,
+                ..Overload::default()
+            };
         };
         let reuse = previous.filter(|p| p.mode == config.mode && p.shedder.is_some());
         let shedder = match reuse.and_then(|p| p.shedder.clone()) {
@@ -138,6 +232,7 @@ impl Overload {
             sampler,
             metrics,
             routes,
+            retries,
         }
     }
 
@@ -152,6 +247,39 @@ impl Overload {
     /// The shedder (for metrics), when on.
     pub fn shedder(&self) -> Option<&Shedder> {
         self.shedder.as_ref()
+    }
+
+    /// Counts a request dispatched to upstream `upstream` (its index in the snapshot) in
+    /// the upstream's retry budget: call once per original request, not for a retry. Cost:
+    /// one relaxed add on this serving thread's own cache line.
+    pub fn count_request(&self, upstream: usize) {
+        if let Some((_, r)) = self.retries.get(upstream) {
+            r.count();
+        }
+    }
+
+    /// Whether a request to upstream `upstream` that failed to CONNECT may be retried once
+    /// on another endpoint: its method is idempotent (GET, HEAD, OPTIONS, PUT, DELETE), it
+    /// has no body, and the upstream's retry budget (10 % of its requests over 10 s plus 3
+    /// per second) has room; a `true` takes one retry from the budget. Only for connect
+    /// failures: the request never reached an upstream, so nothing was processed twice.
+    pub fn may_retry(&self, upstream: usize, method: &Method, has_body: bool) -> bool {
+        self.may_retry_at(MonotonicClock.now(), upstream, method, has_body)
+    }
+
+    fn may_retry_at(
+        &self,
+        now: Duration,
+        upstream: usize,
+        method: &Method,
+        has_body: bool,
+    ) -> bool {
+        if has_body || !idempotent(method) {
+            return false;
+        }
+        self.retries
+            .get(upstream)
+            .is_some_and(|(_, r)| r.withdraw(now))
     }
 
     /// Layer 1: admits or refuses a request for route `route` (None: no route matched; it
@@ -290,6 +418,81 @@ pub fn parse_mode(s: &str) -> Result<OverloadMode, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn off(names: &[&str], previous: Option<&Overload>) -> Overload {
+        let names: Vec<Arc<str>> = names.iter().map(|&n| Arc::from(n)).collect();
+        Overload::build(
+            &OverloadConfig::default(),
+            &Router::default(),
+            &names,
+            previous,
+            &Registry::new(),
+        )
+    }
+
+    fn granted(o: &Overload, now: Duration, upstream: usize) -> usize {
+        (0..1000)
+            .filter(|_| o.may_retry_at(now, upstream, &Method::GET, false))
+            .count()
+    }
+
+    #[test]
+    fn only_idempotent_requests_without_a_body_are_retried() {
+        let o = off(&["u"], None);
+        let now = MonotonicClock.now();
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            assert!(o.may_retry_at(now, 0, &m, false), "{m}");
+            assert!(!o.may_retry_at(now, 0, &m, true), "{m} with a body");
+        }
+        for m in [Method::POST, Method::PATCH, Method::CONNECT, Method::TRACE] {
+            assert!(!o.may_retry_at(now, 0, &m, false), "{m}");
+        }
+        assert!(!o.may_retry(1, &Method::GET, false), "no such upstream");
+    }
+
+    #[test]
+    fn retries_are_ten_percent_of_requests_plus_three_per_second() {
+        let o = off(&["a", "b"], None);
+        let now = MonotonicClock.now();
+        for _ in 0..500 {
+            o.count_request(0);
+        }
+        // 10 % of 500 + 3/s x 10 s; refused ones take nothing.
+        assert_eq!(granted(&o, now, 0), 50 + 30);
+        assert_eq!(granted(&o, now, 1), 30, "each upstream has its own budget");
+        // Requests counted later (on any thread) reach the budget at the next decision.
+        std::thread::scope(|s| {
+            s.spawn(|| (0..100).for_each(|_| o.count_request(0)));
+        });
+        assert_eq!(granted(&o, now, 0), 10);
+    }
+
+    #[test]
+    fn requests_counted_long_ago_only_count_for_the_last_window() {
+        let o = off(&["a"], None);
+        let start = o.retries[0].1.synced.lock().unwrap().1;
+        for _ in 0..1000 {
+            o.count_request(0);
+        }
+        // 1000 requests over 100 s: the last 10 s held ~100 of them.
+        assert_eq!(granted(&o, start + Duration::from_secs(100), 0), 10 + 30);
+    }
+
+    #[test]
+    fn a_reload_keeps_each_upstreams_budget_by_name() {
+        let first = off(&["a", "b"], None);
+        let now = MonotonicClock.now();
+        assert_eq!(granted(&first, now, 0), 30);
+        let second = off(&["c", "a"], Some(&first));
+        assert_eq!(granted(&second, now, 1), 0, "`a` kept its spent budget");
+        assert_eq!(granted(&second, now, 0), 30, "`c` is new");
+    }
 
     #[test]
     fn p2c_balance_prefers_the_faster_endpoint() {
