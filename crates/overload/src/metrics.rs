@@ -4,9 +4,11 @@
 //! breaker state, picks) in their own atomics, so the request path records nothing twice:
 //! a scrape hook, on the exporter's thread, copies the values into metric handles.
 //! Components are watched through `Weak` references, so a breaker or balancer dropped by
-//! a config reload simply stops being updated.
+//! a config reload simply stops being updated. The balancer family is registered by the
+//! first [`OverloadMetrics::watch_balancer`]: a gateway that counts picks itself (for any
+//! balancer) registers the same name and never watches one.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tailguard_metrics::{Family, FloatCounter, FloatGauge, Gauge, MetricsError, Registry};
 
@@ -48,13 +50,16 @@ struct Families {
     breaker_state: Family<Gauge>,
     breaker_ratio: Family<FloatGauge>,
     breaker_rejected: Family<FloatCounter>,
-    picks: Family<FloatCounter>,
+    /// Registered on the first `watch_balancer`.
+    picks: Arc<OnceLock<Family<FloatCounter>>>,
 }
 
 /// The overload metrics of one registry. Cheap to clone.
 #[derive(Clone)]
 pub struct OverloadMetrics {
     watched: Arc<Mutex<Watched>>,
+    registry: Registry,
+    picks: Arc<OnceLock<Family<FloatCounter>>>,
 }
 
 impl std::fmt::Debug for OverloadMetrics {
@@ -134,12 +139,9 @@ impl OverloadMetrics {
                 "Requests rejected by the adaptive breaker.",
                 &["upstream", "route"],
             )?,
-            picks: registry.float_counter(
-                "tailguard_balancer_picks",
-                "Endpoint picks by the p2c-EWMA balancer.",
-                &["upstream", "endpoint"],
-            )?,
+            picks: Arc::new(OnceLock::new()),
         };
+        let picks = Arc::clone(&f.picks);
         let watched = Arc::new(Mutex::new(Watched::default()));
         let hook_watched = Arc::downgrade(&watched);
         registry.on_scrape(move || {
@@ -148,7 +150,11 @@ impl OverloadMetrics {
                 mirror(&f, &mut w);
             }
         });
-        Ok(Self { watched })
+        Ok(Self {
+            watched,
+            registry: registry.clone(),
+            picks,
+        })
     }
 
     fn with(&self, f: impl FnOnce(&mut Watched)) {
@@ -173,15 +179,27 @@ impl OverloadMetrics {
         });
     }
 
-    /// Shows a balancer's picks per endpoint (`names` in endpoint order) while it lives.
+    /// Shows a balancer's picks per endpoint (`names` in endpoint order) while it lives, as
+    /// `tailguard_balancer_picks_total{upstream, endpoint}` (registered by the first call;
+    /// an error if the registry already has that name).
     pub fn watch_balancer<E: Send + Sync + 'static>(
         &self,
         upstream: &str,
         names: Vec<String>,
         p2c: &Arc<P2c<E>>,
-    ) {
+    ) -> Result<(), MetricsError> {
+        if self.picks.get().is_none() {
+            let family = self.registry.float_counter(
+                "tailguard_balancer_picks",
+                "Endpoint picks by the p2c-EWMA balancer.",
+                &["upstream", "endpoint"],
+            )?;
+            // Two racing first calls: the loser's registration already failed above.
+            let _ = self.picks.set(family);
+        }
         let weak: Weak<dyn PickCounts> = Arc::downgrade(p2c) as Weak<dyn PickCounts>;
         self.with(|w| w.balancers.push((upstream.into(), names, weak)));
+        Ok(())
     }
 }
 
@@ -235,10 +253,11 @@ fn mirror(f: &Families, w: &mut Watched) {
         }
     }
     w.balancers.retain(|(_, _, p)| p.strong_count() > 0);
+    let Some(picks) = f.picks.get() else { return };
     for (upstream, names, p) in &w.balancers {
         let Some(p) = p.upgrade() else { continue };
         for (i, name) in names.iter().enumerate() {
-            if let Ok(h) = f.picks.get_or_create(&[upstream.as_str(), name.as_str()]) {
+            if let Ok(h) = picks.get_or_create(&[upstream.as_str(), name.as_str()]) {
                 h.set(p.picks(i) as f64);
             }
         }

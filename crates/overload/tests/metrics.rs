@@ -40,11 +40,17 @@ fn a_scrape_shows_shedder_breaker_and_balancer_state() {
         vec!["10.0.0.1:80", "10.0.0.2:80"],
         P2cConfig::default(),
     ));
-    metrics.watch_balancer(
-        "users",
-        vec!["10.0.0.1:80".into(), "10.0.0.2:80".into()],
-        &p2c,
-    );
+    metrics
+        .watch_balancer(
+            "users",
+            vec!["10.0.0.1:80".into(), "10.0.0.2:80".into()],
+            &p2c,
+        )
+        .unwrap();
+    let again = Arc::new(P2c::new(vec!["10.0.0.3:80"], P2cConfig::default()));
+    metrics
+        .watch_balancer("orders", vec!["10.0.0.3:80".into()], &again)
+        .expect("the family is registered once, by the first call");
     drop(p2c.pick(ms(0)));
 
     let text = String::from_utf8(registry.render(Format::Text)).unwrap();
@@ -76,4 +82,28 @@ fn a_scrape_shows_shedder_breaker_and_balancer_state() {
     drop(breaker);
     let _ = registry.render(Format::Text);
     assert!(weak.upgrade().is_none());
+}
+
+#[test]
+fn the_balancer_family_is_registered_only_by_a_watch() {
+    // A gateway counting picks itself (any balancer) registers the name, never watching.
+    let registry = Registry::builder()
+        .self_metrics_prefix(None)
+        .build()
+        .unwrap();
+    let metrics = OverloadMetrics::register(&registry).unwrap();
+    registry
+        .counter(
+            "tailguard_balancer_picks",
+            "picks counted by the caller",
+            &["upstream", "endpoint"],
+        )
+        .expect("the name is free");
+    let p2c = Arc::new(P2c::new(vec!["a"], P2cConfig::default()));
+    assert!(
+        metrics.watch_balancer("u", vec!["a".into()], &p2c).is_err(),
+        "the name is taken: a clear error, not a second family"
+    );
+    let text = String::from_utf8(registry.render(Format::Text)).unwrap();
+    assert!(text.contains("# HELP tailguard_balancer_picks_total picks counted by the caller"));
 }

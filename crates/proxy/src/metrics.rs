@@ -68,6 +68,9 @@ pub(crate) struct RouteHandles {
 #[derive(Debug)]
 pub(crate) struct EndpointHandles {
     duration: Histogram,
+    /// `tailguard_balancer_picks_total`: every pick of this endpoint by the upstream's
+    /// balancer (round robin or p2c-EWMA), counted when the request's record is finished.
+    picks: Counter,
 }
 
 /// An endpoint by upstream name and address.
@@ -90,6 +93,7 @@ pub struct GatewayMetrics {
     requests: Family<Counter>,
     duration: Family<Histogram>,
     upstream_duration: Family<Histogram>,
+    picks: Family<Counter>,
     bytes_in: Family<Counter>,
     bytes_out: Family<Counter>,
     in_flight: Gauge,
@@ -134,6 +138,13 @@ impl GatewayMetrics {
             "From dispatch to an endpoint to its response head (or failure).",
             &["upstream", "endpoint"],
             &LATENCY_BUCKETS,
+        )?;
+        // The name the overload crate's `watch_balancer` would use; the gateway counts picks
+        // here for every balancer instead, and never watches one.
+        let picks = r.counter(
+            "tailguard_balancer_picks",
+            "Endpoint picks by the upstream's balancer (round robin or p2c-EWMA).",
+            &["upstream", "endpoint"],
         )?;
         let bytes_in = r.counter(
             "tailguard_request_body_bytes",
@@ -223,6 +234,7 @@ impl GatewayMetrics {
             requests,
             duration,
             upstream_duration,
+            picks,
             bytes_in,
             bytes_out,
             in_flight,
@@ -282,11 +294,14 @@ impl GatewayMetrics {
         if let Some(found) = endpoints.get(&key) {
             return Ok(Arc::clone(found));
         }
+        let addr_label = addr.to_string();
+        let labels = [&**upstream, addr_label.as_str()];
         let handles = Arc::new(EndpointHandles {
             duration: self
                 .upstream_duration
-                .get_or_create(&[upstream, &addr.to_string()])
+                .get_or_create(&labels)
                 .map_err(internal)?,
+            picks: self.picks.get_or_create(&labels).map_err(internal)?,
         });
         endpoints.insert(key, Arc::clone(&handles));
         Ok(handles)
@@ -412,10 +427,13 @@ pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) 
     let (bytes_in, bytes_out) = (record.bytes_in(), record.bytes_out);
     route.bytes_in.add(bytes_in);
     route.bytes_out.add(bytes_out);
-    if let (Some((u, e)), Some(upstream)) = (record.endpoint, record.upstream_time)
+    if let Some((u, e)) = record.endpoint
         && let Some(endpoint) = m.endpoints.get(u).and_then(|es| es.get(e))
     {
-        endpoint.duration.observe_duration(upstream);
+        endpoint.picks.inc();
+        if let Some(upstream) = record.upstream_time {
+            endpoint.duration.observe_duration(upstream);
+        }
     }
     if let Some(synthetic) = m.gateway.synthetic.get() {
         synthetic.record(bytes_in, bytes_out, elapsed, record.upstream_time);

@@ -152,7 +152,7 @@ async fn p2c_ewma_prefers_the_fast_endpoint() {
     let fast = Upstream::start().await;
     let mut config = proxy_to(&[slow.addr, fast.addr], "");
     config.upstreams[0].balance = tailguard_proxy::config::BalanceKind::P2cEwma;
-    let (_server, url) = start(config);
+    let (server, url) = start(config);
     let client = http1_client();
     for _ in 0..40 {
         assert_eq!(get(&client, &url).await.0, 200);
@@ -165,6 +165,43 @@ async fn p2c_ewma_prefers_the_fast_endpoint() {
         slow.requests(),
         fast.requests()
     );
+    // Every pick is in the scrape, per endpoint (counted as each request's record ends).
+    for (addr, n) in [(slow.addr, slow.requests()), (fast.addr, fast.requests())] {
+        let line =
+            format!("tailguard_balancer_picks_total{{upstream=\"up\",endpoint=\"{addr}\"}} {n}");
+        eventually(|| scrape(&server).lines().any(|l| l == line)).await;
+    }
+}
+
+fn scrape(server: &tailguard_proxy::Server) -> String {
+    String::from_utf8(
+        server
+            .gateway()
+            .metrics()
+            .registry()
+            .render(tailguard_metrics::Format::Text),
+    )
+    .expect("the text exposition is UTF-8")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_picks_are_counted_per_endpoint_in_every_mode() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead); // nothing listens: a connect failure is a pick too
+    let (server, url) = start(proxy_to(&[a.addr, b.addr, dead_addr], ""));
+    let client = http1_client();
+    for _ in 0..9 {
+        get(&client, &url).await;
+    }
+    for addr in [a.addr, b.addr, dead_addr] {
+        let line =
+            format!("tailguard_balancer_picks_total{{upstream=\"up\",endpoint=\"{addr}\"}} 3");
+        eventually(|| scrape(&server).lines().any(|l| l == line)).await;
+    }
+    assert_eq!(a.requests() + b.requests(), 6);
 }
 
 #[test]
