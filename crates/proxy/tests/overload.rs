@@ -188,9 +188,12 @@ fn scrape(server: &tailguard_proxy::Server) -> String {
 async fn round_robin_picks_are_counted_per_endpoint_in_every_mode() {
     let a = Upstream::start().await;
     let b = Upstream::start().await;
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_addr = dead.local_addr().unwrap();
-    drop(dead); // nothing listens: a connect failure is a pick too
+    // Bound but never listening: the port stays ours (no other test can take it) and a
+    // connect is refused. A connect failure is a pick too.
+    let dead = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    dead.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let dead_addr = dead.local_addr().unwrap().as_socket().unwrap();
     let (server, url) = start(proxy_to(&[a.addr, b.addr, dead_addr], ""));
     let client = http1_client();
     for _ in 0..9 {
@@ -202,6 +205,7 @@ async fn round_robin_picks_are_counted_per_endpoint_in_every_mode() {
         eventually(|| scrape(&server).lines().any(|l| l == line)).await;
     }
     assert_eq!(a.requests() + b.requests(), 6);
+    drop(dead);
 }
 
 #[test]
