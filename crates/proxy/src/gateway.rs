@@ -298,7 +298,11 @@ pub(crate) async fn serve(
             return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
         }
     };
-    match forward(held.snapshot(), &conn, req, &mut record).await {
+    // Boxed: the forwarding future is ~3 KB (rustc keeps the locals of every await point of
+    // the nested async fns side by side) and hyper moves the request's future into its slot
+    // on every request: 1 KB moved with this box, 7.6 KB without.
+    let forwarding = Box::pin(forward(held.snapshot(), &conn, req, &mut record));
+    match forwarding.await {
         Ok((resp, first, sender)) => {
             admitted.served();
             let (parts, body) = resp.into_parts();
@@ -527,7 +531,7 @@ async fn exchange(
         Ok(resp) => Ok((resp, sender)),
         Err(mut e) => match e.take_message() {
             Some(unsent) if reused => {
-                let mut sender = pool.connect().await?;
+                let mut sender = Box::pin(pool.connect()).await?;
                 match sender.send_request(unsent).await {
                     Ok(resp) => Ok((resp, sender)),
                     Err(e) => Err(classify(&e, pool.addr())),

@@ -21,6 +21,11 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 /// Removes the hop-by-hop headers: the fixed list of RFC 9110 §7.6.1 and every header the
 /// `Connection` header names.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass comparing names (standard names compare as enum
+    // tags) is cheaper than hashing each of the six names to look it up.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     if headers.contains_key(CONNECTION) {
         // Collected first because the map cannot be changed while its values are borrowed;
         // this allocation happens only when a client sends `Connection`.
@@ -41,6 +46,15 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(TE);
     headers.remove(TRANSFER_ENCODING);
     headers.remove(UPGRADE);
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == CONNECTION
+        || name == TE
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name == KEEP_ALIVE
+        || name == PROXY_CONNECTION
 }
 
 /// The `Via` entry this gateway adds for a message received with `version`.

@@ -112,7 +112,9 @@ impl EndpointPool {
                 return Ok((idle.sender, true));
             }
         }
-        Ok((self.connect().await?, false))
+        // Boxed: only a request that opens a connection pays for the connect path's state
+        // (~300 bytes), instead of every request's future carrying it.
+        Ok((Box::pin(self.connect()).await?, false))
     }
 
     /// Opens a new connection and starts its task on the calling thread's runtime.
