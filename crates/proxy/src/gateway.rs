@@ -472,19 +472,33 @@ async fn forward(
     let body = RequestBody::new(body, limits.body_bytes, count);
 
     let breaker = snap.overload.dispatch(route_index)?;
+    snap.overload.count_request(route.upstream);
     let dispatched = Instant::now();
     let waiting = snap.metrics.gateway.upstream_dispatched();
-    let exchange = exchange(&endpoint.pool, Request::from_parts(parts, body), dispatched);
-    let result = match snap.request_timeout {
+    let exchange = exchange(
+        snap,
+        route.upstream,
+        endpoint_index,
+        Request::from_parts(parts, body),
+        dispatched,
+    );
+    let (result, endpoint_index) = match snap.request_timeout {
         Some(limit) => match tokio::time::timeout(limit, exchange).await {
             Ok(r) => r,
-            Err(_) => Err(Error::UpstreamTimeout {
-                addr: endpoint.addr,
-                phase: "request",
-            }),
+            Err(_) => (
+                Err(Error::UpstreamTimeout {
+                    addr: endpoint.addr,
+                    phase: "request",
+                }),
+                // A retry that timed out was on another endpoint; the record names the
+                // first (the rare case of a retry is in the log line's reason).
+                endpoint_index,
+            ),
         },
         None => exchange.await,
     };
+    let endpoint = &upstream.endpoints[endpoint_index];
+    record.endpoint = Some((route.upstream, endpoint_index));
     let elapsed = dispatched.elapsed();
     drop(waiting);
     record.upstream_time = Some(elapsed);
@@ -518,28 +532,107 @@ async fn forward(
     Ok((resp, first, sender))
 }
 
-/// Sends a request on a pooled connection (or a new one) and waits for the response head.
-/// A request that an idle connection could not take (the upstream closed it as it was
-/// taken: the request was not written) goes once more, on a new connection.
+/// Sends a request to endpoint `first` of upstream `upstream_index` on a pooled connection
+/// (or a new one) and waits for the response head; returns the endpoint that answered.
+///
+/// Two failures are safe to retry because the request was not written:
+/// - an idle connection the upstream closed as it was taken: once more, on a new connection
+///   to the same endpoint;
+/// - a failed connect: once, on another endpoint, if the request is idempotent, has no body,
+///   and the upstream's retry budget (10 % of its requests plus a floor) allows it, so
+///   retries cannot multiply the load on an upstream that is failing.
 async fn exchange(
-    pool: &EndpointPool,
+    snap: &Snapshot,
+    upstream_index: usize,
+    first: usize,
     req: Request<RequestBody>,
     now: Instant,
-) -> Result<(Response<Incoming>, Sender), Error> {
-    let (mut sender, reused) = pool.checkout(now).await?;
-    match sender.try_send_request(req).await {
+) -> (Result<(Response<Incoming>, Sender), Error>, usize) {
+    let upstream = &snap.upstreams[upstream_index];
+    let pool = &upstream.endpoints[first].pool;
+    let (mut sender, reused) = match pool.checkout(now).await {
+        Ok(checked_out) => checked_out,
+        Err(e) => {
+            let retry_on = retry_endpoint(snap, upstream_index, first, &req, &e);
+            let Some(next) = retry_on else {
+                return (Err(e), first);
+            };
+            upstream
+                .balance
+                .complete(first, Outcome::ConnectFailed, now.elapsed());
+            snap.metrics.picked(upstream_index, first);
+            tracing::debug!(
+                target: "tailguard::request",
+                upstream = %upstream.name,
+                failed = %pool.addr(),
+                retry = %upstream.endpoints[next].addr,
+                "connect failed, retrying on another endpoint: {e}"
+            );
+            let next_pool = &upstream.endpoints[next].pool;
+            return match Box::pin(next_pool.checkout(now)).await {
+                Ok((mut sender, _)) => match sender.send_request(req).await {
+                    Ok(resp) => (Ok((resp, sender)), next),
+                    Err(e) => (Err(classify(&e, next_pool.addr())), next),
+                },
+                Err(e) => (Err(e), next),
+            };
+        }
+    };
+    let result = match sender.try_send_request(req).await {
         Ok(resp) => Ok((resp, sender)),
         Err(mut e) => match e.take_message() {
-            Some(unsent) if reused => {
-                let mut sender = Box::pin(pool.connect()).await?;
-                match sender.send_request(unsent).await {
+            Some(unsent) if reused => match Box::pin(pool.connect()).await {
+                Ok(mut sender) => match sender.send_request(unsent).await {
                     Ok(resp) => Ok((resp, sender)),
                     Err(e) => Err(classify(&e, pool.addr())),
-                }
-            }
+                },
+                Err(e) => Err(e),
+            },
             _ => Err(classify(e.error(), pool.addr())),
         },
+    };
+    (result, first)
+}
+
+/// The endpoint to retry a failed connect on, if the request may be retried: the
+/// balancer's next pick that is not `failed`.
+fn retry_endpoint<B: http_body::Body>(
+    snap: &Snapshot,
+    upstream_index: usize,
+    failed: usize,
+    req: &Request<B>,
+    err: &Error,
+) -> Option<usize> {
+    let upstream = &snap.upstreams[upstream_index];
+    let n = upstream.endpoints.len();
+    let connect_failed = matches!(
+        err,
+        Error::UpstreamConnect { .. }
+            | Error::UpstreamTimeout {
+                phase: "connect",
+                ..
+            }
+    );
+    if n < 2
+        || !connect_failed
+        || !snap
+            .overload
+            .may_retry(upstream_index, req.method(), !req.body().is_end_stream())
+    {
+        return None;
     }
+    // Every pick is completed exactly once (the balancer counts in-flight requests): a pick
+    // of the failed endpoint is released unused, and after two such picks there is no retry.
+    for _ in 0..2 {
+        let pick = upstream.balance.pick();
+        if pick != failed {
+            return Some(pick);
+        }
+        upstream
+            .balance
+            .complete(pick, Outcome::Aborted, Duration::ZERO);
+    }
+    None
 }
 
 /// Bodies up to this size are read ahead (one frame) before the response head is sent.

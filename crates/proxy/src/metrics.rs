@@ -412,6 +412,16 @@ impl SnapshotMetrics {
     }
 }
 
+impl SnapshotMetrics {
+    /// Counts a pick of an endpoint whose request then went elsewhere (a connect retry):
+    /// the endpoint that answers is counted when the request finishes.
+    pub(crate) fn picked(&self, upstream: usize, endpoint: usize) {
+        if let Some(e) = self.endpoints.get(upstream).and_then(|es| es.get(endpoint)) {
+            e.picks.inc();
+        }
+    }
+}
+
 /// Records a finished request: called once per request from [`crate::record::finish`].
 pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
     let m = &snapshot.metrics;

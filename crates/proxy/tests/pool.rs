@@ -210,3 +210,52 @@ async fn a_reload_that_keeps_an_endpoint_keeps_its_warm_connections() {
     assert_eq!(status, 200);
     assert_eq!(other.accepted(), 1);
 }
+
+/// A bound socket that does not listen: connecting to it is refused, and no other test can
+/// take its port while it lives.
+fn refusing_endpoint() -> (socket2::Socket, SocketAddr) {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    let addr = socket
+        .local_addr()
+        .expect("addr")
+        .as_socket()
+        .expect("inet");
+    (socket, addr)
+}
+
+#[tokio::test]
+async fn a_refused_connect_is_retried_on_another_endpoint_for_idempotent_requests_only() {
+    let (_dead_socket, dead) = refusing_endpoint();
+    let live = RawUpstream::start(5, None).await;
+    let (_server, url) = support::start(support::proxy_to(&[dead, live.addr], ""));
+    let client = http1_client();
+    // Round robin sends every other request to the dead endpoint first: each of those is
+    // retried on the live one (within the budget's floor of a few retries per second).
+    for i in 0..6 {
+        let (status, body) = tailguard_test_support::get(&client, &format!("{url}/{i}")).await;
+        assert_eq!((status, body.as_str()), (200, "xxxxx"), "GET {i}");
+    }
+    // A POST with a body is not retried: the one that lands on the dead endpoint gets 502.
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let req = http::Request::post(format!("{url}/post"))
+            .body(http_body_util::BodyExt::boxed(http_body_util::Full::new(
+                bytes::Bytes::from_static(b"payload"),
+            )))
+            .expect("request");
+        statuses.push(
+            client
+                .request(req)
+                .await
+                .expect("response")
+                .status()
+                .as_u16(),
+        );
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 502]);
+}
