@@ -15,6 +15,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
+use arc_swap::ArcSwapOption;
+
 use crate::access_log::AccessLogs;
 use crate::config::{Config, Limits, Timeouts};
 use crate::error::Error;
@@ -37,6 +39,7 @@ pub struct Server {
     accept_tasks: Vec<JoinHandle<()>>,
     graceful: Arc<GracefulShutdown>,
     access_logs: AccessLogs,
+    listeners: Vec<Arc<ListenerShared>>,
     serving: Vec<ServingThread>,
 }
 
@@ -75,9 +78,32 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
 
 /// One configured listener, as every serving thread shares it.
 struct ListenerShared {
-    tls: Option<TlsAcceptor>,
+    /// Swapped by a reload (certificate rotation); each connection loads it once.
+    tls: ArcSwapOption<TlsAcceptor>,
     permits: Arc<Semaphore>,
     access_log: AccessLog,
+}
+
+impl std::fmt::Debug for ListenerShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerShared")
+            .field("tls", &self.tls.load().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The TLS acceptor of a listener's config (`None` for plain TCP).
+fn tls_acceptor(
+    config: &Config,
+    listener: &crate::config::ListenerConfig,
+) -> Result<Option<Arc<TlsAcceptor>>, Error> {
+    listener
+        .tls
+        .as_ref()
+        .map(|t| {
+            crate::tls::server_config(&config.base_dir, t).map(|c| Arc::new(TlsAcceptor::from(c)))
+        })
+        .transpose()
 }
 
 /// A serving thread: its own current-thread tokio runtime, kept until shutdown.
@@ -154,15 +180,9 @@ impl Server {
         let access_logs = AccessLogs::start(&config, Some(&log_metrics))?;
         let mut shared = Vec::new();
         for (i, l) in config.listeners.iter().enumerate() {
-            let tls = match &l.tls {
-                Some(t) => Some(TlsAcceptor::from(crate::tls::server_config(
-                    &config.base_dir,
-                    t,
-                )?)),
-                None => None,
-            };
+            let tls = tls_acceptor(&config, l)?;
             shared.push(Arc::new(ListenerShared {
-                tls,
+                tls: ArcSwapOption::new(tls),
                 permits: Arc::new(Semaphore::new(config.limits.connections)),
                 access_log: access_logs.for_listener(i),
             }));
@@ -214,7 +234,7 @@ impl Server {
         for (addr, l) in addrs.iter().zip(&shared) {
             tracing::info!(
                 "tailguard: listening on {addr}{}",
-                if l.tls.is_some() { " (tls)" } else { "" }
+                if l.tls.load().is_some() { " (tls)" } else { "" }
             );
         }
         Ok(Server {
@@ -225,6 +245,7 @@ impl Server {
             accept_tasks,
             graceful,
             access_logs,
+            listeners: shared,
             serving,
         })
     }
@@ -240,22 +261,42 @@ impl Server {
     }
 
     /// Swaps in a new config: routes, upstreams, timeouts of the upstream side and limits
-    /// checked per request. Listeners are bound once; a changed listener list is logged and
-    /// needs a restart.
+    /// checked per request, and the certificates of TLS listeners (a renewed certificate is
+    /// served to every connection accepted after the reload). Listeners are bound once: a
+    /// changed listener list is logged and needs a restart. Nothing changes unless the whole
+    /// config (certificates included) loads.
     pub fn reload(&self, config: Config) -> Result<(), Error> {
         let listen: Vec<String> = config
             .listeners
             .iter()
             .map(|l| l.address.get_ref().clone())
             .collect();
-        if listen != self.listen_config {
+        let same_listeners = listen == self.listen_config;
+        if !same_listeners {
             tracing::warn!(
                 "reload: listener changes need a restart; keeping {:?}",
                 self.listen_config
             );
         }
+        let tls: Vec<Option<Arc<TlsAcceptor>>> = if same_listeners {
+            let loaded: Result<Vec<_>, Error> = config
+                .listeners
+                .iter()
+                .map(|l| tls_acceptor(&config, l))
+                .collect();
+            if loaded.is_err() {
+                self.gateway.metrics().reloaded(false);
+            }
+            loaded?
+        } else {
+            Vec::new()
+        };
         self.access_logs.warn_if_changed(&config);
-        self.gateway.reload(config)
+        self.gateway.reload(config)?;
+        for (listener, acceptor) in self.listeners.iter().zip(tls) {
+            listener.tls.store(acceptor);
+        }
+        Ok(())
     }
 
     /// Reopens every access log file (SIGUSR1, after logrotate renamed it).
@@ -376,6 +417,7 @@ impl Acceptor {
                 },
             };
             let _ = stream.set_nodelay(true);
+            let tls = shared.tls.load_full();
             let counted = self.gateway.metrics().connection_opened();
             let watcher = self.graceful.watcher();
             let ctx = Arc::new(ConnCtx {
@@ -383,11 +425,10 @@ impl Acceptor {
                 gateway: Arc::clone(&self.gateway),
                 remote,
                 remote_ip: crate::headers::client_address(remote.ip()),
-                tls: shared.tls.is_some(),
+                tls: tls.is_some(),
                 access_log: shared.access_log.clone(),
             });
             let builder = Arc::clone(&self.builder);
-            let tls = shared.tls.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 let _counted = counted;
@@ -399,7 +440,7 @@ impl Acceptor {
 
 async fn serve_connection(
     stream: TcpStream,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<TlsAcceptor>>,
     ctx: Arc<ConnCtx>,
     builder: Arc<Builder>,
     watcher: hyper_util::server::graceful::Watcher,

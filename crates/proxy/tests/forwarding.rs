@@ -267,3 +267,42 @@ async fn a_stream_of_unknown_length_gets_its_head_before_its_body() {
     release.send(()).unwrap();
     assert_eq!(support::text(resp).await, "hello");
 }
+
+#[tokio::test]
+async fn a_reload_serves_a_renewed_certificate_and_keeps_the_old_one_on_error() {
+    let old_dir = tempfile::tempdir().unwrap();
+    let new_dir = tempfile::tempdir().unwrap();
+    let old = TestCert::generate(old_dir.path());
+    let new = TestCert::generate(new_dir.path());
+    let upstream = Upstream::start().await;
+    let config_with = |cert: &std::path::Path, key: &std::path::Path| {
+        support::config(&format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{}\", key = \"{}\" }}\n\n[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n[[routes]]\nid = \"r\"\nupstream = \"up\"\n",
+            cert.display(),
+            key.display(),
+            upstream.addr
+        ))
+    };
+    let (server, _) = support::start(config_with(&old.cert_path, &old.key_path));
+    let addr = server.local_addrs()[0];
+    let (_, status, _) = tls_get(addr, &old.cert_der, &[b"http/1.1"], "/").await;
+    assert_eq!(status, 200);
+
+    // The key file changes between validation and the swap (a renewal half written): the
+    // reload fails as a whole and the old certificate stays.
+    let renewed = config_with(&new.cert_path, &new.key_path);
+    let new_key = std::fs::read(&new.key_path).unwrap();
+    std::fs::copy(&old.key_path, &new.key_path).unwrap();
+    assert!(server.reload(renewed.clone()).is_err());
+    let (_, status, _) = tls_get(addr, &old.cert_der, &[b"http/1.1"], "/").await;
+    assert_eq!(status, 200, "still the old certificate");
+
+    // The renewed certificate: new connections are served with it (a client trusting only
+    // the new one completes its handshake).
+    std::fs::write(&new.key_path, new_key).unwrap();
+    server
+        .reload(renewed)
+        .expect("reload with the renewed certificate");
+    let (_, status, _) = tls_get(addr, &new.cert_der, &[b"h2"], "/").await;
+    assert_eq!(status, 200);
+}
