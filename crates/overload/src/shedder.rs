@@ -16,7 +16,7 @@
 //!
 //! Two modes:
 //! - [`Mode::Adaptive`]: hot on CPU >= threshold with a queue for a whole bucket (once
-//!   shedding, CPU down to threshold − hysteresis is enough), 1 s cool-off after a drop, or
+//!   shedding, the CPU alone), 1 s cool-off after a drop, or
 //!   in-flight above `8·C + cores` for ten ticks (no CPU needed); gate on the
 //!   *instantaneous* in-flight count against `L·m(class)`; RT in microseconds, `minRt` over
 //!   30 s of buckets with >= 5 samples; `L = C·f(u) + cores`. Above the cap `10·C + cores` a
@@ -142,10 +142,6 @@ pub struct ShedderConfig {
     pub hard_cap_dwell: Duration,
     /// Consecutive ticks above the trigger level before the controller turns hot.
     pub hard_trigger_dwell: u32,
-    /// Hysteresis in millicpu (adaptive): once hot with something shed, CPU at or above
-    /// `threshold − hysteresis` keeps it hot, so a gate that holds the CPU just under the
-    /// threshold does not open and close.
-    pub hysteresis: u32,
     /// Limit multipliers for [`Class::Low`], [`Class::Normal`], [`Class::High`].
     pub multipliers: [f64; 3],
 }
@@ -173,7 +169,6 @@ impl ShedderConfig {
             // applied to any rise); only a rise faster than 2.5x the capacity is capped.
             hard_cap: 10.0,
             hard_cap_dwell: Duration::from_millis(25),
-            hysteresis: 50,
             multipliers: [0.5, 1.0, 1.5],
         }
     }
@@ -188,7 +183,6 @@ impl ShedderConfig {
             hard_trigger_dwell: 0,
             hard_cap: 0.0,
             hard_cap_dwell: Duration::ZERO,
-            hysteresis: 0,
             multipliers: [1.0, 1.0, 1.0],
             ..Self::adaptive()
         }
@@ -200,12 +194,6 @@ impl ShedderConfig {
             return Err(Error::Config(format!(
                 "threshold must be in 1..1000 millicpu, got {}",
                 self.threshold
-            )));
-        }
-        if self.hysteresis >= self.threshold {
-            return Err(Error::Config(format!(
-                "hysteresis ({}) must be below the threshold ({})",
-                self.hysteresis, self.threshold
             )));
         }
         if self.bucket.is_zero() || self.buckets < 2 {
@@ -689,17 +677,17 @@ impl Controller {
         // Adaptive: the CPU alone is not enough to turn hot; the group must also have
         // queued for the last bucket (no admission found in-flight at or under `C + cores`).
         // At 0.8x load the smoothed CPU touches the threshold now and then (a 600 s
-        // simulation read 0.904 once), while in-flight still drains every few ms.
+        // simulation read 0.904 once), while in-flight still drains every few ms. A group
+        // already shedding stays hot on the CPU alone (its gate keeps in-flight under
+        // `C + cores`, so it never looks queued).
         let queued = cfg.mode == Mode::GoZero
             || as_nanos(now).saturating_sub(self.flight.calm_at.load(Ordering::Relaxed))
-                >= as_nanos(cfg.bucket);
-        let overloaded = (cpu >= cfg.threshold && queued)
-            || (cfg.mode == Mode::Adaptive
-                && cpu >= cfg.threshold - cfg.hysteresis
-                && self.gate.dropped[0].load(Ordering::Relaxed)
+                >= as_nanos(cfg.bucket)
+            || (self.gate.dropped[0].load(Ordering::Relaxed)
                 && (self.gate.overloaded.load(Ordering::Relaxed)
                     || self.gate.forced.load(Ordering::Relaxed)
                     || self.still_hot(now, 0)));
+        let overloaded = cpu >= cfg.threshold && queued;
         let high_threshold = (cfg.threshold + 1000) / 2;
         self.gate.overloaded.store(overloaded, Ordering::Relaxed);
         self.gate
