@@ -436,6 +436,7 @@ scenarios!(
     spike_1s,
     recovery,
     below_capacity,
+    near_capacity,
     bimodal_routes,
     noisy_neighbour,
     failing_cpu_reader,
