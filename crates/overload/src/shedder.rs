@@ -19,7 +19,8 @@
 //!   shedding, the CPU alone), 1 s cool-off after a drop, or
 //!   in-flight above `8·C + cores` for ten ticks (no CPU needed); gate on the
 //!   *instantaneous* in-flight count against `L·m(class)`; RT in microseconds, `minRt` over
-//!   30 s of buckets with >= 5 samples; `L = C·f(u) + cores`. Above the cap `10·C + cores` a
+//!   30 s of buckets with >= 5 samples; `L = C·f(u) + cores + allowance` (the allowance
+//!   grows while the gate sheds with the CPU under the threshold). Above the cap `10·C + cores` a
 //!   request is rejected even while cold if the backlog got there faster than 2.5x the
 //!   capacity could build it (an onset, seen in the first milliseconds, before any tick or
 //!   CPU sample), and always above twice the cap; a burst of a sub-capacity load climbs more
@@ -369,6 +370,13 @@ struct Window {
     min_rt: f64,
     capacity: f64,
     cpu: u32,
+    /// Queue allowance added to `L` (adaptive): grows while the gate sheds and the CPU is
+    /// under the threshold, halves while the CPU is saturated.
+    allowance: f64,
+    /// Shed total at the last tick.
+    shed_seen: u64,
+    /// The last tick with the CPU at or above the threshold.
+    cpu_hot_at: Option<Duration>,
 }
 
 /// The adaptive shedder of one route group. Share it as `Arc<Controller>`.
@@ -708,7 +716,38 @@ impl Controller {
                 // idle between random arrivals (at 1.5x, in-flight <= 3 on 2 cores carries
                 // ~84 % of capacity, <= 5 carries ~94 %), which drops the CPU under the
                 // threshold and opens the gate again: the oscillation of the first version.
-                let limit = w.capacity * factor(cfg.threshold) + cores;
+                // The allowance: shedding while the CPU is under the threshold means the gate
+                // leaves cores idle (near capacity, in-flight <= 4 on 2 cores carries ~76 %
+                // of a 0.95x load): widen it by a quarter core per tick. A saturated
+                // CPU (>= 97 %) halves it, so at 3x-10x the gate is back to C·f + cores
+                // within a few ticks. Only within a cool-off of a CPU reading at the
+                // threshold: at an onset the CPU lags behind the in-flight triggers, and
+                // there the backlog is real.
+                let shed_total: u64 = self
+                    .counters
+                    .shed
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum();
+                let shed_now = shed_total > w.shed_seen;
+                w.shed_seen = shed_total;
+                if cpu >= cfg.threshold {
+                    w.cpu_hot_at = Some(now);
+                }
+                let gate_cooled_cpu = w
+                    .cpu_hot_at
+                    .is_some_and(|t| now.saturating_sub(t) < cfg.cool_off);
+                if cpu >= 970 {
+                    w.allowance *= 0.5;
+                } else if cpu < cfg.threshold {
+                    if shed_now && gate_cooled_cpu {
+                        w.allowance = (w.allowance + 0.25 * cores)
+                            .min(cfg.hard_trigger.max(1.0) * w.capacity);
+                    } else if !shed_now {
+                        w.allowance *= 0.9;
+                    }
+                }
+                let limit = w.capacity * factor(cfg.threshold) + cores + w.allowance;
                 self.gate.limit.set(limit);
                 self.gate.limit_high.set(limit);
                 let level = if cfg.hard_trigger > 0.0 {

@@ -331,3 +331,36 @@ fn gozero_mode_high_priority_uses_the_950_threshold() {
     assert!(c.admit(ms(110), Class::High).is_ok(), "high waits for 950");
     drop(held);
 }
+
+#[test]
+fn the_gate_widens_while_it_sheds_under_the_cpu_threshold_and_narrows_when_saturated() {
+    // C = 5, 1 core; hot at 95 %: L = 5 x 0.5 + 1 = 3.5.
+    let c = warmed(50, ms(10), 950);
+    let held = hold(&c, ms(100), 7);
+    let shed = |t: u64| assert!(c.admit(ms(t), Class::Normal).is_err(), "shed at {t}");
+    shed(150);
+    c.tick(ms(200), 850); // shed, CPU under the threshold, hot 100 ms ago: + a quarter core
+    assert_eq!(c.snapshot(ms(200)).limit, 5.0 + 1.0 + 0.25);
+    shed(250);
+    c.tick(ms(300), 850);
+    assert_eq!(c.snapshot(ms(300)).limit, 5.0 + 1.0 + 0.5);
+    c.tick(ms(400), 850); // nothing shed: the allowance decays
+    assert!((c.snapshot(ms(400)).limit - (6.0 + 0.45)).abs() < 1e-9);
+    c.tick(ms(500), 980); // saturated: halved, and the CPU factor is 0.2
+    assert!((c.snapshot(ms(500)).limit - (1.0 + 1.0 + 0.225)).abs() < 1e-9);
+    drop(held);
+
+    // No CPU reading at the threshold within the cool-off (an onset caught by the cap,
+    // the CPU lagging): shedding does not widen the gate.
+    let c = warmed(50, ms(10), 0);
+    let mut held = hold(&c, ms(100), 6);
+    held.push(c.admit(ms(100), Class::Normal).unwrap());
+    held.extend(hold(&c, ms(110), 45));
+    assert!(
+        c.admit(ms(110), Class::Normal).is_err(),
+        "a fast rise: capped"
+    );
+    c.tick(ms(200), 500);
+    assert_eq!(c.snapshot(ms(200)).limit, 6.0, "C + 1, no allowance");
+    drop(held);
+}
