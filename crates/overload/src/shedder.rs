@@ -532,10 +532,16 @@ impl Controller {
     #[cold]
     fn at_cap(&self, now: Duration, double: bool) -> bool {
         let g = &self.gate;
+        let now_ns = as_nanos(now);
+        let last = g.last_overload[0].load(Ordering::Relaxed);
         double
             || g.capped_since.load(Ordering::Relaxed) != 0
-            || as_nanos(now).saturating_sub(self.flight.calm_at.load(Ordering::Relaxed))
+            || now_ns.saturating_sub(self.flight.calm_at.load(Ordering::Relaxed))
                 < g.rise.load(Ordering::Relaxed)
+            // Back at the cap within the pass window (5 s) of an overload: the overload
+            // again, not a burst (a neighbour taking the CPU the sampler cannot see makes
+            // the group cool off and climb back every second or so).
+            || (last != 0 && now_ns.saturating_sub(last) < as_nanos(self.cfg.window()))
     }
 
     /// A rejection at the cap: pinned there for `hard_cap_dwell`, the controller turns hot.

@@ -364,3 +364,26 @@ fn the_gate_widens_while_it_sheds_under_the_cpu_threshold_and_narrows_when_satur
     assert_eq!(c.snapshot(ms(200)).limit, 6.0, "C + 1, no allowance");
     drop(held);
 }
+
+#[test]
+fn within_5_s_of_an_overload_any_rise_to_the_cap_is_capped() {
+    // C = 5, 1 core, cap 51. Hot (CPU 95 %) at 100 ms, cooled off by 1.2 s.
+    let c = warmed(50, ms(10), 950);
+    c.tick(ms(200), 500);
+    let mut held = hold(&c, ms(1200), 6);
+    held.push(c.admit(ms(1200), Class::Normal).unwrap()); // calm at 1.2 s
+    held.extend(hold(&c, ms(1400), 45)); // 52 in flight, 200 ms later: a slow rise
+    assert!(
+        c.admit(ms(1400), Class::Normal).is_err(),
+        "1.3 s after an overload: capped"
+    );
+    drop(held);
+    let mut held = hold(&c, ms(5200), 6);
+    held.push(c.admit(ms(5200), Class::Normal).unwrap());
+    held.extend(hold(&c, ms(5400), 45));
+    assert!(
+        c.admit(ms(5400), Class::Normal).is_ok(),
+        "5.3 s after: a slow rise is a burst again"
+    );
+    drop(held);
+}
