@@ -122,6 +122,25 @@ fn a_scrape_past_its_budget_is_aborted_not_truncated() {
     );
 }
 
+/// (scheduling policy, nice) of every exporter thread of this process (tests run in
+/// parallel, so there may be several).
+fn exporter_threads() -> Vec<(u32, i32)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "metrics-exporte" {
+            let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+            // policy is field 41 of /proc/<pid>/task/<tid>/stat, nice field 19.
+            let policy: u32 = fields[41 - 3].parse().unwrap();
+            let nice: i32 = fields[19 - 3].parse().unwrap();
+            found.push((policy, nice));
+        }
+    }
+    found
+}
+
 #[test]
 fn runs_at_idle_priority() {
     let registry = every_type();
@@ -129,20 +148,30 @@ fn runs_at_idle_priority() {
     let response = get(exporter.local_addr(), "/metrics", &[]);
     assert_eq!(response.status, 200);
     assert_eq!(response.body, registry.render(Format::Text));
-    // The exporter thread is named; find it and check its policy is SCHED_IDLE (5).
-    let mut found = false;
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let task = task.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() == "metrics-exporte" {
-            let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-            // policy is field 41 of /proc/<pid>/task/<tid>/stat.
-            let policy: u32 = fields[41 - 3].parse().unwrap();
-            let nice: i32 = fields[19 - 3].parse().unwrap();
-            assert!(policy == 5 || nice == 19, "policy {policy}, nice {nice}");
-            found = true;
-        }
-    }
-    assert!(found, "no metrics-exporter thread");
+    // SCHED_IDLE is policy 5 (nice 19 if `chrt` is missing).
+    let threads = exporter_threads();
+    assert!(
+        threads
+            .iter()
+            .any(|&(policy, nice)| policy == 5 || nice == 19),
+        "{threads:?}"
+    );
+}
+
+#[test]
+fn runs_at_nice_19_by_default() {
+    let registry = every_type();
+    let exporter = Exporter::spawn(
+        registry.clone(),
+        ExporterConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..ExporterConfig::default()
+        },
+    )
+    .unwrap();
+    let response = get(exporter.local_addr(), "/metrics", &[]);
+    assert_eq!(response.status, 200);
+    // Normal policy (0) at nice 19: no other test here asks for that.
+    let threads = exporter_threads();
+    assert!(threads.contains(&(0, 19)), "{threads:?}");
 }

@@ -54,8 +54,8 @@ pub(crate) struct RunArgs {
     /// without an exporter and says so.
     #[arg(long, value_name = "ADDR|off")]
     metrics_listen: Option<String>,
-    /// Scheduling priority of the exporter thread: normal, idle (SCHED_IDLE) or nice:N
-    /// (overrides `[metrics] priority`).
+    /// Scheduling priority of the exporter thread: normal, idle (SCHED_IDLE) or nice:N;
+    /// default nice:19 (overrides `[metrics] priority`).
     #[arg(long, value_parser = parse_priority)]
     metrics_priority: Option<Priority>,
     /// Register N extra series shaped like APISIX's metrics (counters and histograms in
