@@ -48,6 +48,61 @@ pub struct Row {
     pub result: Result<Report, String>,
     /// wrk's closed-loop maximum, when measured.
     pub max_rate: Option<f64>,
+    /// Health probes during the runs (overload scenarios only).
+    pub health: Option<Health>,
+}
+
+/// `GET /healthz` probes sent to the target while the load ran: each on a new connection,
+/// every [`HEALTH_EVERY`], answered when a `200` came within [`HEALTH_TIMEOUT`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Health {
+    /// Probes sent.
+    pub sent: u64,
+    /// Probes answered `200` in time.
+    pub ok: u64,
+    /// Slowest answered probe, microseconds.
+    pub max_us: u64,
+}
+
+impl Health {
+    fn add(&mut self, other: Health) {
+        self.sent += other.sent;
+        self.ok += other.ok;
+        self.max_us = self.max_us.max(other.max_us);
+    }
+}
+
+/// How often the health prober asks (a Kubernetes readiness probe asks every few seconds;
+/// this is denser, so a stall shows).
+pub const HEALTH_EVERY: Duration = Duration::from_millis(100);
+/// A probe not answered within this counts as failed (kubelet's default timeout is 1 s).
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Probes `GET /healthz` on `addr` every [`HEALTH_EVERY`] until `stop` is set.
+fn probe_health(addr: std::net::SocketAddr, stop: &std::sync::atomic::AtomicBool) -> Health {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let mut health = Health::default();
+    while !stop.load(Ordering::Relaxed) {
+        let started = std::time::Instant::now();
+        health.sent += 1;
+        let answered = std::net::TcpStream::connect_timeout(&addr, HEALTH_TIMEOUT)
+            .and_then(|mut s| {
+                s.set_read_timeout(Some(HEALTH_TIMEOUT))?;
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")?;
+                let mut head = [0u8; 12];
+                s.read_exact(&mut head)?;
+                Ok(head.starts_with(b"HTTP/1.1 200"))
+            })
+            .unwrap_or(false);
+        let took = started.elapsed();
+        if answered && took <= HEALTH_TIMEOUT {
+            health.ok += 1;
+            health.max_us = health.max_us.max(took.as_micros() as u64);
+        }
+        std::thread::sleep(HEALTH_EVERY.saturating_sub(took));
+    }
+    health
 }
 
 /// What a scenario run produced.
@@ -184,7 +239,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             load.threads = 1;
             load.timeout = Duration::from_secs(30);
             match ctx.run_condition(&probe, Some(load)) {
-                Ok(r) => {
+                Ok((r, _)) => {
                     // Responses completed inside the window: what the target sustained.
                     let ok_share = r.ok_count() as f64 / r.completed.max(1) as f64;
                     let ok_rate = r.achieved_rate * ok_share;
@@ -214,6 +269,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
                     rate: 0.0,
                     result: Err("no capacity measured, so no rate".into()),
                     max_rate: None,
+                    health: None,
                 });
                 continue;
             }
@@ -221,11 +277,15 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         };
         println!("  condition `{}` at {rate:.0} req/s ...", cond.name);
         let mut merged: Option<Report> = None;
+        let mut health: Option<Health> = None;
         let mut result = Ok(());
         for &seed in &scenario.load.seeds {
             let load = ctx.load_config("http://0/", rate, seed);
             match ctx.run_condition(cond, Some(load)) {
-                Ok(r) => {
+                Ok((r, h)) => {
+                    if let Some(h) = h {
+                        health.get_or_insert_with(Health::default).add(h);
+                    }
                     let file = opts
                         .out
                         .join(format!("{}-seed{seed}.json", slug(&cond.name)));
@@ -272,6 +332,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             rate,
             result,
             max_rate,
+            health,
         });
     }
     drop(upstream);
@@ -418,7 +479,13 @@ impl Ctx<'_> {
         }
     }
 
-    fn run_condition(&self, cond: &Condition, load: Option<LoadConfig>) -> Result<Report, String> {
+    /// Runs one condition; in an overload scenario (one with `[capacity]`), a thread probes
+    /// the target's `/healthz` meanwhile (the "health probes 100 % answered").
+    fn run_condition(
+        &self,
+        cond: &Condition,
+        load: Option<LoadConfig>,
+    ) -> Result<(Report, Option<Health>), String> {
         let target = self.start_target(cond)?;
         let mut load =
             load.unwrap_or_else(|| self.load_config("http://0/", self.scenario.load.rate, 1));
@@ -429,9 +496,26 @@ impl Ctx<'_> {
                 every,
             });
         }
-        let report = crate::load::run(&load).map_err(|e| format!("load failed: {e}"))?;
+        let probe_addr = (self.scenario.capacity.is_some() && cond.target != TargetKind::Upstream)
+            .then(|| {
+                target
+                    .url
+                    .strip_prefix("http://")?
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+            })
+            .flatten();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (report, health) = std::thread::scope(|scope| {
+            let stop = &stop;
+            let prober = probe_addr.map(|addr| scope.spawn(move || probe_health(addr, stop)));
+            let report = crate::load::run(&load);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (report, prober.and_then(|p| p.join().ok()))
+        });
+        let report = report.map_err(|e| format!("load failed: {e}"))?;
         drop(target);
-        Ok(report)
+        Ok((report, health))
     }
 
     fn start_target(&self, cond: &Condition) -> Result<Target, String> {
@@ -750,6 +834,14 @@ fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
                 if let Some(m) = row.max_rate {
                     notes.push(format!("wrk max {m:.0} req/s"));
                 }
+                if let Some(h) = row.health {
+                    notes.push(format!(
+                        "health {}/{} answered, slowest {}",
+                        h.ok,
+                        h.sent,
+                        format_ms(h.max_us)
+                    ));
+                }
                 if r.queued > 0 {
                     notes.push(format!("{} waited for a connection", r.queued));
                 }
@@ -776,4 +868,61 @@ fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
 
 fn format_ms(us: u64) -> String {
     format!("{:.2} ms", us as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::probe_health;
+
+    /// A listener on 127.0.0.1:0 that answers each connection with `status` (or never).
+    fn server(status: Option<&'static str>) -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut conn in listener.incoming().flatten() {
+                let mut buf = [0u8; 512];
+                let _ = conn.read(&mut buf);
+                match status {
+                    Some(s) => {
+                        let _ = write!(conn, "HTTP/1.1 {s}\r\ncontent-length: 0\r\n\r\n");
+                    }
+                    None => held.push(conn), // accepted, never answered
+                }
+            }
+        });
+        addr
+    }
+
+    fn probe_for(addr: std::net::SocketAddr, run: Duration) -> super::Health {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let prober = s.spawn(|| probe_health(addr, &stop));
+            std::thread::sleep(run);
+            stop.store(true, Ordering::Relaxed);
+            prober.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn health_probes_count_answered_200s_only() {
+        let ok = probe_for(server(Some("200 OK")), Duration::from_millis(350));
+        assert!(ok.sent >= 3, "{ok:?}");
+        assert_eq!(ok.ok, ok.sent);
+        let refused = probe_for(
+            server(Some("503 Service Unavailable")),
+            Duration::from_millis(250),
+        );
+        assert!(refused.sent >= 2 && refused.ok == 0, "{refused:?}");
+    }
+
+    #[test]
+    fn a_health_probe_that_gets_no_answer_fails_after_the_timeout() {
+        let silent = probe_for(server(None), Duration::from_millis(50));
+        assert_eq!((silent.sent, silent.ok), (1, 0));
+    }
 }
