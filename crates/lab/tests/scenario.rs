@@ -44,7 +44,7 @@ fn every_shipped_scenario_parses() {
         names.push(name);
     }
     names.sort();
-    assert_eq!(names, ["log", "nginx", "scrape", "shed"]);
+    assert_eq!(names, ["log", "nginx", "scrape", "scrape-half-max", "shed"]);
 }
 
 #[test]

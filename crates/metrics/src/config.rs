@@ -11,6 +11,7 @@ use crate::Priority;
 /// [metrics]
 /// listen = "127.0.0.1:9091"   # or "off"
 /// priority = "idle"           # normal | idle | nice:N
+/// cpus = [0]                  # CPUs the exporter thread may use (default: any)
 /// synthetic_series = 100000   # extra APISIX-shaped series, for scrape benchmarks
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
@@ -22,6 +23,8 @@ pub struct MetricsConfig {
     pub priority: Option<String>,
     /// Extra synthetic series to register (0: none).
     pub synthetic_series: usize,
+    /// CPUs the exporter thread may run on; empty: any the process may use.
+    pub cpus: Vec<usize>,
 }
 
 /// Where the exporter should listen.
@@ -74,6 +77,7 @@ mod tests {
             listen: Some("127.0.0.1:9100".into()),
             priority: Some("nice:10".into()),
             synthetic_series: 5,
+            cpus: vec![0],
         };
         assert!(ok.check().is_empty());
         assert_eq!(
@@ -85,6 +89,7 @@ mod tests {
             listen: Some("localhost".into()),
             priority: Some("high".into()),
             synthetic_series: 0,
+            cpus: Vec::new(),
         };
         let fields: Vec<String> = bad.check().into_iter().map(|(f, _)| f).collect();
         assert_eq!(fields, ["metrics.listen", "metrics.priority"]);

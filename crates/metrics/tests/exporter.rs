@@ -175,3 +175,37 @@ fn runs_at_nice_19_by_default() {
     let threads = exporter_threads();
     assert!(threads.contains(&(0, 19)), "{threads:?}");
 }
+
+#[test]
+fn pins_the_exporter_thread_to_the_cpus_asked_for() {
+    // The last CPU this process may use: pinned there, the exporter's allowed list is it.
+    let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let registry = every_type();
+    let exporter = Exporter::spawn(
+        registry.clone(),
+        ExporterConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cpus: vec![last],
+            ..ExporterConfig::default()
+        },
+    )
+    .unwrap();
+    let response = get(exporter.local_addr(), "/metrics", &[]);
+    assert_eq!(response.body, registry.render(Format::Text));
+    let mut allowed = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() == "metrics-exporte" {
+            let status = std::fs::read_to_string(task.join("status")).unwrap();
+            let list = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap()
+                .trim()
+                .to_owned();
+            allowed.push(list);
+        }
+    }
+    assert!(allowed.contains(&last.to_string()), "{allowed:?}");
+}

@@ -58,6 +58,10 @@ pub(crate) struct RunArgs {
     /// default nice:19 (overrides `[metrics] priority`).
     #[arg(long, value_parser = parse_priority)]
     metrics_priority: Option<Priority>,
+    /// CPUs the exporter thread may run on, e.g. `0` or `0,2` (overrides `[metrics] cpus`;
+    /// default: any). A core without a serving thread keeps scrapes off the serving caches.
+    #[arg(long, value_delimiter = ',')]
+    metrics_cpus: Option<Vec<usize>>,
     /// Register N extra series shaped like APISIX's metrics (counters and histograms in
     /// its proportion), updated by every request, so scrapes carry that many series
     /// (overrides `[metrics] synthetic_series`).
@@ -227,6 +231,10 @@ fn start_exporter(
             .metrics_priority
             .or_else(|| section.priority().ok().flatten())
             .unwrap_or_default(),
+        cpus: args
+            .metrics_cpus
+            .clone()
+            .unwrap_or_else(|| section.cpus.clone()),
         ..ExporterConfig::default()
     };
     match Exporter::spawn(registry, config) {
