@@ -122,23 +122,32 @@ fn a_scrape_past_its_budget_is_aborted_not_truncated() {
     );
 }
 
-/// (scheduling policy, nice) of every exporter thread of this process (tests run in
-/// parallel, so there may be several).
+/// The `/proc` directory of every exporter thread of this process (tests run in parallel,
+/// so there may be several).
+fn exporter_tasks() -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|task| task.unwrap().path())
+        .filter(|task| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == "metrics-exporte")
+        })
+        .collect()
+}
+
+/// (scheduling policy, nice) of every exporter thread.
 fn exporter_threads() -> Vec<(u32, i32)> {
-    let mut found = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let task = task.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() == "metrics-exporte" {
+    exporter_tasks()
+        .iter()
+        .map(|task| {
             let stat = std::fs::read_to_string(task.join("stat")).unwrap();
             let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
             // policy is field 41 of /proc/<pid>/task/<tid>/stat, nice field 19.
-            let policy: u32 = fields[41 - 3].parse().unwrap();
-            let nice: i32 = fields[19 - 3].parse().unwrap();
-            found.push((policy, nice));
-        }
-    }
-    found
+            (
+                fields[41 - 3].parse().unwrap(),
+                fields[19 - 3].parse().unwrap(),
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -192,20 +201,17 @@ fn pins_the_exporter_thread_to_the_cpus_asked_for() {
     .unwrap();
     let response = get(exporter.local_addr(), "/metrics", &[]);
     assert_eq!(response.body, registry.render(Format::Text));
-    let mut allowed = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let task = task.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() == "metrics-exporte" {
+    let allowed: Vec<String> = exporter_tasks()
+        .iter()
+        .map(|task| {
             let status = std::fs::read_to_string(task.join("status")).unwrap();
-            let list = status
+            status
                 .lines()
                 .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
                 .unwrap()
                 .trim()
-                .to_owned();
-            allowed.push(list);
-        }
-    }
+                .to_owned()
+        })
+        .collect();
     assert!(allowed.contains(&last.to_string()), "{allowed:?}");
 }
