@@ -1,6 +1,6 @@
 //! The built-in responder: a tiny HTTP/1.1 server on an ephemeral 127.0.0.1 port, started
 //! for an upstream with `builtin = {...}`, so the embedded default config demonstrates a
-//! real proxied exchange (a TCP hop through the pooled client) with no other process.
+//! real proxied exchange (a TCP hop through the upstream connection pool) with no other process.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
