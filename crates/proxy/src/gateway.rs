@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, VIA};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, UPGRADE, VIA};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
@@ -310,7 +310,7 @@ pub(crate) async fn serve(
             let finish = Finish {
                 record,
                 held,
-                upstream_conn: Some(sender),
+                upstream_conn: sender,
                 _admitted: Some(admitted),
             };
             Ok(Response::from_parts(
@@ -412,9 +412,9 @@ fn head_bytes<B>(req: &Request<B>) -> usize {
 async fn forward(
     snap: &Snapshot,
     conn: &ConnCtx,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     record: &mut RequestRecord,
-) -> Result<(Response<Incoming>, Option<Frame<Bytes>>, Sender), Error> {
+) -> Result<(Response<Incoming>, Option<Frame<Bytes>>, Option<Sender>), Error> {
     let limits = &snap.config.limits;
     if head_bytes(&req) > limits.header_bytes {
         return Err(Error::HeadersTooLarge);
@@ -440,8 +440,18 @@ async fn forward(
     let endpoint = &upstream.endpoints[endpoint_index];
     record.endpoint = Some((route.upstream, endpoint_index));
 
+    // An HTTP/1.1 upgrade (WebSocket): its `Upgrade` and `Connection: upgrade` go upstream,
+    // and a `101` answer turns both connections into one tunnel.
+    let upgrade =
+        headers::upgrade_requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers);
+    if let Some((protocol, _)) = &upgrade {
+        parts.headers.insert(UPGRADE, protocol.clone());
+        parts
+            .headers
+            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    }
     if let Some(host) = &route.host_rewrite {
         parts.headers.insert(HOST, host.clone());
     } else if !parts.headers.contains_key(HOST) {
@@ -514,6 +524,21 @@ async fn forward(
 
     let (mut resp, sender) = result?;
     record.upstream_status = Some(resp.status().as_u16());
+    if let Some((_, downstream)) = upgrade
+        && resp.status() == StatusCode::SWITCHING_PROTOCOLS
+    {
+        let protocol = resp.headers().get(UPGRADE).cloned();
+        let upstream_side = hyper::upgrade::on(&mut resp);
+        tokio::spawn(tunnel(downstream, upstream_side, endpoint.addr));
+        headers::remove_hop_by_hop(resp.headers_mut());
+        if let Some(protocol) = protocol {
+            resp.headers_mut().insert(UPGRADE, protocol);
+        }
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        // The upstream connection now belongs to the tunnel, never to the pool.
+        return Ok((resp, None, None));
+    }
     let first = match snap.request_timeout {
         Some(limit) => {
             let deadline = tokio::time::Instant::from_std(dispatched + limit);
@@ -529,7 +554,31 @@ async fn forward(
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
     resp.headers_mut().append(VIA, via);
-    Ok((resp, first, sender))
+    Ok((resp, first, Some(sender)))
+}
+
+/// Copies bytes both ways between an upgraded client connection and an upgraded upstream
+/// connection until either side closes (a WebSocket after its `101`).
+async fn tunnel(
+    downstream: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    addr: SocketAddr,
+) {
+    let (client, server) = match tokio::try_join!(downstream, upstream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(upstream = %addr, "upgrade failed: {e}");
+            return;
+        }
+    };
+    let mut client = hyper_util::rt::TokioIo::new(client);
+    let mut server = hyper_util::rt::TokioIo::new(server);
+    match tokio::io::copy_bidirectional(&mut client, &mut server).await {
+        Ok((up, down)) => {
+            tracing::debug!(upstream = %addr, up, down, "upgraded connection closed");
+        }
+        Err(e) => tracing::debug!(upstream = %addr, "upgraded connection ended: {e}"),
+    }
 }
 
 /// Sends a request to endpoint `first` of upstream `upstream_index` on a pooled connection

@@ -48,6 +48,22 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(UPGRADE);
 }
 
+/// The protocol an HTTP/1.1 request asks to switch to (`Upgrade`, with `upgrade` among the
+/// `Connection` tokens), if it does.
+pub fn upgrade_requested<B>(req: &http::Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let protocol = req.headers().get(UPGRADE)?;
+    req.headers()
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+        .then(|| protocol.clone())
+}
+
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     name == CONNECTION
         || name == TE

@@ -146,7 +146,8 @@ impl EndpointPool {
                     reason: e.to_string(),
                 })?;
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            // With upgrades: a `101 Switching Protocols` hands the socket to the tunnel.
+            if let Err(e) = connection.with_upgrades().await {
                 tracing::debug!(upstream = %addr, "upstream connection ended: {e}");
             }
         });

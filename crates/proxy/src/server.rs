@@ -454,7 +454,7 @@ async fn serve_connection(
                     watcher
                         .watch(
                             builder
-                                .serve_connection(TokioIo::new(stream), service)
+                                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                                 .into_owned(),
                         )
                         .await
@@ -473,7 +473,7 @@ async fn serve_connection(
             watcher
                 .watch(
                     builder
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .into_owned(),
                 )
                 .await

@@ -306,3 +306,58 @@ async fn a_reload_serves_a_renewed_certificate_and_keeps_the_old_one_on_error() 
     let (_, status, _) = tls_get(addr, &new.cert_der, &[b"h2"], "/").await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn an_upgrade_becomes_a_tunnel_after_the_upstreams_101() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A WebSocket-like upstream on raw sockets: answers the handshake with 101, checks that
+    // the upgrade headers arrived, then echoes bytes in upper case.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        assert!(head.contains("upgrade: websocket\r\n"), "{head}");
+        assert!(head.contains("connection: upgrade\r\n"), "{head}");
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            s.write_all(&buf[..n].to_ascii_uppercase()).await.unwrap();
+        }
+    });
+    let (server, _) = support::start(support::proxy_to(&[upstream], ""));
+    let mut client = tokio::net::TcpStream::connect(server.local_addrs()[0])
+        .await
+        .unwrap();
+    client
+        .write_all(b"GET /chat HTTP/1.1\r\nHost: example.test\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        client.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket\r\n"), "{head}");
+    for message in [&b"hello"[..], b"tunnel"] {
+        client.write_all(message).await.unwrap();
+        let mut echo = vec![0u8; message.len()];
+        client.read_exact(&mut echo).await.unwrap();
+        assert_eq!(echo, message.to_ascii_uppercase());
+    }
+}
