@@ -6,26 +6,9 @@ use std::process::{Command, Stdio};
 
 use tailguard_metrics::{Format, Registry, register_process_metrics};
 
-use crate::support::every_type;
+use tailguard_test_support::promtool_check;
 
-/// Runs `promtool check metrics` on `exposition`; returns (success, output).
-pub(crate) fn promtool_check(exposition: &[u8]) -> (bool, String) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool is installed (scripts/install-tools)");
-    child.stdin.take().unwrap().write_all(exposition).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
+use crate::support::every_type;
 
 #[test]
 fn promtool_accepts_every_type() {

@@ -1,9 +1,7 @@
 //! Admission: the one place a request is let in or turned away, right after its head is
 //! parsed and before routing, balancing or reading its body.
 
-use http::Request;
-
-use crate::gateway::{Snapshot, host_of};
+use crate::gateway::Snapshot;
 use crate::overload::{Admitted, Refused};
 
 /// Held for as long as an admitted request is in flight (until its response finishes);
@@ -23,19 +21,10 @@ impl AdmitGuard {
 /// Seam: admission. The overload shedder decides here (in-flight against its limit, CPU
 /// state), before any work is spent on the request; a refusal becomes `Error::Overloaded`
 /// (503 with `Retry-After`, `Connection: close` when severe) without reading the body.
-/// `/healthz` never reaches this. The route is matched here only when shedding is on (its
-/// route group and priority class decide), so `off` costs one branch.
-pub fn admit<B>(snapshot: &Snapshot, request: &Request<B>) -> Result<AdmitGuard, Refused> {
-    let overload = &snapshot.overload;
-    let route = overload.shedder().and_then(|_| {
-        snapshot.router.find(
-            host_of(request),
-            request.uri().path(),
-            request.method(),
-            request.headers(),
-        )
-    });
+/// `/healthz` never reaches this. `route` is the request's matched route (its route group
+/// and priority class decide), found once per request and then used for forwarding too.
+pub fn admit(snapshot: &Snapshot, route: Option<usize>) -> Result<AdmitGuard, Refused> {
     Ok(AdmitGuard {
-        admitted: overload.admit(route)?,
+        admitted: snapshot.overload.admit(route)?,
     })
 }

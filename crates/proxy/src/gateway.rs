@@ -290,9 +290,20 @@ pub(crate) async fn serve(
         return Ok(local_response(StatusCode::OK, "ok\n", None));
     }
     let held = hold(&conn);
-    let mut record = RequestRecord::new(start, conn.remote, conn.tls, &req);
+    let mut record = RequestRecord::new(
+        start,
+        conn.remote,
+        conn.tls,
+        &req,
+        !held.access_log().is_off(),
+    );
     held.snapshot().metrics.gateway.request_started();
-    let mut admitted = match admission::admit(held.snapshot(), &req) {
+    // Matched once: admission (the route's group and class) and forwarding both use it.
+    let route =
+        held.snapshot()
+            .router
+            .find(host_of(&req), req.uri().path(), req.method(), req.headers());
+    let mut admitted = match admission::admit(held.snapshot(), route) {
         Ok(guard) => guard,
         Err(refused) => {
             return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
@@ -301,7 +312,7 @@ pub(crate) async fn serve(
     // Boxed: the forwarding future is ~3 KB (rustc keeps the locals of every await point of
     // the nested async fns side by side) and hyper moves the request's future into its slot
     // on every request: 1 KB moved with this box, 7.6 KB without.
-    let forwarding = Box::pin(forward(held.snapshot(), &conn, req, &mut record));
+    let forwarding = Box::pin(forward(held.snapshot(), &conn, req, route, &mut record));
     match forwarding.await {
         Ok((resp, first, sender)) => {
             admitted.served();
@@ -413,16 +424,14 @@ async fn forward(
     snap: &Snapshot,
     conn: &ConnCtx,
     mut req: Request<Incoming>,
+    route: Option<usize>,
     record: &mut RequestRecord,
 ) -> Result<(Response<Incoming>, Option<Frame<Bytes>>, Option<Sender>), Error> {
     let limits = &snap.config.limits;
     if head_bytes(&req) > limits.header_bytes {
         return Err(Error::HeadersTooLarge);
     }
-    let route_index = snap
-        .router
-        .find(host_of(&req), req.uri().path(), req.method(), req.headers())
-        .ok_or(Error::NoRoute)?;
+    let route_index = route.ok_or(Error::NoRoute)?;
     record.route = Some(route_index);
     let route = snap.router.get(route_index);
 
@@ -437,6 +446,7 @@ async fn forward(
 
     let upstream = &snap.upstreams[route.upstream];
     let endpoint_index = upstream.balance.pick();
+    snap.metrics.picked(route.upstream, endpoint_index);
     let endpoint = &upstream.endpoints[endpoint_index];
     record.endpoint = Some((route.upstream, endpoint_index));
 
@@ -609,7 +619,6 @@ async fn exchange(
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());
-            snap.metrics.picked(upstream_index, first);
             tracing::debug!(
                 target: "tailguard::request",
                 upstream = %upstream.name,
@@ -618,29 +627,37 @@ async fn exchange(
                 "connect failed, retrying on another endpoint: {e}"
             );
             let next_pool = &upstream.endpoints[next].pool;
-            return match Box::pin(next_pool.checkout(now)).await {
-                Ok((mut sender, _)) => match sender.send_request(req).await {
-                    Ok(resp) => (Ok((resp, sender)), next),
-                    Err(e) => (Err(classify(&e, next_pool.addr())), next),
-                },
-                Err(e) => (Err(e), next),
+            let sent = async {
+                let (sender, _) = next_pool.checkout(now).await?;
+                send(sender, req, next_pool.addr()).await
             };
+            return (Box::pin(sent).await, next);
         }
     };
     let result = match sender.try_send_request(req).await {
         Ok(resp) => Ok((resp, sender)),
         Err(mut e) => match e.take_message() {
             Some(unsent) if reused => match Box::pin(pool.connect()).await {
-                Ok(mut sender) => match sender.send_request(unsent).await {
-                    Ok(resp) => Ok((resp, sender)),
-                    Err(e) => Err(classify(&e, pool.addr())),
-                },
+                Ok(sender) => send(sender, unsent, pool.addr()).await,
                 Err(e) => Err(e),
             },
             _ => Err(classify(e.error(), pool.addr())),
         },
     };
     (result, first)
+}
+
+/// Sends `req` on `sender` (a connection that has not been tried for it) and waits for the
+/// response head.
+async fn send(
+    mut sender: Sender,
+    req: Request<RequestBody>,
+    addr: SocketAddr,
+) -> Result<(Response<Incoming>, Sender), Error> {
+    match sender.send_request(req).await {
+        Ok(resp) => Ok((resp, sender)),
+        Err(e) => Err(classify(&e, addr)),
+    }
 }
 
 /// The endpoint to retry a failed connect on, if the request may be retried: the
@@ -674,6 +691,7 @@ fn retry_endpoint<B: http_body::Body>(
     // of the failed endpoint is released unused, and after two such picks there is no retry.
     for _ in 0..2 {
         let pick = upstream.balance.pick();
+        snap.metrics.picked(upstream_index, pick);
         if pick != failed {
             return Some(pick);
         }

@@ -69,7 +69,7 @@ pub(crate) struct RouteHandles {
 pub(crate) struct EndpointHandles {
     duration: Histogram,
     /// `tailguard_balancer_picks_total`: every pick of this endpoint by the upstream's
-    /// balancer (round robin or p2c-EWMA), counted when the request's record is finished.
+    /// balancer (round robin or p2c-EWMA), counted at the pick.
     picks: Counter,
 }
 
@@ -389,6 +389,14 @@ pub(crate) struct SnapshotMetrics {
 
 impl SnapshotMetrics {
     /// Resolves the handles of every route (in router order) and endpoint.
+    /// Counts a balancer pick of an endpoint, at the pick: every pick, whether its request
+    /// is answered there, retried elsewhere after a failed connect, or released unused.
+    pub(crate) fn picked(&self, upstream: usize, endpoint: usize) {
+        if let Some(e) = self.endpoints.get(upstream).and_then(|es| es.get(endpoint)) {
+            e.picks.inc();
+        }
+    }
+
     pub(crate) fn build(
         gateway: &Arc<GatewayMetrics>,
         routes: impl Iterator<Item = Arc<str>>,
@@ -412,16 +420,6 @@ impl SnapshotMetrics {
     }
 }
 
-impl SnapshotMetrics {
-    /// Counts a pick of an endpoint whose request then went elsewhere (a connect retry):
-    /// the endpoint that answers is counted when the request finishes.
-    pub(crate) fn picked(&self, upstream: usize, endpoint: usize) {
-        if let Some(e) = self.endpoints.get(upstream).and_then(|es| es.get(endpoint)) {
-            e.picks.inc();
-        }
-    }
-}
-
 /// Records a finished request: called once per request from [`crate::record::finish`].
 pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
     let m = &snapshot.metrics;
@@ -437,13 +435,10 @@ pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) 
     let (bytes_in, bytes_out) = (record.bytes_in(), record.bytes_out);
     route.bytes_in.add(bytes_in);
     route.bytes_out.add(bytes_out);
-    if let Some((u, e)) = record.endpoint
+    if let (Some((u, e)), Some(upstream)) = (record.endpoint, record.upstream_time)
         && let Some(endpoint) = m.endpoints.get(u).and_then(|es| es.get(e))
     {
-        endpoint.picks.inc();
-        if let Some(upstream) = record.upstream_time {
-            endpoint.duration.observe_duration(upstream);
-        }
+        endpoint.duration.observe_duration(upstream);
     }
     if let Some(synthetic) = m.gateway.synthetic.get() {
         synthetic.record(bytes_in, bytes_out, elapsed, record.upstream_time);

@@ -28,9 +28,9 @@ pub struct RequestRecord {
     pub uri: Uri,
     /// Downstream HTTP version.
     pub version: Version,
-    /// `User-Agent`, if sent.
+    /// `User-Agent`, if sent and the access log is on.
     pub user_agent: Option<HeaderValue>,
-    /// `Referer`, if sent.
+    /// `Referer`, if sent and the access log is on.
     pub referer: Option<HeaderValue>,
     /// `X-Request-Id` as sent upstream (the client's, or generated).
     pub request_id: Option<HeaderValue>,
@@ -55,13 +55,16 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    /// A record for a request whose head just arrived.
+    /// A record for a request whose head just arrived. `logged`: the access log is on, so
+    /// the headers only it prints (`User-Agent`, `Referer`) are looked up and kept.
     pub fn new<B>(
         start: Instant,
         remote: SocketAddr,
         tls: bool,
         head: &http::Request<B>,
+        logged: bool,
     ) -> RequestRecord {
+        let header = |name| logged.then(|| head.headers().get(name).cloned()).flatten();
         RequestRecord {
             start,
             remote,
@@ -69,8 +72,8 @@ impl RequestRecord {
             method: head.method().clone(),
             uri: head.uri().clone(),
             version: head.version(),
-            user_agent: head.headers().get(http::header::USER_AGENT).cloned(),
-            referer: head.headers().get(http::header::REFERER).cloned(),
+            user_agent: header(http::header::USER_AGENT),
+            referer: header(http::header::REFERER),
             request_id: None,
             route: None,
             endpoint: None,

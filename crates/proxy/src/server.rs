@@ -438,6 +438,27 @@ impl Acceptor {
     }
 }
 
+/// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one connection, plain or TLS, watched by
+/// the graceful shutdown.
+async fn serve_io<I>(
+    io: I,
+    ctx: Arc<ConnCtx>,
+    builder: &Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| gateway::serve(Arc::clone(&ctx), req));
+    watcher
+        .watch(
+            builder
+                .serve_connection_with_upgrades(io, service)
+                .into_owned(),
+        )
+        .await
+}
+
 async fn serve_connection(
     stream: TcpStream,
     tls: Option<Arc<TlsAcceptor>>,
@@ -446,19 +467,10 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
 ) {
     let remote = ctx.remote;
-    let service = service_fn(move |req| gateway::serve(Arc::clone(&ctx), req));
     let result = match tls {
         Some(acceptor) => {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => {
-                    watcher
-                        .watch(
-                            builder
-                                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                                .into_owned(),
-                        )
-                        .await
-                }
+                Ok(Ok(stream)) => serve_io(TokioIo::new(stream), ctx, &builder, watcher).await,
                 Ok(Err(e)) => {
                     tracing::debug!(%remote, "tls handshake failed: {e}");
                     return;
@@ -469,15 +481,7 @@ async fn serve_connection(
                 }
             }
         }
-        None => {
-            watcher
-                .watch(
-                    builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .into_owned(),
-                )
-                .await
-        }
+        None => serve_io(TokioIo::new(stream), ctx, &builder, watcher).await,
     };
     if let Err(e) = result {
         // hyper answered a malformed or oversized head itself (400/431) before the gateway

@@ -3,7 +3,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::support::Gateway;
@@ -165,26 +164,8 @@ fn gateway_scrape_counts_traffic_and_passes_promtool() {
         .sum();
     assert_eq!(updates, 7.0);
 
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool is installed (scripts/install-tools)");
-    promtool
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("feed promtool");
-    let out = promtool.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, output) = tailguard_test_support::promtool_check(text.as_bytes());
+    assert!(ok, "promtool check metrics: {output}");
 
     gateway.signal("HUP");
     gateway.wait_for_log("reloaded", Duration::from_secs(20));

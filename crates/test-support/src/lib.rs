@@ -370,3 +370,30 @@ pub async fn tls_get(
         String::from_utf8_lossy(&body).into_owned(),
     )
 }
+
+/// Runs `promtool check metrics` (Debian's `prometheus` package, installed by
+/// `scripts/install-tools`) on an exposition; returns whether it passed and what it printed.
+pub fn promtool_check(exposition: &[u8]) -> (bool, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is installed (scripts/install-tools)");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(exposition)
+        .expect("feed promtool");
+    let out = child.wait_with_output().expect("promtool runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
