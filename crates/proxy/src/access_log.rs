@@ -1,11 +1,13 @@
 //! The gateway's access log: one log per listener, started with the server, fed from the
 //! finish seam, reopened on SIGUSR1, drained at shutdown.
 //!
-//! The logs live outside the config snapshot: like listeners, they are set up once when the
-//! server starts (a reload that changes `[access_log]` is reported and needs a restart), so a
-//! reload never restarts a writer thread or loses a buffered line. Each connection holds its
-//! listener's [`AccessLog`] handle, so logging a request touches no reference count shared by
-//! serving threads.
+//! The logs live outside the config snapshot, in the server: a reload keeps every running
+//! log whose settings did not change (never restarting a writer thread or losing a buffered
+//! line), starts one for settings no running log has (a listener added with its own file),
+//! and keeps the running writer of a file whose settings changed (reported: two writers must
+//! not interleave one file, so those need a restart). Each connection holds its listener's
+//! [`AccessLog`] handle, so logging a request touches no reference count shared by serving
+//! threads.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -26,13 +28,23 @@ use crate::record::RequestRecord;
 /// process exits rather than hang (the lines still held are reported).
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
-/// The running access logs of a server: one handle per listener (listeners with the same
-/// settings share one log and one writer thread).
-#[derive(Debug)]
+/// The running access logs of a server: one writer per distinct log settings, shared by
+/// every listener that logs with those settings.
+#[derive(Debug, Default)]
 pub struct AccessLogs {
-    per_listener: Vec<AccessLog>,
-    configs: Vec<LogConfig>,
+    /// Each running log with the settings it was started with (paths as written).
+    running: Vec<(LogConfig, AccessLog)>,
+    /// The writer of each entry of `running`, same order.
     writers: Vec<Writer>,
+}
+
+/// The logs of a config's listeners, as [`AccessLogs::attach`] found or started them.
+#[derive(Debug)]
+pub struct Attached {
+    /// The log of each listener, in config order.
+    pub per_listener: Vec<AccessLog>,
+    /// How many logs were started for it (undone by [`AccessLogs::undo`]).
+    pub started: usize,
 }
 
 /// The settings a listener logs with: its own `access_log` table, else the top-level one.
@@ -118,73 +130,81 @@ fn cli_error(field: &str, e: impl std::fmt::Display) -> Error {
 
 impl AccessLogs {
     /// Opens every configured log and starts its writer; with `metrics`, each log counts
-    /// into series labelled by its path (`-` for stdout).
-    pub fn start(config: &Config, metrics: Option<&Metrics>) -> Result<AccessLogs, Error> {
-        let mut configs: Vec<LogConfig> = Vec::new();
-        let mut logs: Vec<AccessLog> = Vec::new();
-        let mut writers = Vec::new();
+    /// into series labelled by its path (`-` for stdout). Returns the running logs and the
+    /// log of each listener.
+    pub fn start(
+        config: &Config,
+        metrics: Option<&Metrics>,
+    ) -> Result<(AccessLogs, Vec<AccessLog>), Error> {
+        let mut logs = AccessLogs::default();
+        let attached = logs.attach(config, metrics)?;
+        Ok((logs, attached.per_listener))
+    }
+
+    /// The log of each listener of `config` (a startup or a reload): the running log with
+    /// the same settings; else, when a running log already writes to the same file (or
+    /// stdout) with other settings, that one, with a warning (two writers must not
+    /// interleave one file; the new settings need a restart); else a newly started log.
+    /// A failure stops what this call started, so nothing is left half-applied.
+    pub fn attach(
+        &mut self,
+        config: &Config,
+        metrics: Option<&Metrics>,
+    ) -> Result<Attached, Error> {
         let mut per_listener = Vec::new();
+        let mut started = 0;
         for (i, c) in effective(config).into_iter().enumerate() {
-            if let Some(k) = configs.iter().position(|known| known == c) {
-                per_listener.push(logs[k].clone());
+            let same = self.running.iter().position(|(known, _)| known == c);
+            let same_output = || {
+                self.running
+                    .iter()
+                    .position(|(known, _)| known.path == c.path && !matches!(c.path, Output::Off))
+            };
+            if let Some(k) = same {
+                per_listener.push(self.running[k].1.clone());
                 continue;
             }
-            let name = match &c.path {
-                Output::Off => "off".to_owned(),
-                Output::Stdout => "-".to_owned(),
-                Output::File(p) => resolve(config, p).display().to_string(),
-            };
-            let exported = match metrics {
-                Some(m) if !matches!(c.path, Output::Off) => {
-                    Some(m.log(&name).map_err(|e| cli_error("access_log", e))?)
+            if let Some(k) = same_output() {
+                tracing::warn!(
+                    "reload: access log settings of {} changed; they apply after a restart",
+                    output_name(config, &c.path)
+                );
+                per_listener.push(self.running[k].1.clone());
+                continue;
+            }
+            match start_one(config, i, c, metrics) {
+                Ok((log, writer)) => {
+                    self.running.push((c.clone(), log.clone()));
+                    self.writers.push(writer);
+                    started += 1;
+                    per_listener.push(log);
                 }
-                _ => None::<LogMetrics>,
-            };
-            let mut resolved = c.clone();
-            if let Output::File(p) = &c.path {
-                resolved.path = Output::File(resolve(config, p));
+                Err(e) => {
+                    self.undo(started);
+                    return Err(e);
+                }
             }
-            let field = match config.listeners[i].access_log {
-                Some(_) => format!("listeners[{i}].access_log"),
-                None => "access_log".to_owned(),
-            };
-            let (log, writer) = AccessLog::start_with_metrics(&resolved, exported)
-                .map_err(|e| Error::Config(vec![diag(config, field, e)]))?;
-            if !matches!(c.path, Output::Off) {
-                tracing::info!("tailguard: access log {name}");
-            }
-            configs.push(c.clone());
-            logs.push(log.clone());
-            writers.push(writer);
-            per_listener.push(log);
         }
-        Ok(AccessLogs {
+        Ok(Attached {
             per_listener,
-            configs,
-            writers,
+            started,
         })
     }
 
-    /// The log of listener `i` (in config order).
-    pub fn for_listener(&self, i: usize) -> AccessLog {
-        self.per_listener
-            .get(i)
-            .cloned()
-            .unwrap_or_else(AccessLog::off)
+    /// Stops the `started` logs the last [`AccessLogs::attach`] started (its reload failed
+    /// later): nothing was logged to them yet.
+    pub fn undo(&mut self, started: usize) {
+        for _ in 0..started {
+            self.running.pop();
+            if let Some(w) = self.writers.pop() {
+                let _ = w.shutdown_within(DRAIN_DEADLINE);
+            }
+        }
     }
 
     /// Handles that reopen every log file (for SIGUSR1).
     pub fn reopeners(&self) -> Vec<Reopener> {
         self.writers.iter().map(Writer::reopener).collect()
-    }
-
-    /// Reports a reload whose access log settings differ: they apply after a restart.
-    pub fn warn_if_changed(&self, config: &Config) {
-        let wanted: Vec<&LogConfig> = effective(config);
-        let changed = wanted.iter().any(|w| !self.configs.iter().any(|c| c == *w));
-        if changed {
-            tracing::warn!("reload: access log changes need a restart; keeping the running logs");
-        }
     }
 
     /// Writes every buffered line of every log and fsyncs; call after the last request.
@@ -206,6 +226,45 @@ impl AccessLogs {
             })
             .collect()
     }
+}
+
+/// How a log is named in messages and metric labels: its resolved path, `-` or `off`.
+fn output_name(config: &Config, path: &Output) -> String {
+    match path {
+        Output::Off => "off".to_owned(),
+        Output::Stdout => "-".to_owned(),
+        Output::File(p) => resolve(config, p).display().to_string(),
+    }
+}
+
+/// Opens listener `i`'s log `c` and starts its writer.
+fn start_one(
+    config: &Config,
+    i: usize,
+    c: &LogConfig,
+    metrics: Option<&Metrics>,
+) -> Result<(AccessLog, Writer), Error> {
+    let name = output_name(config, &c.path);
+    let exported = match metrics {
+        Some(m) if !matches!(c.path, Output::Off) => {
+            Some(m.log(&name).map_err(|e| cli_error("access_log", e))?)
+        }
+        _ => None::<LogMetrics>,
+    };
+    let mut resolved = c.clone();
+    if let Output::File(p) = &c.path {
+        resolved.path = Output::File(resolve(config, p));
+    }
+    let field = match config.listeners[i].access_log {
+        Some(_) => format!("listeners[{i}].access_log"),
+        None => "access_log".to_owned(),
+    };
+    let started = AccessLog::start_with_metrics(&resolved, exported)
+        .map_err(|e| Error::Config(vec![diag(config, field, e)]))?;
+    if !matches!(c.path, Output::Off) {
+        tracing::info!("tailguard: access log {name}");
+    }
+    Ok(started)
 }
 
 /// Relative log paths are relative to the config file, like certificate paths.

@@ -289,6 +289,18 @@ pub struct Config {
     pub metrics: tailguard_metrics::MetricsConfig,
     /// Overload protection (`[overload]`).
     pub overload: tailguard_overload::OverloadConfig,
+    /// Where each listener's address came from, for errors found after parsing (a reload
+    /// that cannot bind): its line and column in the file, or the `--listen` override.
+    listen_origins: Vec<ListenOrigin>,
+}
+
+/// Where a listener's address was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListenOrigin {
+    /// In the file, at this line and column.
+    File(Option<(usize, usize)>),
+    /// `tailguard run --listen`.
+    CommandLine,
 }
 
 /// Collects diagnostics with positions computed from byte offsets.
@@ -440,7 +452,14 @@ impl Config {
             }
         }
 
+        let listen_origins = listeners
+            .iter()
+            .map(|l: &ListenerConfig| {
+                ListenOrigin::File(Some(line_col(text, l.address.span().start)))
+            })
+            .collect();
         let config = Config {
+            listen_origins,
             source: name.to_owned(),
             base_dir: base_dir.to_owned(),
             listeners,
@@ -667,6 +686,32 @@ impl Config {
     pub fn override_listen(&mut self, addr: SocketAddr) {
         if let Some(first) = self.listeners.first_mut() {
             first.address = Spanned::new(0..0, addr.to_string());
+        }
+        if let Some(first) = self.listen_origins.first_mut() {
+            *first = ListenOrigin::CommandLine;
+        }
+    }
+
+    /// A problem with listener `i`'s address found after parsing (it cannot be bound),
+    /// reported like the parser's own: file, line and column, field; or `command line`,
+    /// `--listen` when the address came from there.
+    pub fn listener_diagnostic(&self, i: usize, message: impl Into<String>) -> Diagnostic {
+        match self.listen_origins.get(i) {
+            Some(ListenOrigin::CommandLine) => Diagnostic {
+                file: "command line".to_owned(),
+                position: None,
+                field: "--listen".to_owned(),
+                message: message.into(),
+            },
+            other => Diagnostic {
+                file: self.source.clone(),
+                position: match other {
+                    Some(ListenOrigin::File(p)) => *p,
+                    _ => None,
+                },
+                field: format!("listeners[{i}].address"),
+                message: message.into(),
+            },
         }
     }
 

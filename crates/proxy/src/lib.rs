@@ -5,7 +5,8 @@
 //! order, the [`upstream::Upstream`]s with their endpoints and [`balance::Balance`]r, and a
 //! pooled keep-alive upstream client. A [`Server`] binds the listeners and serves each
 //! connection (HTTP/1.1, h2c, or TLS with ALPN) through the current snapshot;
-//! [`Server::reload`] swaps in a new one atomically and [`Server::shutdown`] drains.
+//! [`Server::reload`] swaps in a new one atomically (binding, keeping or closing listeners
+//! as the new config says) and [`Server::shutdown`] drains.
 //!
 //! A request goes: head parsed → [`admission::admit`] → route → pick endpoint → forward
 //! (hop-by-hop headers removed, forwarding headers added, body streamed under its limit)

@@ -1,8 +1,8 @@
 //! Listeners: bind, accept (up to the connection limit), TLS with ALPN, HTTP/1.1 and
-//! HTTP/2 on each connection, reload and graceful shutdown.
+//! HTTP/2 on each connection, listeners that follow a reload, and graceful shutdown.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -11,11 +11,10 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tailguard_access_log::AccessLog;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-
-use arc_swap::ArcSwapOption;
 
 use crate::access_log::AccessLogs;
 use crate::config::{Config, Limits, Timeouts};
@@ -30,17 +29,62 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 type Builder = auto::Builder<TokioExecutor>;
 
 /// A running gateway: its listeners, and the handle to reload or stop it.
+///
+/// The listener table and the access logs sit behind mutexes that only the control side
+/// takes (reload, shutdown, [`Server::local_addrs`]); a serving thread never does. It sees a
+/// reload through its listener's watch channel, read once per accepted connection.
 #[derive(Debug)]
 pub struct Server {
     gateway: Arc<Gateway>,
-    addrs: Vec<SocketAddr>,
-    listen_config: Vec<String>,
-    stop: watch::Sender<bool>,
-    accept_tasks: Vec<JoinHandle<()>>,
-    graceful: Arc<GracefulShutdown>,
-    access_logs: AccessLogs,
-    listeners: Vec<Arc<ListenerShared>>,
+    /// The runtime of each serving thread, where its listening sockets are registered and
+    /// its accept loops run.
+    threads: Vec<Handle>,
+    listeners: Mutex<Listeners>,
+    access_logs: Mutex<AccessLogs>,
+    log_metrics: tailguard_access_log::Metrics,
     serving: Vec<ServingThread>,
+}
+
+/// The listeners of the running config, and those a reload removed that still drain.
+#[derive(Debug)]
+struct Listeners {
+    active: Vec<Listener>,
+    /// Accept loops of removed listeners, draining their connections (awaited at shutdown).
+    draining: Vec<JoinHandle<()>>,
+    /// `limits.connections` the permits of every active listener add up to.
+    connections: usize,
+}
+
+/// One listening address, with a socket and an accept loop on every serving thread.
+#[derive(Debug)]
+struct Listener {
+    /// The address as configured (port 0 included): what a reload matches listeners on.
+    wanted: SocketAddr,
+    /// The bound address.
+    addr: SocketAddr,
+    /// `Some(settings)` to serve with, `None` to stop accepting and drain.
+    control: watch::Sender<Option<Arc<Settings>>>,
+    /// Open downstream connections (all serving threads together).
+    permits: Arc<Semaphore>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a listener serves new connections with; a reload replaces it whole. A connection
+/// keeps the settings it was accepted with.
+struct Settings {
+    /// Plain TCP when `None`; a reload may switch TLS on or off, or renew the certificate.
+    tls: Option<Arc<TlsAcceptor>>,
+    /// HTTP settings from `[limits]` (header size) and `[timeouts]` (idle).
+    builder: Arc<Builder>,
+    access_log: AccessLog,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -76,20 +120,39 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
     Ok(socket.into())
 }
 
-/// One configured listener, as every serving thread shares it.
-struct ListenerShared {
-    /// Swapped by a reload (certificate rotation); each connection loads it once.
-    tls: ArcSwapOption<TlsAcceptor>,
-    permits: Arc<Semaphore>,
-    access_log: AccessLog,
+/// One socket per serving thread on `wanted`. The first resolves port 0 to the one port
+/// the others then share.
+fn bind_per_thread(
+    wanted: SocketAddr,
+    threads: usize,
+) -> Result<(SocketAddr, Vec<std::net::TcpListener>), Error> {
+    let first = bind(wanted)?;
+    let addr = first.local_addr().map_err(|source| Error::Bind {
+        addr: wanted,
+        source,
+    })?;
+    let mut sockets = vec![first];
+    for _ in 1..threads {
+        sockets.push(bind(addr)?);
+    }
+    Ok((addr, sockets))
 }
 
-impl std::fmt::Debug for ListenerShared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListenerShared")
-            .field("tls", &self.tls.load().is_some())
-            .finish_non_exhaustive()
-    }
+/// Registers each socket with its serving thread's runtime (from this thread: only the
+/// registration needs the runtime's context, the accept loop is spawned onto it later).
+fn register(
+    addr: SocketAddr,
+    sockets: Vec<std::net::TcpListener>,
+    threads: &[Handle],
+) -> Result<Vec<TcpListener>, Error> {
+    sockets
+        .into_iter()
+        .zip(threads)
+        .map(|(socket, runtime)| {
+            let _entered = runtime.enter();
+            TcpListener::from_std(socket).map_err(|source| Error::Bind { addr, source })
+        })
+        .collect()
 }
 
 /// The TLS acceptor of a listener's config (`None` for plain TCP).
@@ -104,6 +167,34 @@ fn tls_acceptor(
             crate::tls::server_config(&config.base_dir, t).map(|c| Arc::new(TlsAcceptor::from(c)))
         })
         .transpose()
+}
+
+/// The address a validated listener asks for.
+fn wanted(listener: &crate::config::ListenerConfig) -> Result<SocketAddr, Error> {
+    listener.address.get_ref().parse().map_err(|_| {
+        Error::Internal(format!(
+            "unvalidated address {}",
+            listener.address.get_ref()
+        ))
+    })
+}
+
+/// The settings of each listener of `config`, in order (TLS acceptors load here, so a
+/// certificate that does not load fails the caller before anything changes).
+fn settings(config: &Config, logs: Vec<AccessLog>) -> Result<Vec<Arc<Settings>>, Error> {
+    let builder = Arc::new(builder(&config.limits, &config.timeouts));
+    config
+        .listeners
+        .iter()
+        .zip(logs)
+        .map(|(l, access_log)| {
+            Ok(Arc::new(Settings {
+                tls: tls_acceptor(config, l)?,
+                builder: Arc::clone(&builder),
+                access_log,
+            }))
+        })
+        .collect()
 }
 
 /// A serving thread: its own current-thread tokio runtime, kept until shutdown.
@@ -130,6 +221,25 @@ impl Drop for ServingThread {
     }
 }
 
+/// Where a listener of a new config comes from.
+enum Slot {
+    /// The running listener at this index of `active`, on the same address.
+    Keep(usize),
+    /// A new address, bound on every serving thread and not yet accepting.
+    New {
+        wanted: SocketAddr,
+        addr: SocketAddr,
+        sockets: Vec<TcpListener>,
+    },
+}
+
+/// A reload that passed every fallible step: applying it cannot fail.
+struct Plan {
+    slots: Vec<(Slot, Arc<Settings>)>,
+    connections: usize,
+    started_logs: usize,
+}
+
 impl Server {
     /// Binds every listener and starts `threads` serving threads (at least one), recording
     /// into a private metrics registry.
@@ -150,72 +260,28 @@ impl Server {
         threads: usize,
     ) -> Result<Server, Error> {
         let threads = threads.max(1);
-        let listen_config: Vec<String> = config
-            .listeners
-            .iter()
-            .map(|l| l.address.get_ref().clone())
-            .collect();
-        // Bind the first socket of each listener here, so a bind error is reported before
-        // anything starts and port 0 resolves to one port that every thread then shares.
-        let mut sockets: Vec<Vec<std::net::TcpListener>> =
-            (0..threads).map(|_| Vec::new()).collect();
-        let mut addrs = Vec::new();
+        // Bind every socket first, so a bind error is reported before anything starts.
+        let mut bound = Vec::new();
         for l in &config.listeners {
-            let wanted: SocketAddr = l.address.get_ref().parse().map_err(|_| {
-                Error::Internal(format!("unvalidated address {}", l.address.get_ref()))
-            })?;
-            let first = bind(wanted)?;
-            let addr = first.local_addr().map_err(|source| Error::Bind {
-                addr: wanted,
-                source,
-            })?;
-            sockets[0].push(first);
-            for per_thread in sockets.iter_mut().skip(1) {
-                per_thread.push(bind(addr)?);
-            }
-            addrs.push(addr);
+            let wanted = wanted(l)?;
+            let (addr, sockets) = bind_per_thread(wanted, threads)?;
+            bound.push((wanted, addr, sockets));
         }
         let log_metrics = tailguard_access_log::Metrics::register(metrics.registry())
             .map_err(|e| Error::Internal(e.to_string()))?;
-        let access_logs = AccessLogs::start(&config, Some(&log_metrics))?;
-        let mut shared = Vec::new();
-        for (i, l) in config.listeners.iter().enumerate() {
-            let tls = tls_acceptor(&config, l)?;
-            shared.push(Arc::new(ListenerShared {
-                tls: ArcSwapOption::new(tls),
-                permits: Arc::new(Semaphore::new(config.limits.connections)),
-                access_log: access_logs.for_listener(i),
-            }));
-        }
-        let builder = Arc::new(builder(&config.limits, &config.timeouts));
+        let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
+        let settings = settings(&config, logs)?;
+        let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;
-        let (stop, _) = watch::channel(false);
-        let graceful = Arc::new(GracefulShutdown::new());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mut serving = Vec::new();
-        for (index, sockets) in sockets.into_iter().enumerate() {
-            let acceptors: Vec<(std::net::TcpListener, Acceptor)> = sockets
-                .into_iter()
-                .zip(&shared)
-                .map(|(socket, listener)| {
-                    (
-                        socket,
-                        Acceptor {
-                            listener: Arc::clone(listener),
-                            gateway: Arc::clone(&gateway),
-                            builder: Arc::clone(&builder),
-                            graceful: Arc::clone(&graceful),
-                        },
-                    )
-                })
-                .collect();
+        for index in 0..threads {
             let (exit, exit_rx) = tokio::sync::oneshot::channel::<()>();
-            let stop_rx = stop.subscribe();
             let ready_tx = ready_tx.clone();
             let gateway = Arc::clone(&gateway);
             let join = std::thread::Builder::new()
                 .name(format!("tailguard-serve-{index}"))
-                .spawn(move || serve_thread(gateway, acceptors, stop_rx, exit_rx, ready_tx))
+                .spawn(move || serve_thread(gateway, exit_rx, ready_tx))
                 .map_err(|e| Error::Internal(format!("spawning a serving thread: {e}")))?;
             serving.push(ServingThread {
                 exit: Some(exit),
@@ -223,36 +289,56 @@ impl Server {
             });
         }
         drop(ready_tx);
-        let mut accept_tasks = Vec::new();
+        let mut handles = Vec::new();
         for _ in 0..threads {
             match ready_rx.recv() {
-                Ok(Ok(tasks)) => accept_tasks.extend(tasks),
+                Ok(Ok(handle)) => handles.push(handle),
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(Error::Internal("a serving thread died at start".into())),
             }
         }
-        for (addr, l) in addrs.iter().zip(&shared) {
-            tracing::info!(
-                "tailguard: listening on {addr}{}",
-                if l.tls.load().is_some() { " (tls)" } else { "" }
-            );
-        }
-        Ok(Server {
+        let server = Server {
             gateway,
-            addrs,
-            listen_config,
-            stop,
-            accept_tasks,
-            graceful,
-            access_logs,
-            listeners: shared,
+            threads: handles,
+            listeners: Mutex::new(Listeners {
+                active: Vec::new(),
+                draining: Vec::new(),
+                connections,
+            }),
+            access_logs: Mutex::new(access_logs),
+            log_metrics,
             serving,
-        })
+        };
+        let mut slots = Vec::new();
+        for ((wanted, addr, sockets), settings) in bound.into_iter().zip(settings) {
+            let sockets = register(addr, sockets, &server.threads)?;
+            slots.push((
+                Slot::New {
+                    wanted,
+                    addr,
+                    sockets,
+                },
+                settings,
+            ));
+        }
+        server.apply(
+            &mut lock(&server.listeners),
+            Plan {
+                slots,
+                connections,
+                started_logs: 0,
+            },
+        );
+        Ok(server)
     }
 
     /// The bound address of each listener, in config order.
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.addrs
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        lock(&self.listeners)
+            .active
+            .iter()
+            .map(|l| l.addr)
+            .collect()
     }
 
     /// The gateway (current snapshot, reload).
@@ -260,48 +346,175 @@ impl Server {
         &self.gateway
     }
 
-    /// Swaps in a new config: routes, upstreams, timeouts of the upstream side and limits
-    /// checked per request, and the certificates of TLS listeners (a renewed certificate is
-    /// served to every connection accepted after the reload). Listeners are bound once: a
-    /// changed listener list is logged and needs a restart. Nothing changes unless the whole
-    /// config (certificates included) loads.
+    /// Swaps in a new config: routes, upstreams, timeouts and limits, and the listeners.
+    ///
+    /// Listeners are matched to the running ones by address (as configured, so a listener
+    /// on port 0 keeps its port): a listener on the same address keeps its sockets (no
+    /// connection is refused during the reload) and serves every connection accepted after
+    /// the reload with the new settings (TLS on or off, a renewed certificate, header limit,
+    /// idle timeout, access log; `limits.connections` is resized in place). A new address is
+    /// bound on every serving thread before anything changes, and an address that cannot be
+    /// bound fails the whole reload with a diagnostic naming the listener's field. A removed
+    /// listener stops accepting and closes its sockets; its open connections finish their
+    /// requests and close as in a graceful shutdown. Nothing changes unless the whole config
+    /// (certificates and binds included) loads.
     pub fn reload(&self, config: Config) -> Result<(), Error> {
-        let listen: Vec<String> = config
-            .listeners
-            .iter()
-            .map(|l| l.address.get_ref().clone())
-            .collect();
-        let same_listeners = listen == self.listen_config;
-        if !same_listeners {
-            tracing::warn!(
-                "reload: listener changes need a restart; keeping {:?}",
-                self.listen_config
-            );
-        }
-        let tls: Vec<Option<Arc<TlsAcceptor>>> = if same_listeners {
-            let loaded: Result<Vec<_>, Error> = config
-                .listeners
-                .iter()
-                .map(|l| tls_acceptor(&config, l))
-                .collect();
-            if loaded.is_err() {
+        let mut listeners = lock(&self.listeners);
+        let mut logs = lock(&self.access_logs);
+        let plan = match self.prepare(&listeners, &mut logs, &config) {
+            Ok(plan) => plan,
+            Err(e) => {
                 self.gateway.metrics().reloaded(false);
+                return Err(e);
             }
-            loaded?
-        } else {
-            Vec::new()
         };
-        self.access_logs.warn_if_changed(&config);
-        self.gateway.reload(config)?;
-        for (listener, acceptor) in self.listeners.iter().zip(tls) {
-            listener.tls.store(acceptor);
+        // Counts the reload as applied or failed itself.
+        if let Err(e) = self.gateway.reload(config) {
+            logs.undo(plan.started_logs);
+            // The new sockets of `plan` close as it drops.
+            return Err(e);
         }
+        self.apply(&mut listeners, plan);
         Ok(())
+    }
+
+    /// Every fallible step of a reload: match listeners, bind new addresses, load
+    /// certificates, open new access logs.
+    fn prepare(
+        &self,
+        listeners: &Listeners,
+        logs: &mut AccessLogs,
+        config: &Config,
+    ) -> Result<Plan, Error> {
+        let mut claimed = vec![false; listeners.active.len()];
+        let mut slots = Vec::new();
+        let mut bind_errors = Vec::new();
+        for (i, l) in config.listeners.iter().enumerate() {
+            let wanted = wanted(l)?;
+            let running = listeners
+                .active
+                .iter()
+                .enumerate()
+                .position(|(j, r)| !claimed[j] && r.wanted == wanted);
+            if let Some(j) = running {
+                claimed[j] = true;
+                slots.push(Slot::Keep(j));
+                continue;
+            }
+            let bound = bind_per_thread(wanted, self.threads.len())
+                .and_then(|(addr, sockets)| Ok((addr, register(addr, sockets, &self.threads)?)));
+            match bound {
+                Ok((addr, sockets)) => slots.push(Slot::New {
+                    wanted,
+                    addr,
+                    sockets,
+                }),
+                Err(e) => bind_errors.push(config.listener_diagnostic(i, e.to_string())),
+            }
+        }
+        if !bind_errors.is_empty() {
+            return Err(Error::Config(bind_errors));
+        }
+        let attached = logs.attach(config, Some(&self.log_metrics))?;
+        let started_logs = attached.started;
+        let settings = match settings(config, attached.per_listener) {
+            Ok(s) => s,
+            Err(e) => {
+                logs.undo(started_logs);
+                return Err(e);
+            }
+        };
+        Ok(Plan {
+            slots: slots.into_iter().zip(settings).collect(),
+            connections: config.limits.connections,
+            started_logs,
+        })
+    }
+
+    /// Applies a prepared plan; nothing here can fail. New listeners start accepting before
+    /// removed ones stop, so a listener that moves is never down.
+    fn apply(&self, listeners: &mut Listeners, plan: Plan) {
+        let mut old: Vec<Option<Listener>> = listeners.active.drain(..).map(Some).collect();
+        let mut active = Vec::new();
+        for (slot, settings) in plan.slots {
+            match slot {
+                Slot::Keep(j) => {
+                    let l = old[j]
+                        .take()
+                        .expect("a running listener is matched at most once");
+                    self.resize(&l.permits, listeners.connections, plan.connections);
+                    l.control.send_replace(Some(settings));
+                    active.push(l);
+                }
+                Slot::New {
+                    wanted,
+                    addr,
+                    sockets,
+                } => {
+                    let tls = settings.tls.is_some();
+                    let (control, _) = watch::channel(Some(settings));
+                    let permits = Arc::new(Semaphore::new(plan.connections));
+                    let tasks = sockets
+                        .into_iter()
+                        .zip(&self.threads)
+                        .map(|(socket, runtime)| {
+                            let acceptor = Acceptor {
+                                gateway: Arc::clone(&self.gateway),
+                                permits: Arc::clone(&permits),
+                                control: control.subscribe(),
+                            };
+                            runtime.spawn(acceptor.run(socket))
+                        })
+                        .collect();
+                    tracing::info!(
+                        "tailguard: listening on {addr}{}",
+                        if tls { " (tls)" } else { "" }
+                    );
+                    active.push(Listener {
+                        wanted,
+                        addr,
+                        control,
+                        permits,
+                        tasks,
+                    });
+                }
+            }
+        }
+        for removed in old.into_iter().flatten() {
+            removed.control.send_replace(None);
+            tracing::info!("tailguard: stopped listening on {}", removed.addr);
+            listeners.draining.extend(removed.tasks);
+        }
+        listeners.draining.retain(|t| !t.is_finished());
+        listeners.active = active;
+        listeners.connections = plan.connections;
+    }
+
+    /// Moves a running listener's connection limit from `from` to `to`. Raising adds
+    /// permits now; lowering takes the difference out as connections close (the semaphore
+    /// is fair, so no connection is accepted until the open ones are under the new limit).
+    fn resize(&self, permits: &Arc<Semaphore>, from: usize, to: usize) {
+        if to > from {
+            permits.add_permits(to - from);
+        } else if from > to {
+            let permits = Arc::clone(permits);
+            let mut left = from - to;
+            self.threads[0].spawn(async move {
+                while left > 0 {
+                    let chunk = u32::try_from(left).unwrap_or(u32::MAX);
+                    match permits.acquire_many(chunk).await {
+                        Ok(p) => p.forget(),
+                        Err(_) => return,
+                    }
+                    left -= chunk as usize;
+                }
+            });
+        }
     }
 
     /// Reopens every access log file (SIGUSR1, after logrotate renamed it).
     pub fn reopen_access_logs(&self) {
-        for r in self.access_logs.reopeners() {
+        for r in lock(&self.access_logs).reopeners() {
             r.reopen();
         }
     }
@@ -310,43 +523,60 @@ impl Server {
     /// connections close at once, HTTP/2 connections get GOAWAY), and returns whether every
     /// connection finished in time.
     pub async fn shutdown(self, deadline: Duration) -> bool {
-        let _ = self.stop.send(true);
-        for task in self.accept_tasks {
-            let _ = task.await;
-        }
-        // The accept tasks (the only other holders) have ended.
-        let drained = match Arc::try_unwrap(self.graceful) {
-            Ok(graceful) => tokio::time::timeout(deadline, graceful.shutdown())
-                .await
-                .is_ok(),
-            Err(_) => false,
+        let tasks: Vec<JoinHandle<()>> = {
+            let mut listeners = lock(&self.listeners);
+            let listeners = &mut *listeners;
+            for l in &listeners.active {
+                l.control.send_replace(None);
+            }
+            let mut tasks: Vec<JoinHandle<()>> = listeners.draining.drain(..).collect();
+            for l in &mut listeners.active {
+                tasks.append(&mut l.tasks);
+            }
+            tasks
         };
+        // Each accept loop closes its socket, then waits for its connections to finish.
+        let drained = tokio::time::timeout(deadline, async {
+            for task in tasks {
+                let _ = task.await;
+            }
+        })
+        .await
+        .is_ok();
         // Drained (or out of time): stop the serving runtimes, dropping whatever is left.
-        let mut serving = self.serving;
+        let Server {
+            mut serving,
+            access_logs,
+            ..
+        } = self;
         for thread in &mut serving {
             thread.stop();
         }
         // Every answered request has logged by now: write and fsync every buffered line.
-        self.access_logs.shutdown();
+        access_logs
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+            .shutdown();
         drained
     }
 }
 
-type Ready = std::sync::mpsc::Sender<Result<Vec<JoinHandle<()>>, Error>>;
+/// Locks a control-side mutex (reload, shutdown); a panic in another reload leaves the
+/// table consistent (it is only written by `apply`, which cannot fail), so a poisoned lock
+/// is used as is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+type Ready = std::sync::mpsc::Sender<Result<Handle, Error>>;
 
 /// How often a serving thread closes its idle upstream connections past the idle timeout.
 const EVICT_EVERY: Duration = Duration::from_secs(1);
 
-/// A serving thread's life: build its runtime, start an accept loop per listener and the
-/// idle-connection reaper of its pool slots, report ready, then keep serving until the
-/// server says exit.
-fn serve_thread(
-    gateway: Arc<Gateway>,
-    acceptors: Vec<(std::net::TcpListener, Acceptor)>,
-    stop: watch::Receiver<bool>,
-    exit: tokio::sync::oneshot::Receiver<()>,
-    ready: Ready,
-) {
+/// A serving thread's life: build its runtime, start the idle-connection reaper of its pool
+/// slots, report ready (with the runtime's handle, onto which the server spawns an accept
+/// loop per listener, at start and on reload), then keep serving until the server says exit.
+fn serve_thread(gateway: Arc<Gateway>, exit: tokio::sync::oneshot::Receiver<()>, ready: Ready) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -357,20 +587,8 @@ fn serve_thread(
             return;
         }
     };
+    let _ = ready.send(Ok(runtime.handle().clone()));
     runtime.block_on(async move {
-        let mut tasks = Vec::new();
-        for (socket, acceptor) in acceptors {
-            let addr = socket.local_addr().ok();
-            match TcpListener::from_std(socket) {
-                Ok(listener) => tasks.push(tokio::spawn(acceptor.run(listener, stop.clone()))),
-                Err(source) => {
-                    let addr = addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-                    let _ = ready.send(Err(Error::Bind { addr, source }));
-                    return;
-                }
-            }
-        }
-        let _ = ready.send(Ok(tasks));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(EVICT_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -386,26 +604,51 @@ fn serve_thread(
     });
 }
 
+/// One listener's accept loop on one serving thread.
 struct Acceptor {
-    listener: Arc<ListenerShared>,
     gateway: Arc<Gateway>,
-    builder: Arc<Builder>,
-    graceful: Arc<GracefulShutdown>,
+    permits: Arc<Semaphore>,
+    control: watch::Receiver<Option<Arc<Settings>>>,
 }
 
 impl Acceptor {
-    async fn run(self, listener: TcpListener, mut stop: watch::Receiver<bool>) {
-        let shared = Arc::clone(&self.listener);
+    /// Accepts until told to stop, then closes the socket and drains this loop's
+    /// connections (in-flight requests finish, idle ones close, HTTP/2 gets GOAWAY).
+    async fn run(self, listener: TcpListener) {
+        let Acceptor {
+            gateway,
+            permits,
+            mut control,
+        } = self;
+        // Per accept loop, so a removed listener drains its own connections only.
+        let graceful = GracefulShutdown::new();
         loop {
+            // One read of the watch per accepted connection: a brief read lock that a
+            // reload's store takes for a pointer swap, never a request's.
+            let Some(settings) = control.borrow_and_update().clone() else {
+                break;
+            };
+            // `biased`: a reload that is already visible wins over a ready permit or
+            // connection, so every connection accepted after `reload` returns gets the new
+            // settings.
             let permit = tokio::select! {
-                _ = stop.changed() => return,
-                p = Arc::clone(&shared.permits).acquire_owned() => match p {
+                biased;
+                changed = control.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => break,
+                },
+                p = Arc::clone(&permits).acquire_owned() => match p {
                     Ok(p) => p,
-                    Err(_) => return,
+                    Err(_) => break,
                 },
             };
             let (stream, remote) = tokio::select! {
-                _ = stop.changed() => return,
+                biased;
+                // `accept` is cancel-safe: a connection not yet taken stays queued.
+                changed = control.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => break,
+                },
                 r = listener.accept() => match r {
                     Ok(pair) => pair,
                     Err(e) => {
@@ -417,24 +660,25 @@ impl Acceptor {
                 },
             };
             let _ = stream.set_nodelay(true);
-            let tls = shared.tls.load_full();
-            let counted = self.gateway.metrics().connection_opened();
-            let watcher = self.graceful.watcher();
+            let counted = gateway.metrics().connection_opened();
+            let watcher = graceful.watcher();
             let ctx = Arc::new(ConnCtx {
-                snapshot: self.gateway.snapshot(),
-                gateway: Arc::clone(&self.gateway),
+                snapshot: gateway.snapshot(),
+                gateway: Arc::clone(&gateway),
                 remote,
                 remote_ip: crate::headers::client_address(remote.ip()),
-                tls: tls.is_some(),
-                access_log: shared.access_log.clone(),
+                tls: settings.tls.is_some(),
+                access_log: settings.access_log.clone(),
             });
-            let builder = Arc::clone(&self.builder);
             tokio::spawn(async move {
                 let _permit = permit;
                 let _counted = counted;
-                serve_connection(stream, tls, ctx, builder, watcher).await;
+                serve_connection(stream, settings, ctx, watcher).await;
             });
         }
+        // Refuse new connections at once, while the open ones finish.
+        drop(listener);
+        graceful.shutdown().await;
     }
 }
 
@@ -461,16 +705,16 @@ where
 
 async fn serve_connection(
     stream: TcpStream,
-    tls: Option<Arc<TlsAcceptor>>,
+    settings: Arc<Settings>,
     ctx: Arc<ConnCtx>,
-    builder: Arc<Builder>,
     watcher: hyper_util::server::graceful::Watcher,
 ) {
     let remote = ctx.remote;
-    let result = match tls {
+    let builder = &settings.builder;
+    let result = match &settings.tls {
         Some(acceptor) => {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => serve_io(TokioIo::new(stream), ctx, &builder, watcher).await,
+                Ok(Ok(stream)) => serve_io(TokioIo::new(stream), ctx, builder, watcher).await,
                 Ok(Err(e)) => {
                     tracing::debug!(%remote, "tls handshake failed: {e}");
                     return;
@@ -481,7 +725,7 @@ async fn serve_connection(
                 }
             }
         }
-        None => serve_io(TokioIo::new(stream), ctx, &builder, watcher).await,
+        None => serve_io(TokioIo::new(stream), ctx, builder, watcher).await,
     };
     if let Err(e) = result {
         // hyper answered a malformed or oversized head itself (400/431) before the gateway

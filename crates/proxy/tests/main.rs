@@ -4,6 +4,7 @@ mod config;
 mod errors;
 mod forwarding;
 mod lifecycle;
+mod listeners;
 mod overload;
 mod pool;
 mod routing;

@@ -2,5 +2,6 @@
 
 mod access_log;
 mod gateway;
+mod listeners;
 mod metrics;
 mod support;

@@ -12,7 +12,8 @@
 //! | `/delay/MS` | waits MS milliseconds, then the default answer |
 //! | anything else | the default answer: [`UpstreamBuilder`]'s status, body and delay |
 //!
-//! Clients: [`http1_client`], [`h2c_client`], [`tls_get`]; certificates: [`TestCert`].
+//! Clients: [`http1_client`], [`h2c_client`], [`tls_get`]; certificates: [`TestCert`]; a free
+//! port named before the gateway binds it: [`reserve_port`].
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -396,4 +397,25 @@ pub fn promtool_check(exposition: &[u8]) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// A port on 127.0.0.1 held for a listener that a test must name before it is bound (a
+/// config reloaded onto a new address): a socket bound with `SO_REUSEPORT` that never
+/// listens. A gateway binding the port with `SO_REUSEPORT` as the same user succeeds and
+/// gets every connection (a socket that does not listen is never chosen), while no other
+/// socket can take the port meanwhile: unlike bind-then-release, nothing can race for it.
+/// Keep the returned socket alive as long as the port is needed.
+pub fn reserve_port() -> (socket2::Socket, SocketAddr) {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    socket.set_reuse_port(true).expect("SO_REUSEPORT");
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind 127.0.0.1:0");
+    let addr = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .expect("an IPv4 socket address");
+    (socket, addr)
 }
