@@ -179,20 +179,31 @@ fn wanted(listener: &crate::config::ListenerConfig) -> Result<SocketAddr, Error>
     })
 }
 
-/// The settings of each listener of `config`, in order (TLS acceptors load here, so a
-/// certificate that does not load fails the caller before anything changes).
-fn settings(config: &Config, logs: Vec<AccessLog>) -> Result<Vec<Arc<Settings>>, Error> {
-    let builder = Arc::new(builder(&config.limits, &config.timeouts));
+/// The TLS acceptor of each listener of `config`, in order: a certificate that does not
+/// load fails the caller before anything changes.
+fn tls_acceptors(config: &Config) -> Result<Vec<Option<Arc<TlsAcceptor>>>, Error> {
     config
         .listeners
         .iter()
+        .map(|l| tls_acceptor(config, l))
+        .collect()
+}
+
+/// The settings of each listener of `config`, in order.
+fn settings(
+    config: &Config,
+    tls: Vec<Option<Arc<TlsAcceptor>>>,
+    logs: Vec<AccessLog>,
+) -> Vec<Arc<Settings>> {
+    let builder = Arc::new(builder(&config.limits, &config.timeouts));
+    tls.into_iter()
         .zip(logs)
-        .map(|(l, access_log)| {
-            Ok(Arc::new(Settings {
-                tls: tls_acceptor(config, l)?,
+        .map(|(tls, access_log)| {
+            Arc::new(Settings {
+                tls,
                 builder: Arc::clone(&builder),
                 access_log,
-            }))
+            })
         })
         .collect()
 }
@@ -269,8 +280,9 @@ impl Server {
         }
         let log_metrics = tailguard_access_log::Metrics::register(metrics.registry())
             .map_err(|e| Error::Internal(e.to_string()))?;
+        let tls = tls_acceptors(&config)?;
         let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
-        let settings = settings(&config, logs)?;
+        let settings = settings(&config, tls, logs);
         let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -415,15 +427,12 @@ impl Server {
         if !bind_errors.is_empty() {
             return Err(Error::Config(bind_errors));
         }
+        let tls = tls_acceptors(config)?;
+        // Last, as it is the one step that leaves a trace (a created log file) if a later
+        // step fails: only the gateway's own snapshot build comes after it.
         let attached = logs.attach(config, Some(&self.log_metrics))?;
         let started_logs = attached.started;
-        let settings = match settings(config, attached.per_listener) {
-            Ok(s) => s,
-            Err(e) => {
-                logs.undo(started_logs);
-                return Err(e);
-            }
-        };
+        let settings = settings(config, tls, attached.per_listener);
         Ok(Plan {
             slots: slots.into_iter().zip(settings).collect(),
             connections: config.limits.connections,

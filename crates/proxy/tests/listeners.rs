@@ -336,3 +336,62 @@ async fn a_reload_that_raises_the_connection_limit_admits_the_waiting_connection
     assert_eq!(got.unwrap().0, 200);
     drop(first);
 }
+
+#[tokio::test]
+async fn a_listener_added_with_its_own_access_log_logs_there_and_a_failed_reload_opens_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("second.log");
+    let upstream = Upstream::start().await;
+    let server = Server::start(listening_on(&any_port(1), upstream.addr, ""), 2).unwrap();
+    let first = server.local_addrs()[0];
+    let with_second = |second: &str| {
+        support::config(&format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+             [[listeners]]\naddress = \"{second}\"\n\
+             access_log = {{ path = \"{}\", format = \"combined\" }}\n\n\
+             [[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
+             [[routes]]\nid = \"all\"\nupstream = \"up\"\n",
+            own.display(),
+            upstream.addr
+        ))
+    };
+
+    // The new listener's address is taken: the reload fails before its log is opened.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    assert!(server.reload(with_second(&taken_addr)).is_err());
+    assert!(
+        !own.exists(),
+        "a failed reload created the new listener's log"
+    );
+    drop(taken);
+
+    server
+        .reload(with_second("127.0.0.1:0"))
+        .expect("reload with a second listener and its log");
+    let second = server.local_addrs()[1];
+    for path in ["/via/second/1", "/via/second/2", "/via/second/3"] {
+        assert_eq!(get_fresh(second, path).await.unwrap(), "HTTP/1.1 200 OK");
+    }
+    assert_eq!(
+        get_fresh(first, "/via/first").await.unwrap(),
+        "HTTP/1.1 200 OK"
+    );
+    assert!(server.shutdown(Duration::from_secs(10)).await);
+    // The clean stop wrote every line of the second listener, and none of the first.
+    let text = std::fs::read_to_string(&own).unwrap();
+    // Each serving thread buffers its own lines: the order across threads is not fixed.
+    let mut targets: Vec<&str> = text
+        .lines()
+        .map(|l| {
+            let start = l.find("\"GET ").expect("a GET request line") + 5;
+            &l[start..start + "/via/second/1".len()]
+        })
+        .collect();
+    targets.sort_unstable();
+    assert_eq!(
+        targets,
+        ["/via/second/1", "/via/second/2", "/via/second/3"],
+        "{text}"
+    );
+}
