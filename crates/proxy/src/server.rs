@@ -67,6 +67,26 @@ struct Listener {
     /// Open downstream connections (all serving threads together).
     permits: Arc<Semaphore>,
     tasks: Vec<JoinHandle<()>>,
+    /// The listening sockets (duplicated descriptors; the accept loops own the others).
+    sockets: Vec<std::net::TcpListener>,
+}
+
+impl Listener {
+    /// Stops accepting at once: tells the accept loops (which then drain their
+    /// connections), and shuts the listening sockets down. On Linux that takes a listening
+    /// socket out of service immediately (HAProxy pauses listeners this way): a connect is
+    /// refused as soon as this returns, connections still in the backlog are reset as a
+    /// close would, and the address can be bound again (by the next reload) while the loops
+    /// drain, with no old socket left to take a share of its connections.
+    fn stop(&self) {
+        self.control.send_replace(None);
+        for socket in &self.sockets {
+            if let Err(e) = socket2::SockRef::from(socket).shutdown(std::net::Shutdown::Read) {
+                // The accept loop closes the socket when it ends anyway.
+                tracing::debug!(addr = %self.addr, "shutting a listening socket down: {e}");
+            }
+        }
+    }
 }
 
 /// What a listener serves new connections with; a reload replaces it whole. A connection
@@ -138,19 +158,29 @@ fn bind_per_thread(
     Ok((addr, sockets))
 }
 
+/// A listening socket registered with its serving thread's runtime, and a duplicate of its
+/// descriptor that the control side keeps to stop it ([`Listener::stop`]).
+struct Registered {
+    socket: TcpListener,
+    control: std::net::TcpListener,
+}
+
 /// Registers each socket with its serving thread's runtime (from this thread: only the
 /// registration needs the runtime's context, the accept loop is spawned onto it later).
 fn register(
     addr: SocketAddr,
     sockets: Vec<std::net::TcpListener>,
     threads: &[Handle],
-) -> Result<Vec<TcpListener>, Error> {
+) -> Result<Vec<Registered>, Error> {
+    let err = |source| Error::Bind { addr, source };
     sockets
         .into_iter()
         .zip(threads)
         .map(|(socket, runtime)| {
+            let control = socket.try_clone().map_err(err)?;
             let _entered = runtime.enter();
-            TcpListener::from_std(socket).map_err(|source| Error::Bind { addr, source })
+            let socket = TcpListener::from_std(socket).map_err(err)?;
+            Ok(Registered { socket, control })
         })
         .collect()
 }
@@ -240,7 +270,7 @@ enum Slot {
     New {
         wanted: SocketAddr,
         addr: SocketAddr,
-        sockets: Vec<TcpListener>,
+        sockets: Vec<Registered>,
     },
 }
 
@@ -463,16 +493,18 @@ impl Server {
                     let tls = settings.tls.is_some();
                     let (control, _) = watch::channel(Some(settings));
                     let permits = Arc::new(Semaphore::new(plan.connections));
+                    let mut controls = Vec::new();
                     let tasks = sockets
                         .into_iter()
                         .zip(&self.threads)
-                        .map(|(socket, runtime)| {
+                        .map(|(registered, runtime)| {
+                            controls.push(registered.control);
                             let acceptor = Acceptor {
                                 gateway: Arc::clone(&self.gateway),
                                 permits: Arc::clone(&permits),
                                 control: control.subscribe(),
                             };
-                            runtime.spawn(acceptor.run(socket))
+                            runtime.spawn(acceptor.run(registered.socket))
                         })
                         .collect();
                     tracing::info!(
@@ -485,12 +517,13 @@ impl Server {
                         control,
                         permits,
                         tasks,
+                        sockets: controls,
                     });
                 }
             }
         }
         for removed in old.into_iter().flatten() {
-            removed.control.send_replace(None);
+            removed.stop();
             tracing::info!("tailguard: stopped listening on {}", removed.addr);
             listeners.draining.extend(removed.tasks);
         }
@@ -536,7 +569,7 @@ impl Server {
             let mut listeners = lock(&self.listeners);
             let listeners = &mut *listeners;
             for l in &listeners.active {
-                l.control.send_replace(None);
+                l.stop();
             }
             let mut tasks: Vec<JoinHandle<()>> = listeners.draining.drain(..).collect();
             for l in &mut listeners.active {
