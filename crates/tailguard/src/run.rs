@@ -3,7 +3,8 @@
 //!
 //! The serving runtime's workers only serve traffic. Signals are handled on the main thread
 //! (`block_on` runs its future on the calling thread), so a SIGHUP reload reads and parses
-//! the file there, off the serving threads, and swaps the result in with a pointer store.
+//! the file there, off the serving threads, binds any new listener address there too, and
+//! swaps the result in with pointer stores (the snapshot, each listener's settings).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
