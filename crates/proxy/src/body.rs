@@ -10,6 +10,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::client::UpstreamBody;
+
 use crate::error::Error;
 use crate::record::Finish;
 
@@ -96,7 +98,7 @@ impl Body for RequestBody {
 #[derive(Debug)]
 enum Source {
     /// The upstream's body, with the frame read ahead (if any) to be sent first.
-    Upstream(Option<Frame<Bytes>>, Incoming),
+    Upstream(Option<Frame<Bytes>>, UpstreamBody),
     Local(Option<Bytes>),
 }
 
@@ -113,7 +115,7 @@ impl ResponseBody {
     /// Streams an upstream body.
     pub(crate) fn upstream(
         first: Option<Frame<Bytes>>,
-        body: Incoming,
+        body: UpstreamBody,
         finish: Option<Finish>,
     ) -> ResponseBody {
         ResponseBody {
@@ -137,21 +139,30 @@ impl ResponseBody {
     }
 
     fn end(&mut self, completed: bool) {
-        if let Some(mut f) = self.finish.take() {
+        self.settle(completed);
+        drop(self.finish.take());
+    }
+
+    /// Notes whether the response went out whole; if it did, the upstream connection can go
+    /// back to its pool (the finish does that, as it knows the endpoint).
+    fn settle(&mut self, completed: bool) {
+        if let Some(f) = &mut self.finish {
             f.record.completed = completed;
-            drop(f);
+            if completed && let Source::Upstream(_, body) = &mut self.source {
+                f.upstream_conn = body.take_reusable();
+            }
         }
     }
 }
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = &mut *self;
         let polled = match &mut this.source {
             Source::Local(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
@@ -215,8 +226,6 @@ impl Drop for ResponseBody {
         // hyper also drops a body it knows is empty (`is_end_stream`) without polling it,
         // which is a completed response.
         let done = Body::is_end_stream(self);
-        if let Some(f) = &mut self.finish {
-            f.record.completed = done;
-        }
+        self.settle(done);
     }
 }

@@ -15,17 +15,19 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use tokio::io::AsyncWriteExt as _;
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
 use crate::body::{RequestBody, ResponseBody};
 use crate::builtin::Responder;
+use crate::client::{self, SendError, UpstreamBody};
 use crate::config::{Config, Timeouts};
 use crate::error::Error;
 use crate::headers;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
-use crate::pool::{EndpointPool, PoolSettings, Sender};
+use crate::pool::{EndpointPool, PoolSettings};
 use crate::record::{Finish, RequestRecord};
 use crate::route::{Route, Router};
 use crate::upstream::Upstream;
@@ -314,14 +316,14 @@ pub(crate) async fn serve(
     // on every request: 1 KB moved with this box, 7.6 KB without.
     let forwarding = Box::pin(forward(held.snapshot(), &conn, req, route, &mut record));
     match forwarding.await {
-        Ok((resp, first, sender)) => {
+        Ok((resp, first)) => {
             admitted.served();
             let (parts, body) = resp.into_parts();
             record.status = parts.status.as_u16();
             let finish = Finish {
                 record,
                 held,
-                upstream_conn: sender,
+                upstream_conn: None,
                 _admitted: Some(admitted),
             };
             Ok(Response::from_parts(
@@ -426,7 +428,7 @@ async fn forward(
     mut req: Request<Incoming>,
     route: Option<usize>,
     record: &mut RequestRecord,
-) -> Result<(Response<Incoming>, Option<Frame<Bytes>>, Option<Sender>), Error> {
+) -> Result<(Response<UpstreamBody>, Option<Frame<Bytes>>), Error> {
     let limits = &snap.config.limits;
     if head_bytes(&req) > limits.header_bytes {
         return Err(Error::HeadersTooLarge);
@@ -523,7 +525,7 @@ async fn forward(
     drop(waiting);
     record.upstream_time = Some(elapsed);
     let outcome = match &result {
-        Ok((r, _)) => Outcome::Status(r.status().as_u16()),
+        Ok(r) => Outcome::Status(r.status().as_u16()),
         Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
         Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
@@ -532,14 +534,15 @@ async fn forward(
     upstream.balance.complete(endpoint_index, outcome, elapsed);
     breaker.finish(outcome);
 
-    let (mut resp, sender) = result?;
+    let mut resp = result?;
     record.upstream_status = Some(resp.status().as_u16());
     if let Some((_, downstream)) = upgrade
         && resp.status() == StatusCode::SWITCHING_PROTOCOLS
     {
         let protocol = resp.headers().get(UPGRADE).cloned();
-        let upstream_side = hyper::upgrade::on(&mut resp);
-        tokio::spawn(tunnel(downstream, upstream_side, endpoint.addr));
+        if let Some(upstream_side) = resp.body_mut().take_upgraded() {
+            tokio::spawn(tunnel(downstream, upstream_side, endpoint.addr));
+        }
         headers::remove_hop_by_hop(resp.headers_mut());
         if let Some(protocol) = protocol {
             resp.headers_mut().insert(UPGRADE, protocol);
@@ -547,42 +550,49 @@ async fn forward(
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("upgrade"));
         // The upstream connection now belongs to the tunnel, never to the pool.
-        return Ok((resp, None, None));
+        return Ok((resp, None));
     }
     let first = match snap.request_timeout {
         Some(limit) => {
             let deadline = tokio::time::Instant::from_std(dispatched + limit);
-            tokio::time::timeout_at(deadline, read_ahead(&mut resp, endpoint.addr))
+            tokio::time::timeout_at(deadline, read_ahead(&mut resp))
                 .await
                 .unwrap_or(Err(Error::UpstreamTimeout {
                     addr: endpoint.addr,
                     phase: "request",
                 }))?
         }
-        None => read_ahead(&mut resp, endpoint.addr).await?,
+        None => read_ahead(&mut resp).await?,
     };
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
     resp.headers_mut().append(VIA, via);
-    Ok((resp, first, Some(sender)))
+    Ok((resp, first))
 }
 
-/// Copies bytes both ways between an upgraded client connection and an upgraded upstream
-/// connection until either side closes (a WebSocket after its `101`).
+/// Copies bytes both ways between an upgraded client connection and the upstream
+/// connection that answered `101` until either side closes (a WebSocket).
 async fn tunnel(
     downstream: hyper::upgrade::OnUpgrade,
-    upstream: hyper::upgrade::OnUpgrade,
+    upstream: Box<client::Connection>,
     addr: SocketAddr,
 ) {
-    let (client, server) = match tokio::try_join!(downstream, upstream) {
-        Ok(pair) => pair,
+    let client = match downstream.await {
+        Ok(upgraded) => upgraded,
         Err(e) => {
             tracing::debug!(upstream = %addr, "upgrade failed: {e}");
             return;
         }
     };
     let mut client = hyper_util::rt::TokioIo::new(client);
-    let mut server = hyper_util::rt::TokioIo::new(server);
+    let (mut server, prelude, _open) = (*upstream).into_upgraded();
+    // What the upstream sent right behind its 101 head is the tunnel's first bytes.
+    if !prelude.is_empty()
+        && let Err(e) = client.write_all(&prelude).await
+    {
+        tracing::debug!(upstream = %addr, "upgraded connection ended: {e}");
+        return;
+    }
     match tokio::io::copy_bidirectional(&mut client, &mut server).await {
         Ok((up, down)) => {
             tracing::debug!(upstream = %addr, up, down, "upgraded connection closed");
@@ -606,10 +616,10 @@ async fn exchange(
     first: usize,
     req: Request<RequestBody>,
     now: Instant,
-) -> (Result<(Response<Incoming>, Sender), Error>, usize) {
+) -> (Result<Response<UpstreamBody>, Error>, usize) {
     let upstream = &snap.upstreams[upstream_index];
     let pool = &upstream.endpoints[first].pool;
-    let (mut sender, reused) = match pool.checkout(now).await {
+    let (conn, reused) = match pool.checkout(now).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
             let retry_on = retry_endpoint(snap, upstream_index, first, &req, &e);
@@ -628,35 +638,41 @@ async fn exchange(
             );
             let next_pool = &upstream.endpoints[next].pool;
             let sent = async {
-                let (sender, _) = next_pool.checkout(now).await?;
-                send(sender, req, next_pool.addr()).await
+                let (conn, reused) = next_pool.checkout(now).await?;
+                send_once(conn, req, reused, next_pool).await
             };
             return (Box::pin(sent).await, next);
         }
     };
-    let result = match sender.try_send_request(req).await {
-        Ok(resp) => Ok((resp, sender)),
-        Err(mut e) => match e.take_message() {
-            Some(unsent) if reused => match Box::pin(pool.connect()).await {
-                Ok(sender) => send(sender, unsent, pool.addr()).await,
-                Err(e) => Err(e),
-            },
-            _ => Err(classify(e.error(), pool.addr())),
-        },
-    };
-    (result, first)
+    (send_once(conn, req, reused, pool).await, first)
 }
 
-/// Sends `req` on `sender` (a connection that has not been tried for it) and waits for the
-/// response head.
-async fn send(
-    mut sender: Sender,
+/// Sends `req` on `conn` and waits for the response head; if `conn` was an idle connection
+/// the upstream had closed, sends it once more on a new connection.
+async fn send_once(
+    conn: Box<client::Connection>,
     req: Request<RequestBody>,
-    addr: SocketAddr,
-) -> Result<(Response<Incoming>, Sender), Error> {
-    match sender.send_request(req).await {
-        Ok(resp) => Ok((resp, sender)),
-        Err(e) => Err(classify(&e, addr)),
+    reused: bool,
+    pool: &EndpointPool,
+) -> Result<Response<UpstreamBody>, Error> {
+    match client::send(conn, req, reused).await {
+        Ok(resp) => Ok(resp),
+        Err(SendError::Failed(e)) => Err(e),
+        Err(SendError::Stale(req)) => {
+            let resend = async {
+                let conn = pool.connect().await?;
+                match client::send(conn, *req, false).await {
+                    Ok(resp) => Ok(resp),
+                    Err(SendError::Failed(e)) => Err(e),
+                    Err(SendError::Stale(_)) => Err(Error::UpstreamBroken {
+                        addr: pool.addr(),
+                        reason: "connection closed before a response".to_string(),
+                    }),
+                }
+            };
+            // Boxed: only the rare resend pays for its future's size.
+            Box::pin(resend).await
+        }
     }
 }
 
@@ -709,10 +725,7 @@ const READ_AHEAD_BYTES: u64 = 64 * 1024;
 /// handed to hyper, so head and body leave in one write (one syscall, one TCP segment)
 /// instead of two; nginx's proxy buffering does the same. Streams of unknown length (SSE,
 /// long polls) are never held back: their head goes out at once.
-async fn read_ahead(
-    resp: &mut Response<Incoming>,
-    addr: SocketAddr,
-) -> Result<Option<Frame<Bytes>>, Error> {
+async fn read_ahead(resp: &mut Response<UpstreamBody>) -> Result<Option<Frame<Bytes>>, Error> {
     let small = resp
         .headers()
         .get(CONTENT_LENGTH)
@@ -724,41 +737,7 @@ async fn read_ahead(
     }
     match resp.body_mut().frame().await {
         Some(Ok(frame)) => Ok(Some(frame)),
-        Some(Err(e)) => Err(Error::UpstreamBroken {
-            addr,
-            reason: chain(&e),
-        }),
+        Some(Err(e)) => Err(e),
         None => Ok(None),
     }
-}
-
-/// Sorts an error of the upstream exchange into blame: our own request-body errors (the
-/// downstream's fault) are found in the source chain; anything else broke the exchange with
-/// the upstream (connect errors never get here: the pool reports those itself).
-fn classify(err: &hyper::Error, addr: SocketAddr) -> Error {
-    let mut source = std::error::Error::source(err);
-    while let Some(s) = source {
-        if let Some(own) = s.downcast_ref::<Error>() {
-            return match own {
-                Error::BodyTooLarge => Error::BodyTooLarge,
-                other => Error::DownstreamBody(other.to_string()),
-            };
-        }
-        source = s.source();
-    }
-    Error::UpstreamBroken {
-        addr,
-        reason: chain(err),
-    }
-}
-
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

@@ -43,6 +43,7 @@ pub mod admission;
 pub mod balance;
 pub mod body;
 pub mod builtin;
+pub(crate) mod client;
 pub mod config;
 pub mod error;
 pub mod gateway;

@@ -9,17 +9,14 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll};
+
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use tailguard_metrics::{
     Counter, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry, StatusCounters,
     register_process_metrics,
 };
-use tokio::net::TcpStream;
 
 use crate::error::{Blame, Error};
 use crate::gateway::Snapshot;
@@ -447,66 +444,24 @@ pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) 
 
 /// An upstream connection counted as open until dropped.
 #[derive(Debug)]
-pub(crate) struct CountedConnection {
-    io: TokioIo<TcpStream>,
+pub(crate) struct OpenConnection {
     pool: Arc<PoolMetrics>,
 }
 
-impl CountedConnection {
+impl OpenConnection {
     /// Counts a newly opened connection.
-    pub(crate) fn new(stream: TcpStream, pool: &Arc<PoolMetrics>) -> CountedConnection {
+    pub(crate) fn new(pool: &Arc<PoolMetrics>) -> OpenConnection {
         pool.opened.inc();
         pool.open.inc();
-        CountedConnection {
-            io: TokioIo::new(stream),
+        OpenConnection {
             pool: Arc::clone(pool),
         }
     }
 }
 
-impl Drop for CountedConnection {
+impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.pool.open.dec();
-    }
-}
-
-impl hyper::rt::Read for CountedConnection {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for CountedConnection {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 }
 

@@ -1,37 +1,34 @@
 //! The upstream connection pool: idle HTTP/1.1 keep-alive connections to one endpoint, kept
 //! per serving thread and handed out most recently used first.
 //!
-//! Written on hyper's connection API rather than taken from hyper-util's pooled `Client`,
-//! because that client cost about a sixth of the serving thread's user CPU per proxied request
-//! (perf, `docs/benchmarks/2026-11-22-proxy-cpu/`): it finds a connection in a pool shared by
-//! key (a SipHash map of scheme and authority behind a mutex), boxes its connect and checkout
-//! futures, clones itself per request, and spawns a task per request to wait until the
-//! connection can be reused. Here an endpoint owns its pool and a request reaches it through
+//! Not hyper-util's pooled `Client`, because that client cost about a sixth of the serving
+//! thread's user CPU per proxied request (perf, `docs/benchmarks/2026-11-22-proxy-cpu/`): it
+//! finds a connection in a pool shared by key (a SipHash map of scheme and authority behind a
+//! mutex), boxes its connect and checkout futures, clones itself per request, and spawns a
+//! task per request to wait until the connection can be reused. Here an endpoint owns its
+//! pool and a request reaches it through
 //! the index the balancer returned; a serving thread only takes and returns connections in its
 //! own slot (the slot's mutex is never contended, design.md §2 rule 3); and a connection goes
 //! back to the pool when its response body has been read to the end, with no task spawned.
 //! A connection whose body was not read to the end is closed instead (its unread bytes would
-//! otherwise be taken for the next response).
+//! otherwise be taken for the next response). The connections are [`crate::client`]'s: no
+//! task runs per connection, an idle one is only a socket in a list.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use hyper::client::conn::http1::{Builder, SendRequest};
 use tokio::net::TcpStream;
 
-use crate::body::RequestBody;
+use crate::client::Connection;
 use crate::error::Error;
-use crate::metrics::{CountedConnection, PoolMetrics};
+use crate::metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
 
 /// Idle connections one serving thread keeps per endpoint (nginx's `keepalive` is the same
 /// cap, per worker); a connection released beyond it is closed.
 pub const MAX_IDLE_PER_THREAD: usize = 256;
-
-/// A sender on an upstream connection: where a request is written.
-pub(crate) type Sender = SendRequest<RequestBody>;
 
 /// What a pool is built with; two pools with equal settings are interchangeable, which is
 /// how a reload keeps the warm pools of endpoints it did not change.
@@ -45,7 +42,7 @@ pub struct PoolSettings {
 
 #[derive(Debug)]
 struct Idle {
-    sender: Sender,
+    conn: Box<Connection>,
     since: Instant,
 }
 
@@ -96,20 +93,16 @@ impl EndpointPool {
 
     /// A connection ready to take a request: the most recently released idle one of this
     /// thread, else a new one. `now` is the request's start (no clock read here). Returns
-    /// the sender and whether the connection served a request before.
-    pub(crate) async fn checkout(&self, now: Instant) -> Result<(Sender, bool), Error> {
+    /// the connection and whether it served a request before.
+    pub(crate) async fn checkout(&self, now: Instant) -> Result<(Box<Connection>, bool), Error> {
         loop {
-            let Some(mut idle) = self.slot().pop() else {
+            let Some(idle) = self.slot().pop() else {
                 break;
             };
-            if idle.sender.is_closed() || self.expired(&idle, now) {
-                continue;
-            }
-            // Released at the end of its body, its connection task may not have run since
-            // to say it wants the next request: it will, or it reports the connection closed.
-            if idle.sender.is_ready() || idle.sender.ready().await.is_ok() {
+            // Dropped (closed) if the upstream closed it or it idled too long.
+            if !self.expired(&idle, now) && idle.conn.is_idle_usable() {
                 self.metrics.reused.inc();
-                return Ok((idle.sender, true));
+                return Ok((idle.conn, true));
             }
         }
         // Boxed: only a request that opens a connection pays for the connect path's state
@@ -117,8 +110,8 @@ impl EndpointPool {
         Ok((Box::pin(self.connect()).await?, false))
     }
 
-    /// Opens a new connection and starts its task on the calling thread's runtime.
-    pub(crate) async fn connect(&self) -> Result<Sender, Error> {
+    /// Opens a new connection.
+    pub(crate) async fn connect(&self) -> Result<Box<Connection>, Error> {
         let addr = self.addr;
         let connecting = TcpStream::connect(addr);
         let stream = match self.settings.connect_timeout {
@@ -136,33 +129,22 @@ impl EndpointPool {
         .map_err(|e| connect_error(addr, &e))?;
         // Requests are written whole; waiting for an ACK (Nagle) would only add latency.
         let _ = stream.set_nodelay(true);
-        let io = CountedConnection::new(stream, &self.metrics);
-        let (sender, connection) =
-            Builder::new()
-                .handshake(io)
-                .await
-                .map_err(|e| Error::UpstreamConnect {
-                    addr,
-                    reason: e.to_string(),
-                })?;
-        tokio::spawn(async move {
-            // With upgrades: a `101 Switching Protocols` hands the socket to the tunnel.
-            if let Err(e) = connection.with_upgrades().await {
-                tracing::debug!(upstream = %addr, "upstream connection ended: {e}");
-            }
-        });
-        Ok(sender)
+        Ok(Connection::new(
+            stream,
+            addr,
+            OpenConnection::new(&self.metrics),
+        ))
     }
 
     /// Gives back a connection whose response was read to its end, to this thread's slot.
     /// `now` is when the response ended.
-    pub(crate) fn release(&self, sender: Sender, now: Instant) {
-        if sender.is_closed() || self.retired.load(Ordering::Relaxed) {
+    pub(crate) fn release(&self, conn: Box<Connection>, now: Instant) {
+        if self.retired.load(Ordering::Relaxed) {
             return;
         }
         let mut slot = self.slot();
         if slot.len() < MAX_IDLE_PER_THREAD {
-            slot.push(Idle { sender, since: now });
+            slot.push(Idle { conn, since: now });
         }
     }
 
@@ -182,11 +164,11 @@ impl EndpointPool {
             }
             let (keep, expired) = std::mem::take(&mut *slot)
                 .into_iter()
-                .partition(|idle| !idle.sender.is_closed() && !self.expired(idle, now));
+                .partition(|idle| idle.conn.is_idle_usable() && !self.expired(idle, now));
             *slot = keep;
             expired
         };
-        // Dropped outside the lock: each drop tells a connection task to close.
+        // Closed outside the lock.
         drop(expired);
     }
 

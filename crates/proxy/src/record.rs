@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Method, Uri, Version};
 
 use crate::admission::AdmitGuard;
+use crate::client::Connection;
 use crate::gateway::{Held, Snapshot};
-use crate::pool::Sender;
 
 /// Everything about one request that metrics and the access log need. Filled in as the
 /// request goes (head, route, upstream exchange, response), read once in [`finish`].
@@ -102,21 +102,21 @@ pub struct Finish {
     pub(crate) held: Held,
     /// The upstream connection the response came on: back to its pool if the body was read
     /// to the end, else closed.
-    pub(crate) upstream_conn: Option<Sender>,
+    pub(crate) upstream_conn: Option<Box<Connection>>,
     pub(crate) _admitted: Option<AdmitGuard>,
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
         let end = Instant::now();
-        if let (Some(sender), true, Some((u, e))) = (
+        if let (Some(conn), true, Some((u, e))) = (
             self.upstream_conn.take(),
             self.record.completed,
             self.record.endpoint,
         ) {
             self.held.snapshot().upstreams[u].endpoints[e]
                 .pool
-                .release(sender, end);
+                .release(conn, end);
         }
         finish(&self.record, self.held.snapshot(), end);
         crate::access_log::log(

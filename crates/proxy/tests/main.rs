@@ -9,3 +9,4 @@ mod overload;
 mod pool;
 mod routing;
 mod support;
+mod upstream_http1;

@@ -1,0 +1,1094 @@
+//! The upstream HTTP/1.1 client: writes a request on a pooled connection and reads its
+//! response, in the request's own task.
+//!
+//! # Why hand-written
+//!
+//! hyper's client connection is a task of its own that a request reaches through channels.
+//! Per proxied request that cost two tasks waking each other (the request's and the
+//! connection's), a oneshot for the response, a channel per body, and hyper's dispatch state
+//! machine: about half of the gateway's user CPU per request, where hyper's *server* side
+//! costs 2 us (perf and /proc CPU per request, `docs/benchmarks/2026-11-22-proxy-cpu/`).
+//! Here the request's task writes the head, streams the body and reads the response head on
+//! the socket itself, and the response body reads the same socket as the downstream
+//! connection polls it: no task, no channel, no wakeup between them. Pingora made the same
+//! choice. What is not the product comes from crates: the head parser is httparse (hyper's
+//! own), buffers are `bytes`, reads go through tokio.
+//!
+//! # What it speaks
+//!
+//! HTTP/1.1 as RFC 9112 has it, for a proxy's upstream side: the request in origin form with
+//! its body length-delimited (the client's `Content-Length`) or chunked; the response framed
+//! by §6.3 (no body for `HEAD`, 1xx, 204 and 304; chunked when the last transfer coding is
+//! chunked; else `Content-Length`; else until the upstream closes); interim 1xx responses
+//! skipped (`101` ends the exchange: the socket becomes a tunnel); chunk extensions ignored,
+//! trailers passed on. The request body is sent while the response is read, so an upstream
+//! that answers early (a `413` before reading the body) or echoes a stream is not deadlocked.
+//!
+//! A connection goes back to its pool only when the response said keep-alive (HTTP/1.1
+//! without `Connection: close`), its body was read to the end by its framing, the request
+//! body was sent whole, and nothing more arrived: any doubt closes it.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::body::RequestBody;
+use crate::error::Error;
+use crate::metrics::OpenConnection;
+
+/// Header lines a response head may have (hyper's default as well).
+const MAX_HEADERS: usize = 100;
+/// A response head (or trailer section) larger than this is refused as broken.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+const TOO_LARGE: &str = "response head larger than 64 KiB";
+/// A chunk-size line (with extensions) longer than this is refused as broken.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// Read sizes: start small (most responses are a few hundred bytes), grow while reads fill
+/// the buffer (a large body), shrink back when they stop.
+const MIN_READ: usize = 8 * 1024;
+const MAX_READ: usize = 128 * 1024;
+
+/// One keep-alive connection to an upstream endpoint.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    stream: TcpStream,
+    addr: SocketAddr,
+    /// Bytes read and not yet consumed; empty between exchanges.
+    read_buf: BytesMut,
+    /// The request head being written; kept to reuse its allocation.
+    head_buf: Vec<u8>,
+    read_size: usize,
+    _open: OpenConnection,
+}
+
+impl Connection {
+    /// Wraps a connected socket, counted open by `open` until dropped.
+    /// Boxed once here, so that handing it between pool, request and body moves a pointer.
+    pub(crate) fn new(
+        stream: TcpStream,
+        addr: SocketAddr,
+        open: OpenConnection,
+    ) -> Box<Connection> {
+        Box::new(Connection {
+            stream,
+            addr,
+            read_buf: BytesMut::new(),
+            head_buf: Vec::with_capacity(512),
+            read_size: MIN_READ,
+            _open: open,
+        })
+    }
+
+    /// Whether an idle connection can take a request: the upstream has not closed it nor
+    /// sent anything unasked. Costs no syscall unless the socket was reported readable since
+    /// its last read (tokio keeps the readiness; an idle connection has none).
+    pub(crate) fn is_idle_usable(&self) -> bool {
+        if !self.read_buf.is_empty() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// The socket and whatever the upstream sent after the head of its `101`: for a tunnel.
+    pub(crate) fn into_upgraded(self) -> (TcpStream, Bytes, OpenConnection) {
+        (self.stream, self.read_buf.freeze(), self._open)
+    }
+
+    fn broken(&self, reason: impl std::fmt::Display) -> Error {
+        Error::UpstreamBroken {
+            addr: self.addr,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Reads more bytes into `read_buf`; `Ok(0)` is the upstream's end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read_buf.capacity() - self.read_buf.len() < self.read_size / 2 {
+            self.read_buf.reserve(self.read_size);
+        }
+        let room = self.read_buf.capacity() - self.read_buf.len();
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.stream),
+            cx,
+            &mut self.read_buf
+        ))?;
+        if n == room {
+            self.read_size = (self.read_size * 2).min(MAX_READ);
+        } else if n < room / 4 {
+            self.read_size = (self.read_size / 2).max(MIN_READ);
+        }
+        Poll::Ready(Ok(n))
+    }
+}
+
+/// Why a request got no response.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// A reused connection turned out closed before the upstream answered anything, and
+    /// the request (idempotent, bodiless, so unchanged by the attempt) may go again on a new
+    /// connection: the keep-alive race every proxy meets when an upstream closes an idle
+    /// connection as a request is written on it.
+    Stale(Box<Request<RequestBody>>),
+    /// Anything else; the connection is gone.
+    Failed(Error),
+}
+
+/// Sends `req` on `conn` and waits for the response head. `reused` says whether the
+/// connection served a request before (only then is a closed connection [`SendError::Stale`]).
+/// The response body streams from the connection and gives it back at its end
+/// ([`UpstreamBody::take_reusable`]).
+pub(crate) async fn send(
+    mut conn: Box<Connection>,
+    req: Request<RequestBody>,
+    reused: bool,
+) -> Result<Response<UpstreamBody>, SendError> {
+    let (parts, body) = req.into_parts();
+    let has_body = !body.is_end_stream();
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let framing = if has_body {
+        if declared.is_some() {
+            RequestFraming::Declared
+        } else {
+            RequestFraming::Chunked
+        }
+    } else if declared.is_none() && expects_body(&parts.method) {
+        RequestFraming::EmptyWithLength
+    } else {
+        RequestFraming::Declared
+    };
+    write_head(&mut conn.head_buf, &parts, framing);
+    let head_request = parts.method == Method::HEAD;
+
+    let mut writer = None;
+    if has_body {
+        let head = Bytes::copy_from_slice(&conn.head_buf);
+        writer = Some(Box::new(BodyWriter::new(
+            head,
+            body,
+            framing == RequestFraming::Chunked,
+        )));
+    } else {
+        let Connection {
+            stream, head_buf, ..
+        } = &mut *conn;
+        if let Err(e) = stream.write_all(head_buf).await {
+            let req = Request::from_parts(parts, body);
+            return Err(stale_or_failed(&conn, req, reused, &e));
+        }
+        // On a stale connection the request goes back whole: its body (empty) is untouched.
+        return match read_head(&mut conn, &mut writer, head_request).await {
+            Ok(head) => Ok(respond(conn, head, None)),
+            Err(HeadError::Closed(e)) => Err(stale_or_failed(
+                &conn,
+                Request::from_parts(parts, body),
+                reused,
+                &e,
+            )),
+            Err(HeadError::Failed(e)) => Err(SendError::Failed(e)),
+        };
+    }
+    match read_head(&mut conn, &mut writer, head_request).await {
+        Ok(head) => Ok(respond(conn, head, writer)),
+        Err(HeadError::Closed(e)) => Err(SendError::Failed(conn.broken(e))),
+        Err(HeadError::Failed(e)) => Err(SendError::Failed(e)),
+    }
+}
+
+fn stale_or_failed(
+    conn: &Connection,
+    req: Request<RequestBody>,
+    reused: bool,
+    err: &io::Error,
+) -> SendError {
+    if reused && req.method().is_idempotent() {
+        SendError::Stale(Box::new(req))
+    } else {
+        SendError::Failed(conn.broken(err))
+    }
+}
+
+/// Methods whose requests carry a body by definition: sent with `Content-Length: 0` when
+/// they have none, as an HTTP/1.1 server may otherwise wait for one (411 or a hang).
+fn expects_body(method: &Method) -> bool {
+    *method == Method::POST || *method == Method::PUT || *method == Method::PATCH
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestFraming {
+    /// The headers say it all: the client's `Content-Length`, or no body.
+    Declared,
+    /// No body and no length: `Content-Length: 0` is added.
+    EmptyWithLength,
+    /// A body of unknown length (HTTP/2 without `content-length`, or chunked from an
+    /// HTTP/1.1 client): sent chunked.
+    Chunked,
+}
+
+/// The request head on the wire: origin form, HTTP/1.1, the headers as they are (the
+/// gateway already removed hop-by-hop ones and set `Host`), plus the framing header.
+fn write_head(buf: &mut Vec<u8>, parts: &http::request::Parts, framing: RequestFraming) {
+    buf.clear();
+    buf.extend_from_slice(parts.method.as_str().as_bytes());
+    buf.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    buf.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    buf.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        buf.extend_from_slice(name.as_str().as_bytes());
+        buf.extend_from_slice(b": ");
+        buf.extend_from_slice(value.as_bytes());
+        buf.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        RequestFraming::Declared => {}
+        RequestFraming::EmptyWithLength => buf.extend_from_slice(b"content-length: 0\r\n"),
+        RequestFraming::Chunked => buf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// A parsed response head, and how its body is framed.
+#[derive(Debug)]
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+#[derive(Debug)]
+enum HeadError {
+    /// The upstream closed (or reset) the connection before a whole head arrived.
+    Closed(io::Error),
+    Failed(Error),
+}
+
+/// Reads the response head, sending the request body (if any) meanwhile. Interim 1xx
+/// responses other than `101` are skipped.
+async fn read_head(
+    conn: &mut Connection,
+    writer: &mut Option<Box<BodyWriter>>,
+    head_request: bool,
+) -> Result<Head, HeadError> {
+    let mut write_failed: Option<io::Error> = None;
+    poll_fn(|cx| {
+        loop {
+            if let Some(w) = writer {
+                match w.poll_send(cx, &mut conn.stream) {
+                    Poll::Ready(Ok(())) => *writer = None,
+                    Poll::Ready(Err(WriteError::Body(e))) => {
+                        return Poll::Ready(Err(HeadError::Failed(e)));
+                    }
+                    Poll::Ready(Err(WriteError::Io(e))) => {
+                        // The upstream stopped reading: it may have answered already (an
+                        // early 413); the read below finds out.
+                        *writer = None;
+                        write_failed = Some(e);
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            match parse_head(&mut conn.read_buf, head_request) {
+                Ok(Some(mut head)) => {
+                    if write_failed.is_some() {
+                        head.keep_alive = false;
+                    }
+                    return Poll::Ready(Ok(head));
+                }
+                Ok(None) => {}
+                Err(reason) => return Poll::Ready(Err(HeadError::Failed(conn.broken(reason)))),
+            }
+            if conn.read_buf.len() > MAX_HEAD_BYTES {
+                return Poll::Ready(Err(HeadError::Failed(conn.broken(TOO_LARGE))));
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => {
+                    let err = write_failed.take().unwrap_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed before a response",
+                        )
+                    });
+                    return Poll::Ready(if conn.read_buf.is_empty() {
+                        Err(HeadError::Closed(err))
+                    } else {
+                        Err(HeadError::Failed(
+                            conn.broken("connection closed inside the response head"),
+                        ))
+                    });
+                }
+                Ok(_) => {}
+                Err(e) if conn.read_buf.is_empty() => {
+                    return Poll::Ready(Err(HeadError::Closed(e)));
+                }
+                Err(e) => return Poll::Ready(Err(HeadError::Failed(conn.broken(e)))),
+            }
+        }
+    })
+    .await
+}
+
+/// Parses a whole response head from the front of `buf` (consuming it) or returns `None`
+/// for more bytes. Interim 1xx heads are consumed and skipped.
+fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, String> {
+    loop {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        // Most heads have a handful of fields: parse with room for 16 first (its slots are
+        // initialised on every call), and only a head with more pays for the full 100.
+        let parsed = match parse_with::<16>(buf, head_request) {
+            Err(Parse::TooManyHeaders) => parse_with::<MAX_HEADERS>(buf, head_request),
+            other => other,
+        };
+        match parsed {
+            Ok(Some(head)) => return Ok(Some(head)),
+            Ok(None) => return Ok(None),
+            Err(Parse::Interim) => continue,
+            Err(Parse::TooManyHeaders) => {
+                return Err(format!("more than {MAX_HEADERS} response header fields"));
+            }
+            Err(Parse::Invalid(reason)) => return Err(reason),
+        }
+    }
+}
+
+/// Why [`parse_with`] gave no head.
+#[derive(Debug)]
+enum Parse {
+    /// A 1xx other than 101 was consumed: parse again.
+    Interim,
+    TooManyHeaders,
+    Invalid(String),
+}
+
+/// The framing headers a head carried, noted while its fields are copied (so that finding
+/// them costs no lookups in the common head that has only `Content-Length`).
+const SEEN_CONTENT_LENGTH: u8 = 1;
+const SEEN_TRANSFER_ENCODING: u8 = 2;
+const SEEN_CONNECTION: u8 = 4;
+
+fn parse_with<const N: usize>(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<Head>, Parse> {
+    let mut slots = [httparse::EMPTY_HEADER; N];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
+            return Err(Parse::Invalid(TOO_LARGE.to_string()));
+        }
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Parse::TooManyHeaders),
+        Err(e) => return Err(Parse::Invalid(format!("invalid response head: {e}"))),
+    };
+    let code = parsed.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code)
+        .map_err(|_| Parse::Invalid(format!("invalid response status {code}")))?;
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+        buf.advance(len);
+        return Err(Parse::Interim);
+    }
+    // Offsets first (the parsed slices borrow `buf`), then the head becomes shared bytes and
+    // each value a slice of it: no copy per header value.
+    let base = buf.as_ptr() as usize;
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
+    let count = parsed.headers.len();
+    for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
+        let name = h.name.as_ptr() as usize - base;
+        let value = h.value.as_ptr() as usize - base;
+        *span = (
+            name as u32,
+            (name + h.name.len()) as u32,
+            value as u32,
+            (value + h.value.len()) as u32,
+        );
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(count);
+    let mut seen = 0u8;
+    for &(n0, n1, v0, v1) in &spans[..count] {
+        let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
+            .map_err(|_| Parse::Invalid("invalid response header name".to_string()))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
+            .map_err(|_| Parse::Invalid("invalid response header value".to_string()))?;
+        if name == CONTENT_LENGTH {
+            seen |= SEEN_CONTENT_LENGTH;
+        } else if name == TRANSFER_ENCODING {
+            seen |= SEEN_TRANSFER_ENCODING;
+        } else if name == CONNECTION {
+            seen |= SEEN_CONNECTION;
+        }
+        headers.append(name, value);
+    }
+    let (framing, keep_alive) =
+        response_framing(status, version, &headers, seen, head_request).map_err(Parse::Invalid)?;
+    Ok(Some(Head {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// RFC 9112 §6.3: how the response body is delimited, and whether the connection may carry
+/// another exchange after it.
+/// `seen` says which of the framing headers are present (`SEEN_*`).
+fn response_framing(
+    status: StatusCode,
+    version: Version,
+    headers: &HeaderMap,
+    seen: u8,
+    head_request: bool,
+) -> Result<(Framing, bool), String> {
+    let mut keep_alive = version == Version::HTTP_11
+        && (seen & SEEN_CONNECTION == 0
+            || !headers
+                .get_all(CONNECTION)
+                .iter()
+                .any(|v| has_token(v.as_bytes(), b"close")));
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Ok((Framing::Done, false));
+    }
+    if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok((Framing::Done, keep_alive));
+    }
+    if seen & SEEN_TRANSFER_ENCODING != 0 {
+        let chunked_last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+            .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        // With both, Transfer-Encoding wins and the connection cannot be trusted after.
+        if seen & SEEN_CONTENT_LENGTH != 0 {
+            keep_alive = false;
+        }
+        return Ok(if chunked_last {
+            (Framing::Chunked(Chunk::Size), keep_alive)
+        } else {
+            (Framing::UntilClose, false)
+        });
+    }
+    let mut length = None;
+    if seen & SEEN_CONTENT_LENGTH != 0 {
+        for value in headers.get_all(CONTENT_LENGTH) {
+            for part in value.as_bytes().split(|&b| b == b',') {
+                let n = std::str::from_utf8(part.trim_ascii())
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| "invalid content-length".to_string())?;
+                if length.is_some_and(|l| l != n) {
+                    return Err("conflicting content-length values".to_string());
+                }
+                length = Some(n);
+            }
+        }
+    }
+    Ok(match length {
+        Some(0) => (Framing::Done, keep_alive),
+        Some(n) => (Framing::Length(n), keep_alive),
+        None => (Framing::UntilClose, false),
+    })
+}
+
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+fn respond(
+    conn: Box<Connection>,
+    head: Head,
+    writer: Option<Box<BodyWriter>>,
+) -> Response<UpstreamBody> {
+    let body = UpstreamBody {
+        conn: Some(conn),
+        framing: head.framing,
+        writer,
+        keep_alive: head.keep_alive,
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.version_mut() = head.version;
+    *resp.headers_mut() = head.headers;
+    resp
+}
+
+/// How much of the response body is left.
+#[derive(Debug)]
+enum Framing {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+/// Where a chunked body's parser is.
+#[derive(Debug, Clone, Copy)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk, before the trailer section's end.
+    Trailers,
+}
+
+/// The response body, read from the upstream connection as the downstream side polls it;
+/// it also finishes sending the request body if the upstream answered before taking all of
+/// it.
+#[derive(Debug)]
+pub(crate) struct UpstreamBody {
+    conn: Option<Box<Connection>>,
+    framing: Framing,
+    writer: Option<Box<BodyWriter>>,
+    keep_alive: bool,
+}
+
+impl UpstreamBody {
+    /// The connection, if this exchange left it fit for another: called when the body has
+    /// been read to its end.
+    pub(crate) fn take_reusable(&mut self) -> Option<Box<Connection>> {
+        let fit = matches!(self.framing, Framing::Done)
+            && self.keep_alive
+            && self.writer.is_none()
+            && self.conn.as_ref().is_some_and(|c| c.read_buf.is_empty());
+        if fit { self.conn.take() } else { None }
+    }
+
+    /// The connection after a `101 Switching Protocols`: the tunnel's upstream side.
+    pub(crate) fn take_upgraded(&mut self) -> Option<Box<Connection>> {
+        self.writer = None;
+        self.conn.take()
+    }
+
+    fn fail(&mut self, err: Error) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.conn = None;
+        self.framing = Framing::Done;
+        self.writer = None;
+        Poll::Ready(Some(Err(err)))
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        loop {
+            if matches!(this.framing, Framing::Done) {
+                return Poll::Ready(None);
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if let Some(w) = &mut this.writer {
+                match w.poll_send(cx, &mut conn.stream) {
+                    Poll::Ready(Ok(())) => this.writer = None,
+                    Poll::Ready(Err(WriteError::Body(e))) => return this.fail(e),
+                    Poll::Ready(Err(WriteError::Io(_))) => {
+                        // The upstream no longer reads the request; its response goes on.
+                        this.writer = None;
+                        this.keep_alive = false;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            match step(&mut this.framing, &mut conn.read_buf) {
+                Ok(Step::Frame(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Ok(Step::Again) => continue,
+                Ok(Step::NeedMore) => {}
+                Err(reason) => {
+                    let err = conn.broken(reason);
+                    return this.fail(err);
+                }
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) if matches!(this.framing, Framing::UntilClose) => {
+                    this.framing = Framing::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    let err = conn.broken("connection closed before the end of the body");
+                    return this.fail(err);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let err = conn.broken(e);
+                    return this.fail(err);
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Done => SizeHint::with_exact(0),
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// What one parsing step over the buffered bytes gave.
+#[derive(Debug)]
+enum Step {
+    Frame(Frame<Bytes>),
+    /// State moved on without a frame; step again.
+    Again,
+    /// The buffer holds too little; read more.
+    NeedMore,
+}
+
+/// Takes the next frame of the body out of `buf` if it holds one.
+fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
+    match framing {
+        Framing::Done => Ok(Step::Again),
+        Framing::UntilClose => {
+            if buf.is_empty() {
+                return Ok(Step::NeedMore);
+            }
+            Ok(Step::Frame(Frame::data(buf.split().freeze())))
+        }
+        Framing::Length(left) => {
+            if buf.is_empty() {
+                return Ok(Step::NeedMore);
+            }
+            let take = (*left).min(buf.len() as u64);
+            *left -= take;
+            let data = buf.split_to(take as usize).freeze();
+            if *left == 0 {
+                *framing = Framing::Done;
+            }
+            Ok(Step::Frame(Frame::data(data)))
+        }
+        Framing::Chunked(chunk) => match *chunk {
+            Chunk::Size => {
+                let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+                    return if buf.len() > MAX_CHUNK_LINE {
+                        Err("chunk-size line too long".to_string())
+                    } else {
+                        Ok(Step::NeedMore)
+                    };
+                };
+                let size = parse_chunk_size(&buf[..end])?;
+                buf.advance(end + 1);
+                *chunk = if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                };
+                Ok(Step::Again)
+            }
+            Chunk::Data(left) => {
+                if buf.is_empty() {
+                    return Ok(Step::NeedMore);
+                }
+                let take = left.min(buf.len() as u64);
+                let data = buf.split_to(take as usize).freeze();
+                *chunk = if take == left {
+                    Chunk::DataEnd
+                } else {
+                    Chunk::Data(left - take)
+                };
+                Ok(Step::Frame(Frame::data(data)))
+            }
+            Chunk::DataEnd => {
+                if buf.starts_with(b"\r\n") {
+                    buf.advance(2);
+                } else if buf.starts_with(b"\n") {
+                    buf.advance(1);
+                } else if buf.len() >= 2 || (buf.len() == 1 && buf[0] != b'\r') {
+                    return Err("chunk data not followed by CRLF".to_string());
+                } else {
+                    return Ok(Step::NeedMore);
+                }
+                *chunk = Chunk::Size;
+                Ok(Step::Again)
+            }
+            Chunk::Trailers => {
+                let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                match httparse::parse_headers(buf, &mut slots) {
+                    Ok(httparse::Status::Complete((len, fields))) => {
+                        let mut trailers = HeaderMap::new();
+                        for f in fields {
+                            if let (Ok(name), Ok(value)) = (
+                                HeaderName::from_bytes(f.name.as_bytes()),
+                                HeaderValue::from_bytes(f.value),
+                            ) {
+                                trailers.append(name, value);
+                            }
+                        }
+                        buf.advance(len);
+                        *framing = Framing::Done;
+                        Ok(if trailers.is_empty() {
+                            Step::Again
+                        } else {
+                            Step::Frame(Frame::trailers(trailers))
+                        })
+                    }
+                    Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
+                        Err("trailer section larger than 64 KiB".to_string())
+                    }
+                    Ok(httparse::Status::Partial) => Ok(Step::NeedMore),
+                    Err(e) => Err(format!("invalid trailer section: {e}")),
+                }
+            }
+        },
+    }
+}
+
+/// The hex size of a chunk-size line (`1a;ext=1\r`), ignoring extensions.
+fn parse_chunk_size(line: &[u8]) -> Result<u64, String> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if digits.is_empty() || digits.len() > 15 {
+        return Err("invalid chunk size".to_string());
+    }
+    let mut size = 0u64;
+    for &d in digits {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            b'A'..=b'F' => d - b'A' + 10,
+            _ => return Err("invalid chunk size".to_string()),
+        };
+        size = size * 16 + u64::from(v);
+    }
+    Ok(size)
+}
+
+#[derive(Debug)]
+enum WriteError {
+    /// The downstream body failed (too large, client went away): the downstream's fault.
+    Body(Error),
+    /// Writing to the upstream failed.
+    Io(io::Error),
+}
+
+/// Streams the request head and body to the upstream: length-delimited as declared, or
+/// chunked. Segments go out with one vectored write where they can.
+#[derive(Debug)]
+struct BodyWriter {
+    body: RequestBody,
+    chunked: bool,
+    /// Taken from the body (or the head), not yet written, front first.
+    pending: VecDeque<Bytes>,
+    /// The body's end was seen (and, chunked, the last chunk queued).
+    ended: bool,
+    /// The first frame is awaited before the first write, so that a small body leaves with
+    /// the head in one segment.
+    first: bool,
+}
+
+impl BodyWriter {
+    fn new(head: Bytes, body: RequestBody, chunked: bool) -> BodyWriter {
+        let mut pending = VecDeque::with_capacity(4);
+        pending.push_back(head);
+        BodyWriter {
+            body,
+            chunked,
+            pending,
+            ended: false,
+            first: true,
+        }
+    }
+
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        stream: &mut TcpStream,
+    ) -> Poll<Result<(), WriteError>> {
+        loop {
+            if self.first {
+                self.first = false;
+                // Whatever the body has at once joins the head's write; if it has nothing
+                // yet, the head goes alone (the upstream may be waiting for it: a 100-continue).
+                if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+                    self.take(frame).map_err(WriteError::Body)?;
+                }
+            }
+            while !self.pending.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 4];
+                let mut used = 0;
+                for (slot, seg) in slices.iter_mut().zip(self.pending.iter()) {
+                    *slot = IoSlice::new(seg);
+                    used += 1;
+                }
+                let n = ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..used]))
+                    .map_err(WriteError::Io)?;
+                if n == 0 {
+                    return Poll::Ready(Err(WriteError::Io(io::ErrorKind::WriteZero.into())));
+                }
+                self.advance(n);
+            }
+            if self.ended {
+                return Poll::Ready(Ok(()));
+            }
+            let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+            self.take(frame).map_err(WriteError::Body)?;
+        }
+    }
+
+    /// Queues what one poll of the body gave.
+    fn take(&mut self, frame: Option<Result<Frame<Bytes>, Error>>) -> Result<(), Error> {
+        match frame {
+            Some(Ok(frame)) => {
+                // Request trailers are dropped: few upstreams take them and HTTP/1.1 only
+                // allows them when chunked.
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    if self.chunked {
+                        self.pending
+                            .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
+                        self.pending.push_back(data);
+                        self.pending.push_back(Bytes::from_static(b"\r\n"));
+                    } else {
+                        self.pending.push_back(data);
+                    }
+                }
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                if self.chunked {
+                    self.pending.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                }
+                self.ended = true;
+                Ok(())
+            }
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.pending.front_mut() else {
+                return;
+            };
+            if n >= front.len() {
+                n -= front.len();
+                self.pending.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(framing: &mut Framing, buf: &mut BytesMut) -> (Vec<u8>, Option<HeaderMap>, bool) {
+        let mut data = Vec::new();
+        let mut trailers = None;
+        loop {
+            match step(framing, buf).expect("valid framing") {
+                Step::Frame(f) => match f.into_data() {
+                    Ok(d) => data.extend_from_slice(&d),
+                    Err(f) => trailers = f.into_trailers().ok(),
+                },
+                Step::Again if matches!(framing, Framing::Done) => return (data, trailers, true),
+                Step::Again => {}
+                Step::NeedMore => return (data, trailers, false),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_body_decodes_across_any_split_with_extensions_and_trailers() {
+        let wire = b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-sum: 9\r\n\r\n";
+        // Every split point: the parser must give the same result however reads fall.
+        for cut in 0..wire.len() {
+            let mut framing = Framing::Chunked(Chunk::Size);
+            let mut buf = BytesMut::from(&wire[..cut]);
+            let (mut data, mut trailers, done) = drain(&mut framing, &mut buf);
+            assert!(!done || cut == wire.len());
+            buf.extend_from_slice(&wire[cut..]);
+            let (rest, more, done) = drain(&mut framing, &mut buf);
+            data.extend_from_slice(&rest);
+            trailers = trailers.or(more);
+            assert!(done, "cut at {cut}");
+            assert_eq!(data, b"helloabcdefghijklmnopqrstuvwxyz", "cut at {cut}");
+            assert_eq!(trailers.expect("trailers")["x-sum"], "9");
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn bad_chunk_sizes_are_errors() {
+        for line in [&b"zz\r"[..], b"", b"1234567890abcdef0\r", b";ext\r"] {
+            assert!(parse_chunk_size(line).is_err(), "{line:?}");
+        }
+        assert_eq!(parse_chunk_size(b"fF ; x=y\r"), Ok(255));
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let h = |pairs: &[(&str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.append(
+                    HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                    HeaderValue::from_str(v).expect("value"),
+                );
+            }
+            m
+        };
+        let ok = StatusCode::OK;
+        let v11 = Version::HTTP_11;
+        let framing = |s, v, m: &HeaderMap, head| {
+            let mut seen = 0;
+            for (name, bit) in [
+                (CONTENT_LENGTH, SEEN_CONTENT_LENGTH),
+                (TRANSFER_ENCODING, SEEN_TRANSFER_ENCODING),
+                (CONNECTION, SEEN_CONNECTION),
+            ] {
+                if m.contains_key(name) {
+                    seen |= bit;
+                }
+            }
+            response_framing(s, v, m, seen, head)
+        };
+        let (f, keep) = framing(ok, v11, &h(&[("content-length", "5")]), false).expect("ok");
+        assert!(matches!(f, Framing::Length(5)) && keep);
+        let (f, keep) = framing(ok, v11, &h(&[("content-length", "5")]), true).expect("ok");
+        assert!(matches!(f, Framing::Done) && keep, "HEAD has no body");
+        let (f, _) = framing(
+            StatusCode::NOT_MODIFIED,
+            v11,
+            &h(&[("content-length", "5")]),
+            false,
+        )
+        .expect("ok");
+        assert!(matches!(f, Framing::Done));
+        let te = h(&[
+            ("transfer-encoding", "gzip, chunked"),
+            ("content-length", "5"),
+        ]);
+        let (f, keep) = framing(ok, v11, &te, false).expect("ok");
+        assert!(
+            matches!(f, Framing::Chunked(_)) && !keep,
+            "TE wins, connection closed after"
+        );
+        let (f, keep) = framing(ok, v11, &h(&[("transfer-encoding", "gzip")]), false).expect("ok");
+        assert!(matches!(f, Framing::UntilClose) && !keep);
+        let (f, keep) = framing(ok, v11, &h(&[]), false).expect("ok");
+        assert!(matches!(f, Framing::UntilClose) && !keep);
+        let (_, keep) = framing(
+            ok,
+            v11,
+            &h(&[("connection", "Close"), ("content-length", "0")]),
+            false,
+        )
+        .expect("ok");
+        assert!(!keep);
+        let (_, keep) =
+            framing(ok, Version::HTTP_10, &h(&[("content-length", "1")]), false).expect("ok");
+        assert!(!keep, "HTTP/1.0 responses close");
+        assert!(framing(ok, v11, &h(&[("content-length", "5, 6")]), false).is_err());
+        assert!(framing(ok, v11, &h(&[("content-length", "x")]), false).is_err());
+        let (f, _) = framing(ok, v11, &h(&[("content-length", "7, 7")]), false).expect("ok");
+        assert!(matches!(f, Framing::Length(7)));
+    }
+
+    #[test]
+    fn interim_responses_are_skipped_and_values_share_the_head() {
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: b\r\n\r\nhi"[..],
+        );
+        let head = parse_head(&mut buf, false)
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.headers["x-a"], "b");
+        assert!(!head.headers.contains_key("link"));
+        assert!(matches!(head.framing, Framing::Length(2)));
+        assert_eq!(&buf[..], b"hi");
+        let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
+        assert!(parse_head(&mut partial, false).expect("valid").is_none());
+        let mut bad = BytesMut::from(&b"HTTP/1.1 2x0 OK\r\n\r\n"[..]);
+        assert!(parse_head(&mut bad, false).is_err());
+    }
+
+    #[test]
+    fn heads_with_many_fields_parse_up_to_the_limit() {
+        let head = |fields: usize| {
+            let mut h = b"HTTP/1.1 200 OK\r\n".to_vec();
+            for i in 0..fields {
+                h.extend_from_slice(format!("x-f{i}: {i}\r\n").as_bytes());
+            }
+            h.extend_from_slice(b"content-length: 0\r\n\r\n");
+            BytesMut::from(&h[..])
+        };
+        let parsed = parse_head(&mut head(40), false).expect("valid").expect("complete");
+        assert_eq!(parsed.headers.len(), 41);
+        assert_eq!(parsed.headers["x-f39"], "39");
+        assert!(parse_head(&mut head(MAX_HEADERS), false).is_err());
+    }
+
+    #[test]
+    fn request_head_is_origin_form_with_its_framing_header() {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/a?b=1")
+            .header("host", "x")
+            .body(())
+            .expect("request");
+        let (parts, ()) = req.into_parts();
+        let mut buf = Vec::new();
+        write_head(&mut buf, &parts, RequestFraming::Chunked);
+        assert_eq!(
+            buf,
+            b"POST /a?b=1 HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        write_head(&mut buf, &parts, RequestFraming::EmptyWithLength);
+        assert!(buf.ends_with(b"content-length: 0\r\n\r\n"));
+    }
+}

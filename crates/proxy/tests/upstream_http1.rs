@@ -1,0 +1,381 @@
+//! The gateway's upstream HTTP/1.1 client against a raw upstream that answers with exactly
+//! the bytes a test scripts: each response framing of RFC 9112 §6.3, interim responses,
+//! broken heads, and an upstream that answers before it has read the request body.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request};
+use http_body_util::{BodyExt, Empty, Full};
+use tailguard_test_support::{Source, TestBody, http1_client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support;
+
+/// What the scripted upstream does with one request head.
+struct Answer {
+    bytes: Vec<u8>,
+    /// Close the connection after writing.
+    close: bool,
+    /// Write the answer before reading the request body (which is then read and dropped).
+    early: bool,
+}
+
+fn answer(bytes: &[u8]) -> Answer {
+    Answer {
+        bytes: bytes.to_vec(),
+        close: false,
+        early: false,
+    }
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    TestBody,
+>;
+
+type Script = dyn Fn(&str) -> Answer + Send + Sync;
+
+/// A raw HTTP/1.1 upstream: reads each request head (and its body, by `Content-Length` or
+/// chunked), answers with the bytes `script` gives for the head, and counts connections.
+struct Scripted {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    heads: Arc<Mutex<Vec<String>>>,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Scripted {
+    async fn start(script: impl Fn(&str) -> Answer + Send + Sync + 'static) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let script: Arc<Script> = Arc::new(script);
+        let (a, h, b) = (
+            Arc::clone(&accepted),
+            Arc::clone(&heads),
+            Arc::clone(&bodies),
+        );
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                a.fetch_add(1, Ordering::SeqCst);
+                let (script, h, b) = (Arc::clone(&script), Arc::clone(&h), Arc::clone(&b));
+                tokio::spawn(serve(stream, script, h, b));
+            }
+        });
+        Scripted {
+            addr,
+            accepted,
+            heads,
+            bodies,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    script: Arc<Script>,
+    heads: Arc<Mutex<Vec<String>>>,
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            if !read_more(&mut stream, &mut buf).await {
+                return;
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        buf.drain(..head_end);
+        heads.lock().expect("heads").push(head.clone());
+        let reply = script(&head);
+        if reply.early && stream.write_all(&reply.bytes).await.is_err() {
+            return;
+        }
+        let lower = head.to_ascii_lowercase();
+        let body = if let Some(n) = lower
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            while buf.len() < n {
+                if !read_more(&mut stream, &mut buf).await {
+                    return;
+                }
+            }
+            buf.drain(..n).collect()
+        } else if lower.contains("transfer-encoding: chunked") {
+            // The raw chunked bytes, up to and with the last chunk.
+            loop {
+                if let Some(end) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
+                    break buf.drain(..end + 5).collect();
+                }
+                if !read_more(&mut stream, &mut buf).await {
+                    return;
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        bodies.lock().expect("bodies").push(body);
+        if !reply.early && stream.write_all(&reply.bytes).await.is_err() {
+            return;
+        }
+        if reply.close {
+            return;
+        }
+    }
+}
+
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    match stream.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
+}
+
+/// Sends a bodiless request on `client` (one client keeps one downstream connection, so its
+/// requests land on one serving thread and its upstream pool slot).
+async fn send(client: &Client, url: &str, method: Method) -> (u16, Vec<u8>) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("{url}/"))
+        .body(Empty::new().boxed())
+        .expect("request");
+    let resp = client.request(req).await.expect("response head");
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("whole body")
+        .to_bytes();
+    (status, body.to_vec())
+}
+
+#[tokio::test]
+async fn a_chunked_response_is_decoded_and_its_connection_reused() {
+    let upstream = Scripted::start(|_| {
+        answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-digest: 1\r\n\r\n")
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    for i in 0..3 {
+        let (status, body) = send(&client, &url, Method::GET).await;
+        assert_eq!(
+            (status, body.as_slice()),
+            (200, &b"hello world"[..]),
+            "request {i}"
+        );
+    }
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "the connection went back to the pool each time"
+    );
+}
+
+#[tokio::test]
+async fn a_response_delimited_by_close_arrives_whole_and_its_connection_is_not_reused() {
+    let upstream = Scripted::start(|_| Answer {
+        bytes: b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end".to_vec(),
+        close: true,
+        early: false,
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    for _ in 0..2 {
+        let (status, body) = send(&client, &url, Method::GET).await;
+        assert_eq!((status, body.as_slice()), (200, &b"until the end"[..]));
+    }
+    assert_eq!(upstream.accepted(), 2);
+}
+
+#[tokio::test]
+async fn head_204_and_304_answers_have_no_body_and_keep_the_connection() {
+    let upstream = Scripted::start(|head| {
+        answer(if head.starts_with("HEAD") {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n"
+        } else if head.starts_with("DELETE") {
+            b"HTTP/1.1 204 No Content\r\n\r\n"
+        } else if head.starts_with("PUT") {
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 12\r\n\r\n"
+        } else {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+        })
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    let (status, body) = send(&client, &url, Method::HEAD).await;
+    assert_eq!((status, body.len()), (200, 0));
+    let (status, body) = send(&client, &url, Method::DELETE).await;
+    assert_eq!((status, body.len()), (204, 0));
+    let (status, body) = send(&client, &url, Method::PUT).await;
+    assert_eq!((status, body.len()), (304, 0));
+    let (status, body) = send(&client, &url, Method::GET).await;
+    assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "no body was waited for on any of them"
+    );
+    let heads = upstream.heads.lock().expect("heads").clone();
+    assert!(
+        heads[2].to_ascii_lowercase().contains("content-length: 0"),
+        "a PUT without a body says so: {}",
+        heads[2]
+    );
+}
+
+#[tokio::test]
+async fn interim_responses_are_skipped() {
+    let upstream = Scripted::start(|_| {
+        answer(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </s.css>\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 4\r\nx-final: 1\r\n\r\ndone")
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let req = Request::post(format!("{url}/"))
+        .body(Full::new(bytes::Bytes::from_static(b"abc")).boxed())
+        .expect("request");
+    let resp = http1_client().request(req).await.expect("response");
+    assert_eq!(resp.status(), 201);
+    assert_eq!(resp.headers()["x-final"], "1");
+    assert!(!resp.headers().contains_key("link"));
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"done");
+    assert_eq!(upstream.bodies.lock().expect("bodies")[0], b"abc");
+}
+
+#[tokio::test]
+async fn broken_response_heads_are_502() {
+    let huge = format!(
+        "HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 0\r\n\r\n",
+        "y".repeat(70 * 1024)
+    );
+    let upstream = Scripted::start(move |head| {
+        let mut a = answer(if head.contains("/garbage") {
+            b"HTTP/1.1 2x0 Nope\r\n\r\n"
+        } else if head.contains("/conflict") {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd"
+        } else {
+            huge.as_bytes()
+        });
+        a.close = true;
+        a
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let client = http1_client();
+    for path in ["/garbage", "/conflict", "/huge"] {
+        let (status, body) = tailguard_test_support::get(&client, &format!("{url}{path}")).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (502, "upstream connection failed\n"),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_cut_short_by_the_upstream_is_an_error_downstream_not_a_short_success() {
+    let upstream = Scripted::start(|_| Answer {
+        bytes: b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this".to_vec(),
+        close: true,
+        early: false,
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let req = Request::get(format!("{url}/"))
+        .body(Empty::new().boxed())
+        .expect("request");
+    // The head may or may not have left before the gateway saw the body break; either way
+    // the client must not see a complete response.
+    match http1_client().request(req).await {
+        Ok(resp) => assert!(
+            resp.into_body().collect().await.is_err(),
+            "the client must see the body end early, not a complete 9-byte body"
+        ),
+        // The connection closed before a whole head: also not a success.
+        Err(e) => assert!(!e.is_connect(), "{e}"),
+    }
+}
+
+#[tokio::test]
+async fn an_answer_before_the_request_body_is_read_comes_through() {
+    // The upstream refuses at once (as a server that checks the head does), then reads and
+    // drops the body; the gateway keeps sending the body while it relays the answer.
+    let upstream = Scripted::start(|_| Answer {
+        bytes: b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 8\r\n\r\ntoo big\n".to_vec(),
+        close: false,
+        early: true,
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let n = 8 * 1024 * 1024;
+    let req = Request::post(format!("{url}/"))
+        .body(Source::new(n).boxed())
+        .expect("request");
+    let resp = http1_client().request(req).await.expect("response");
+    assert_eq!(resp.status(), 413);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"too big\n");
+}
+
+#[tokio::test]
+async fn a_request_body_of_unknown_length_goes_upstream_chunked() {
+    let upstream =
+        Scripted::start(|_| answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")).await;
+    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let n = 200_000;
+    let req = Request::post(format!("{url}/"))
+        .body(Source::chunked(n).boxed())
+        .expect("request");
+    let resp = http1_client().request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let head = upstream.heads.lock().expect("heads")[0].to_ascii_lowercase();
+    assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    // Decode what arrived: the chunks must add up to the body exactly.
+    let raw = upstream.bodies.lock().expect("bodies")[0].clone();
+    let (mut at, mut total) = (0, 0);
+    loop {
+        let line_end = at
+            + raw[at..]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[at..line_end]).expect("hex"), 16)
+            .expect("size");
+        at = line_end + 2;
+        if size == 0 {
+            break;
+        }
+        assert!(raw[at..at + size].iter().all(|&b| b == b'x'));
+        at += size;
+        assert_eq!(&raw[at..at + 2], b"\r\n");
+        at += 2;
+        total += size;
+    }
+    assert_eq!(total as u64, n);
+}
