@@ -258,62 +258,87 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         None => None,
     };
 
-    let mut rows = Vec::new();
-    for cond in &scenario.conditions {
-        let rate = match (cond.rate, cond.rate_factor, capacity) {
-            (Some(r), _, _) => r,
-            (None, Some(f), Some(cap)) => (f * cap).max(1.0),
-            (None, Some(_), None) => {
-                rows.push(Row {
-                    name: cond.name.clone(),
-                    rate: 0.0,
-                    result: Err("no capacity measured, so no rate".into()),
-                    max_rate: None,
-                    health: None,
-                });
-                continue;
-            }
-            (None, None, _) => scenario.load.rate,
-        };
-        println!("  condition `{}` at {rate:.0} req/s ...", cond.name);
-        let mut merged: Option<Report> = None;
-        let mut health: Option<Health> = None;
-        let mut result = Ok(());
-        for &seed in &scenario.load.seeds {
-            let load = ctx.load_config("http://0/", rate, seed);
-            match ctx.run_condition(cond, Some(load)) {
-                Ok((r, h)) => {
-                    if let Some(h) = h {
-                        health.get_or_insert_with(Health::default).add(h);
-                    }
-                    let file = opts
-                        .out
-                        .join(format!("{}-seed{seed}.json", slug(&cond.name)));
-                    std::fs::write(&file, r.to_json())?;
-                    merged = Some(match merged {
-                        None => r,
-                        Some(m) => merge(m, &r),
-                    });
-                }
-                Err(why) => {
-                    result = Err(why);
-                    break;
-                }
-            }
+    // Each condition's rate (or why it has none), then its runs: condition by condition, or
+    // seed by seed when the scenario interleaves them.
+    let rates: Vec<Result<f64, String>> = scenario
+        .conditions
+        .iter()
+        .map(|cond| match (cond.rate, cond.rate_factor, capacity) {
+            (Some(r), _, _) => Ok(r),
+            (None, Some(f), Some(cap)) => Ok((f * cap).max(1.0)),
+            (None, Some(_), None) => Err("no capacity measured, so no rate".to_string()),
+            (None, None, _) => Ok(scenario.load.rate),
+        })
+        .collect();
+    let mut runs: Vec<Runs> = rates
+        .iter()
+        .map(|rate| Runs {
+            merged: None,
+            health: None,
+            result: rate.clone().map(|_| ()),
+            per_seed: Vec::new(),
+        })
+        .collect();
+    let order: Vec<(usize, u64)> = if scenario.load.interleave {
+        scenario
+            .load
+            .seeds
+            .iter()
+            .flat_map(|&seed| (0..scenario.conditions.len()).map(move |c| (c, seed)))
+            .collect()
+    } else {
+        (0..scenario.conditions.len())
+            .flat_map(|c| scenario.load.seeds.iter().map(move |&seed| (c, seed)))
+            .collect()
+    };
+    for (c, seed) in order {
+        let (cond, acc) = (&scenario.conditions[c], &mut runs[c]);
+        let Ok(rate) = rates[c] else { continue };
+        if acc.result.is_err() {
+            continue;
         }
-        let max_rate = if cond.max_rate && result.is_ok() {
+        println!(
+            "  condition `{}` at {rate:.0} req/s, seed {seed} ...",
+            cond.name
+        );
+        let load = ctx.load_config("http://0/", rate, seed);
+        match ctx.run_condition(cond, Some(load)) {
+            Ok((r, h)) => {
+                if let Some(h) = h {
+                    acc.health.get_or_insert_with(Health::default).add(h);
+                }
+                let file = opts
+                    .out
+                    .join(format!("{}-seed{seed}.json", slug(&cond.name)));
+                std::fs::write(&file, r.to_json())?;
+                acc.per_seed.push((seed, SeedLine::of(&r)));
+                acc.merged = Some(match acc.merged.take() {
+                    None => r,
+                    Some(m) => merge(m, &r),
+                });
+            }
+            Err(why) => acc.result = Err(why),
+        }
+    }
+
+    let mut rows = Vec::new();
+    let mut seed_lines = Vec::new();
+    for ((cond, rate), acc) in scenario.conditions.iter().zip(&rates).zip(runs) {
+        let rate = *rate.as_ref().unwrap_or(&0.0);
+        let max_rate = if cond.max_rate && acc.result.is_ok() {
             ctx.max_rate(cond)
         } else {
             None
         };
-        let result = match (result, merged) {
+        let result = match (acc.result, acc.merged) {
             (Ok(()), Some(m)) => {
                 std::fs::write(
                     opts.out.join(format!("{}.hgrm", slug(&cond.name))),
                     crate::hgrm::render(&m.latency),
                 )?;
                 println!(
-                    "    P50 {}  P99 {}  P100 {}  achieved {:.0} req/s",
+                    "    {}: P50 {}  P99 {}  P100 {}  achieved {:.0} req/s",
+                    cond.name,
                     format_us(m.latency.percentile_us(50.0) as f64),
                     format_us(m.latency.percentile_us(99.0) as f64),
                     format_us(m.latency.max_us() as f64),
@@ -322,17 +347,18 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
                 Ok(m)
             }
             (Err(why), _) => {
-                println!("    skipped: {why}");
+                println!("    {}: skipped: {why}", cond.name);
                 Err(why)
             }
             (Ok(()), None) => Err("no run".to_string()),
         };
+        seed_lines.push((cond.name.clone(), acc.per_seed));
         rows.push(Row {
             name: cond.name.clone(),
             rate,
             result,
             max_rate,
-            health,
+            health: acc.health,
         });
     }
     drop(upstream);
@@ -392,6 +418,9 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         scenario.upstream.args.join(" ")
     );
     let _ = writeln!(summary, "{table}");
+    if scenario.load.seeds.len() > 1 {
+        let _ = writeln!(summary, "\n{}", per_seed_table(&seed_lines));
+    }
     std::fs::write(opts.out.join("summary.md"), summary)?;
     println!(
         "  wrote {}/summary.md, plot.svg, <condition>.hgrm and <condition>-seed<N>.json",
@@ -402,6 +431,99 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         table,
         pinning,
     })
+}
+
+/// One condition's runs so far.
+#[derive(Debug)]
+struct Runs {
+    merged: Option<Report>,
+    health: Option<Health>,
+    /// `Err` once a run failed (or the condition has no rate): its other runs are skipped.
+    result: Result<(), String>,
+    per_seed: Vec<(u64, SeedLine)>,
+}
+
+/// One run's percentiles, in ms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SeedLine {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    p100: f64,
+}
+
+impl SeedLine {
+    fn of(r: &Report) -> SeedLine {
+        let ms = |p: f64| r.latency.percentile_us(p) as f64 / 1000.0;
+        SeedLine {
+            p50: ms(50.0),
+            p99: ms(99.0),
+            p999: ms(99.9),
+            p100: r.latency.max_us() as f64 / 1000.0,
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Every condition's percentiles per seed, their median over seeds, and (from the second
+/// condition on) the median over seeds of the ratio to the first condition's run with the
+/// same seed: the paired comparison, which the spread between seeds does not blur.
+fn per_seed_table(lines: &[(String, Vec<(u64, SeedLine)>)]) -> String {
+    let mut out = String::from(
+        "Per seed (P50 / P99 / P99.9 / P100, ms), the median over seeds, and the median of the per-seed ratios to the first condition (same seed):\n\n| condition | seed | P50 | P99 | P99.9 | P100 |\n|---|---|---|---|---|---|\n",
+    );
+    let base: std::collections::HashMap<u64, SeedLine> = lines
+        .first()
+        .map(|(_, l)| l.iter().copied().collect())
+        .unwrap_or_default();
+    for (i, (name, seeds)) in lines.iter().enumerate() {
+        for (seed, l) in seeds {
+            let _ = writeln!(
+                out,
+                "| {name} | {seed} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                l.p50, l.p99, l.p999, l.p100
+            );
+        }
+        if seeds.is_empty() {
+            continue;
+        }
+        let col = |f: fn(&SeedLine) -> f64| median(seeds.iter().map(|(_, l)| f(l)).collect());
+        let _ = writeln!(
+            out,
+            "| {name} | **median** | {:.2} | {:.2} | {:.2} | {:.2} |",
+            col(|l| l.p50),
+            col(|l| l.p99),
+            col(|l| l.p999),
+            col(|l| l.p100)
+        );
+        if i > 0 {
+            let ratio = |f: fn(&SeedLine) -> f64| {
+                median(
+                    seeds
+                        .iter()
+                        .filter_map(|(seed, l)| base.get(seed).map(|b| f(l) / f(b)))
+                        .collect(),
+                )
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | **ratio to first** | {:.2} | {:.2} | {:.2} | {:.2} |",
+                ratio(|l| l.p50),
+                ratio(|l| l.p99),
+                ratio(|l| l.p999),
+                ratio(|l| l.p100)
+            );
+        }
+    }
+    out
 }
 
 /// One line about this machine for benchmark summaries.
@@ -924,5 +1046,41 @@ mod tests {
     fn a_health_probe_that_gets_no_answer_fails_after_the_timeout() {
         let silent = probe_for(server(None), Duration::from_millis(50));
         assert_eq!((silent.sent, silent.ok), (1, 0));
+    }
+
+    #[test]
+    fn per_seed_table_pairs_each_seed_with_the_first_conditions_same_seed() {
+        let line = |p99: f64| super::SeedLine {
+            p50: 0.1,
+            p99,
+            p999: 2.0 * p99,
+            p100: 4.0 * p99,
+        };
+        // Seeds differ by 2x between them; the second condition is 10 % slower on each.
+        let lines = vec![
+            (
+                "base".to_string(),
+                vec![(1, line(1.0)), (2, line(2.0)), (3, line(1.5))],
+            ),
+            (
+                "scraped".to_string(),
+                vec![(2, line(2.2)), (1, line(1.1)), (3, line(1.65))],
+            ),
+        ];
+        let table = super::per_seed_table(&lines);
+        assert!(
+            table.contains("| base | **median** | 0.10 | 1.50 | 3.00 | 6.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| scraped | **median** | 0.10 | 1.65 | 3.30 | 6.60 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| scraped | **ratio to first** | 1.00 | 1.10 | 1.10 | 1.10 |"),
+            "{table}"
+        );
+        assert!(!table.contains("| base | **ratio"), "{table}");
+        assert_eq!(super::median(vec![3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 }

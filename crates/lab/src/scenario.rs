@@ -63,6 +63,11 @@ pub struct LoadSpec {
     /// One run per seed; their histograms are merged per condition.
     #[serde(default = "one_seed")]
     pub seeds: Vec<u64>,
+    /// Run seed by seed, each condition once per seed (A B A B ...), instead of condition by
+    /// condition, so that a drift over the run (another process, thermal) falls on every
+    /// condition alike.
+    #[serde(default)]
+    pub interleave: bool,
     /// Per-request timeout.
     #[serde(default = "ten_s", deserialize_with = "de_duration")]
     pub timeout: Duration,

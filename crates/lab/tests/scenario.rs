@@ -44,7 +44,17 @@ fn every_shipped_scenario_parses() {
         names.push(name);
     }
     names.sort();
-    assert_eq!(names, ["log", "nginx", "scrape", "scrape-half-max", "shed"]);
+    assert_eq!(
+        names,
+        [
+            "log",
+            "nginx",
+            "scrape",
+            "scrape-1m-paired",
+            "scrape-half-max",
+            "shed"
+        ]
+    );
 }
 
 #[test]

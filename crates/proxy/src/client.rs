@@ -1067,7 +1067,9 @@ mod tests {
             h.extend_from_slice(b"content-length: 0\r\n\r\n");
             BytesMut::from(&h[..])
         };
-        let parsed = parse_head(&mut head(40), false).expect("valid").expect("complete");
+        let parsed = parse_head(&mut head(40), false)
+            .expect("valid")
+            .expect("complete");
         assert_eq!(parsed.headers.len(), 41);
         assert_eq!(parsed.headers["x-f39"], "39");
         assert!(parse_head(&mut head(MAX_HEADERS), false).is_err());

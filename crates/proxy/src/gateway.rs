@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, UPGRADE, VIA};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
@@ -552,17 +553,26 @@ async fn forward(
         // The upstream connection now belongs to the tunnel, never to the pool.
         return Ok((resp, None));
     }
-    let first = match snap.request_timeout {
-        Some(limit) => {
-            let deadline = tokio::time::Instant::from_std(dispatched + limit);
-            tokio::time::timeout_at(deadline, read_ahead(&mut resp))
-                .await
-                .unwrap_or(Err(Error::UpstreamTimeout {
-                    addr: endpoint.addr,
-                    phase: "request",
-                }))?
+    let first = if !read_ahead_wanted(resp.body()) {
+        None
+    } else if let Some(frame) = resp.body_mut().frame().now_or_never() {
+        // Usually the body came in the head's read: taken without arming a timer.
+        frame.transpose()?
+    } else {
+        let frame = resp.body_mut().frame();
+        match snap.request_timeout {
+            Some(limit) => {
+                let deadline = tokio::time::Instant::from_std(dispatched + limit);
+                tokio::time::timeout_at(deadline, frame)
+                    .await
+                    .map_err(|_| Error::UpstreamTimeout {
+                        addr: endpoint.addr,
+                        phase: "request",
+                    })?
+                    .transpose()?
+            }
+            None => frame.await.transpose()?,
         }
-        None => read_ahead(&mut resp).await?,
     };
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
@@ -721,23 +731,12 @@ fn retry_endpoint<B: http_body::Body>(
 /// Bodies up to this size are read ahead (one frame) before the response head is sent.
 const READ_AHEAD_BYTES: u64 = 64 * 1024;
 
-/// For a small body of known length, waits for its first frame before the response head is
-/// handed to hyper, so head and body leave in one write (one syscall, one TCP segment)
-/// instead of two; nginx's proxy buffering does the same. Streams of unknown length (SSE,
-/// long polls) are never held back: their head goes out at once.
-async fn read_ahead(resp: &mut Response<UpstreamBody>) -> Result<Option<Frame<Bytes>>, Error> {
-    let small = resp
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > 0 && n <= READ_AHEAD_BYTES);
-    if !small || resp.body().is_end_stream() {
-        return Ok(None);
-    }
-    match resp.body_mut().frame().await {
-        Some(Ok(frame)) => Ok(Some(frame)),
-        Some(Err(e)) => Err(e),
-        None => Ok(None),
-    }
+/// Whether to wait for the body's first frame before the response head is handed to hyper:
+/// for a small body of known length, so that head and body leave in one write (one syscall,
+/// one TCP segment) instead of two; nginx's proxy buffering does the same. Streams of
+/// unknown length (SSE, long polls) are never held back: their head goes out at once.
+fn read_ahead_wanted(body: &UpstreamBody) -> bool {
+    body.size_hint()
+        .exact()
+        .is_some_and(|n| n > 0 && n <= READ_AHEAD_BYTES)
 }
