@@ -484,43 +484,36 @@ fn per_seed_table(lines: &[(String, Vec<(u64, SeedLine)>)]) -> String {
         .first()
         .map(|(_, l)| l.iter().copied().collect())
         .unwrap_or_default();
+    // One table row: the four percentiles that `value` gives for each field of a line.
+    let mut row = |name: &str, label: &str, value: &dyn Fn(fn(&SeedLine) -> f64) -> f64| {
+        let _ = writeln!(
+            out,
+            "| {name} | {label} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            value(|l| l.p50),
+            value(|l| l.p99),
+            value(|l| l.p999),
+            value(|l| l.p100)
+        );
+    };
     for (i, (name, seeds)) in lines.iter().enumerate() {
         for (seed, l) in seeds {
-            let _ = writeln!(
-                out,
-                "| {name} | {seed} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                l.p50, l.p99, l.p999, l.p100
-            );
+            row(name, &seed.to_string(), &|f| f(l));
         }
         if seeds.is_empty() {
             continue;
         }
-        let col = |f: fn(&SeedLine) -> f64| median(seeds.iter().map(|(_, l)| f(l)).collect());
-        let _ = writeln!(
-            out,
-            "| {name} | **median** | {:.2} | {:.2} | {:.2} | {:.2} |",
-            col(|l| l.p50),
-            col(|l| l.p99),
-            col(|l| l.p999),
-            col(|l| l.p100)
-        );
+        row(name, "**median**", &|f| {
+            median(seeds.iter().map(|(_, l)| f(l)).collect())
+        });
         if i > 0 {
-            let ratio = |f: fn(&SeedLine) -> f64| {
+            row(name, "**ratio to first**", &|f| {
                 median(
                     seeds
                         .iter()
                         .filter_map(|(seed, l)| base.get(seed).map(|b| f(l) / f(b)))
                         .collect(),
                 )
-            };
-            let _ = writeln!(
-                out,
-                "| {name} | **ratio to first** | {:.2} | {:.2} | {:.2} | {:.2} |",
-                ratio(|l| l.p50),
-                ratio(|l| l.p99),
-                ratio(|l| l.p999),
-                ratio(|l| l.p100)
-            );
+            });
         }
     }
     out

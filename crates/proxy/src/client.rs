@@ -174,38 +174,38 @@ pub(crate) async fn send(
     write_head(&mut conn.head_buf, &parts, framing);
     let head_request = parts.method == Method::HEAD;
 
-    let mut writer = None;
-    if has_body {
+    // A bodiless request is kept whole until an answer starts, for a resend on a stale
+    // connection; a body is handed to the writer, which sends it while the head is awaited.
+    let (mut writer, mut unsent_body) = if has_body {
         let head = Bytes::copy_from_slice(&conn.head_buf);
-        writer = Some(Box::new(BodyWriter::new(
-            head,
-            body,
-            framing == RequestFraming::Chunked,
-        )));
+        let chunked = framing == RequestFraming::Chunked;
+        (Some(Box::new(BodyWriter::new(head, body, chunked))), None)
     } else {
-        let Connection {
-            stream, head_buf, ..
-        } = &mut *conn;
-        if let Err(e) = stream.write_all(head_buf).await {
-            let req = Request::from_parts(parts, body);
-            return Err(stale_or_failed(&conn, req, reused, &e));
+        (None, Some(body))
+    };
+    let written = match writer {
+        Some(_) => Ok(()),
+        None => {
+            let Connection {
+                stream, head_buf, ..
+            } = &mut *conn;
+            stream.write_all(head_buf).await
         }
-        // On a stale connection the request goes back whole: its body (empty) is untouched.
-        return match read_head(&mut conn, &mut writer, head_request).await {
-            Ok(head) => Ok(respond(conn, head, None)),
-            Err(HeadError::Closed(e)) => Err(stale_or_failed(
-                &conn,
-                Request::from_parts(parts, body),
-                reused,
-                &e,
-            )),
-            Err(HeadError::Failed(e)) => Err(SendError::Failed(e)),
-        };
-    }
-    match read_head(&mut conn, &mut writer, head_request).await {
-        Ok(head) => Ok(respond(conn, head, writer)),
-        Err(HeadError::Closed(e)) => Err(SendError::Failed(conn.broken(e))),
-        Err(HeadError::Failed(e)) => Err(SendError::Failed(e)),
+    };
+    let head = match written {
+        Ok(()) => read_head(&mut conn, &mut writer, head_request).await,
+        Err(e) => Err(HeadError::Closed(e)),
+    };
+    match (head, unsent_body.take()) {
+        (Ok(head), _) => Ok(respond(conn, head, writer)),
+        (Err(HeadError::Closed(e)), Some(body)) => Err(stale_or_failed(
+            &conn,
+            Request::from_parts(parts, body),
+            reused,
+            &e,
+        )),
+        (Err(HeadError::Closed(e)), None) => Err(SendError::Failed(conn.broken(e))),
+        (Err(HeadError::Failed(e)), _) => Err(SendError::Failed(e)),
     }
 }
 

@@ -11,8 +11,8 @@
 //! own slot (the slot's mutex is never contended, design.md §2 rule 3); and a connection goes
 //! back to the pool when its response body has been read to the end, with no task spawned.
 //! A connection whose body was not read to the end is closed instead (its unread bytes would
-//! otherwise be taken for the next response). The connections are [`crate::client`]'s: no
-//! task runs per connection, an idle one is only a socket in a list.
+//! otherwise be taken for the next response). The connections are the `client` module's: no
+//! task runs per connection, and an idle one is only a socket in a list.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
