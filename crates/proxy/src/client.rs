@@ -150,13 +150,12 @@ pub(crate) enum SendError {
 /// ([`UpstreamBody::take_reusable`]).
 pub(crate) async fn send(
     mut conn: Box<Connection>,
-    req: Request<RequestBody>,
+    req: Box<Request<RequestBody>>,
     reused: bool,
 ) -> Result<Response<UpstreamBody>, SendError> {
-    let (parts, body) = req.into_parts();
-    let has_body = !body.is_end_stream();
-    let declared = parts
-        .headers
+    let has_body = !req.body().is_end_stream();
+    let declared = req
+        .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
@@ -166,22 +165,23 @@ pub(crate) async fn send(
         } else {
             RequestFraming::Chunked
         }
-    } else if declared.is_none() && expects_body(&parts.method) {
+    } else if declared.is_none() && expects_body(req.method()) {
         RequestFraming::EmptyWithLength
     } else {
         RequestFraming::Declared
     };
-    write_head(&mut conn.head_buf, &parts, framing);
-    let head_request = parts.method == Method::HEAD;
+    write_head(&mut conn.head_buf, &req, framing);
+    let head_request = req.method() == Method::HEAD;
 
     // A bodiless request is kept whole until an answer starts, for a resend on a stale
-    // connection; a body is handed to the writer, which sends it while the head is awaited.
-    let (mut writer, mut unsent_body) = if has_body {
+    // connection; one with a body goes to the writer, which sends the body while the head
+    // is awaited. Either way the request stays in its one allocation.
+    let (mut writer, mut unsent) = if has_body {
         let head = Bytes::copy_from_slice(&conn.head_buf);
         let chunked = framing == RequestFraming::Chunked;
-        (Some(Box::new(BodyWriter::new(head, body, chunked))), None)
+        (Some(Box::new(BodyWriter::new(head, req, chunked))), None)
     } else {
-        (None, Some(body))
+        (None, Some(req))
     };
     let written = match writer {
         Some(_) => Ok(()),
@@ -196,29 +196,15 @@ pub(crate) async fn send(
         Ok(()) => read_head(&mut conn, &mut writer, head_request).await,
         Err(e) => Err(HeadError::Closed(e)),
     };
-    match (head, unsent_body.take()) {
+    match (head, unsent.take()) {
         (Ok(head), _) => Ok(respond(conn, head, writer)),
-        (Err(HeadError::Closed(e)), Some(body)) => Err(stale_or_failed(
-            &conn,
-            Request::from_parts(parts, body),
-            reused,
-            &e,
-        )),
+        (Err(HeadError::Closed(e)), Some(req)) => Err(if reused && req.method().is_idempotent() {
+            SendError::Stale(req)
+        } else {
+            SendError::Failed(conn.broken(e))
+        }),
         (Err(HeadError::Closed(e)), None) => Err(SendError::Failed(conn.broken(e))),
         (Err(HeadError::Failed(e)), _) => Err(SendError::Failed(e)),
-    }
-}
-
-fn stale_or_failed(
-    conn: &Connection,
-    req: Request<RequestBody>,
-    reused: bool,
-    err: &io::Error,
-) -> SendError {
-    if reused && req.method().is_idempotent() {
-        SendError::Stale(Box::new(req))
-    } else {
-        SendError::Failed(conn.broken(err))
     }
 }
 
@@ -241,18 +227,18 @@ enum RequestFraming {
 
 /// The request head on the wire: origin form, HTTP/1.1, the headers as they are (the
 /// gateway already removed hop-by-hop ones and set `Host`), plus the framing header.
-fn write_head(buf: &mut Vec<u8>, parts: &http::request::Parts, framing: RequestFraming) {
+fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) {
     buf.clear();
-    buf.extend_from_slice(parts.method.as_str().as_bytes());
+    buf.extend_from_slice(req.method().as_str().as_bytes());
     buf.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
     buf.extend_from_slice(if target.is_empty() {
         b"/"
     } else {
         target.as_bytes()
     });
     buf.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
+    for (name, value) in req.headers() {
         buf.extend_from_slice(name.as_str().as_bytes());
         buf.extend_from_slice(b": ");
         buf.extend_from_slice(value.as_bytes());
@@ -814,7 +800,8 @@ enum WriteError {
 /// chunked. Segments go out with one vectored write where they can.
 #[derive(Debug)]
 struct BodyWriter {
-    body: RequestBody,
+    /// The request whose body is sent (its head was written into `pending`).
+    req: Box<Request<RequestBody>>,
     chunked: bool,
     /// Taken from the body (or the head), not yet written, front first.
     pending: VecDeque<Bytes>,
@@ -826,11 +813,11 @@ struct BodyWriter {
 }
 
 impl BodyWriter {
-    fn new(head: Bytes, body: RequestBody, chunked: bool) -> BodyWriter {
+    fn new(head: Bytes, req: Box<Request<RequestBody>>, chunked: bool) -> BodyWriter {
         let mut pending = VecDeque::with_capacity(4);
         pending.push_back(head);
         BodyWriter {
-            body,
+            req,
             chunked,
             pending,
             ended: false,
@@ -848,7 +835,7 @@ impl BodyWriter {
                 self.first = false;
                 // Whatever the body has at once joins the head's write; if it has nothing
                 // yet, the head goes alone (the upstream may be waiting for it: a 100-continue).
-                if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+                if let Poll::Ready(frame) = Pin::new(self.req.body_mut()).poll_frame(cx) {
                     self.take(frame).map_err(WriteError::Body)?;
                 }
             }
@@ -869,7 +856,7 @@ impl BodyWriter {
             if self.ended {
                 return Poll::Ready(Ok(()));
             }
-            let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+            let frame = ready!(Pin::new(self.req.body_mut()).poll_frame(cx));
             self.take(frame).map_err(WriteError::Body)?;
         }
     }
@@ -1083,14 +1070,13 @@ mod tests {
             .header("host", "x")
             .body(())
             .expect("request");
-        let (parts, ()) = req.into_parts();
         let mut buf = Vec::new();
-        write_head(&mut buf, &parts, RequestFraming::Chunked);
+        write_head(&mut buf, &req, RequestFraming::Chunked);
         assert_eq!(
             buf,
             b"POST /a?b=1 HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
         );
-        write_head(&mut buf, &parts, RequestFraming::EmptyWithLength);
+        write_head(&mut buf, &req, RequestFraming::EmptyWithLength);
         assert!(buf.ends_with(b"content-length: 0\r\n\r\n"));
     }
 }
