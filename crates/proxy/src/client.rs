@@ -44,6 +44,7 @@ use tokio::net::TcpStream;
 
 use crate::body::RequestBody;
 use crate::error::Error;
+use crate::headers;
 use crate::metrics::OpenConnection;
 
 /// Header lines a response head may have (hyper's default as well).
@@ -455,11 +456,7 @@ fn response_framing(
     head_request: bool,
 ) -> Result<(Framing, bool), String> {
     let mut keep_alive = version == Version::HTTP_11
-        && (seen & SEEN_CONNECTION == 0
-            || !headers
-                .get_all(CONNECTION)
-                .iter()
-                .any(|v| has_token(v.as_bytes(), b"close")));
+        && (seen & SEEN_CONNECTION == 0 || !headers::connection_has(headers, "close"));
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Ok((Framing::Done, false));
     }
@@ -503,12 +500,6 @@ fn response_framing(
         Some(n) => (Framing::Length(n), keep_alive),
         None => (Framing::UntilClose, false),
     })
-}
-
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 fn respond(
@@ -871,8 +862,7 @@ impl BodyWriter {
                     && !data.is_empty()
                 {
                     if self.chunked {
-                        self.pending
-                            .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
+                        self.pending.push_back(chunk_size_line(data.len()));
                         self.pending.push_back(data);
                         self.pending.push_back(Bytes::from_static(b"\r\n"));
                     } else {
@@ -906,6 +896,25 @@ impl BodyWriter {
             }
         }
     }
+}
+
+/// A chunk's size line, `<hex>\r\n`, without the formatting machinery of `format!`.
+fn chunk_size_line(len: usize) -> Bytes {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut line = [0u8; 18];
+    let mut at = 16;
+    let mut rest = len;
+    loop {
+        at -= 1;
+        line[at] = HEX[rest & 0xf];
+        rest >>= 4;
+        if rest == 0 {
+            break;
+        }
+    }
+    line[16] = b'\r';
+    line[17] = b'\n';
+    Bytes::copy_from_slice(&line[at..])
 }
 
 #[cfg(test)]
@@ -945,6 +954,24 @@ mod tests {
             assert_eq!(data, b"helloabcdefghijklmnopqrstuvwxyz", "cut at {cut}");
             assert_eq!(trailers.expect("trailers")["x-sum"], "9");
             assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex_and_parse_back() {
+        for len in [
+            1usize,
+            9,
+            10,
+            255,
+            4096,
+            65_536,
+            0xdead_beef,
+            usize::MAX >> 4,
+        ] {
+            let line = chunk_size_line(len);
+            assert_eq!(&line[..], format!("{len:x}\r\n").as_bytes());
+            assert_eq!(parse_chunk_size(&line[..line.len() - 1]), Ok(len as u64));
         }
     }
 

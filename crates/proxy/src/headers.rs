@@ -55,13 +55,16 @@ pub fn upgrade_requested<B>(req: &http::Request<B>) -> Option<HeaderValue> {
         return None;
     }
     let protocol = req.headers().get(UPGRADE)?;
-    req.headers()
+    connection_has(req.headers(), "upgrade").then(|| protocol.clone())
+}
+
+/// Whether `token` is among the `Connection` header's comma-separated tokens (any case).
+pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
+    headers
         .get_all(CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
-        .then(|| protocol.clone())
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {

@@ -141,6 +141,14 @@ async fn serve(
     }
 }
 
+/// Awaits `f` for at most 30 s: a gateway that deadlocks on one of these exchanges fails
+/// its test instead of hanging the suite.
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(30), f)
+        .await
+        .expect("the exchange finished within 30 s")
+}
+
 async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
     let mut chunk = [0u8; 16 * 1024];
     match stream.read(&mut chunk).await {
@@ -160,11 +168,9 @@ async fn send(client: &Client, url: &str, method: Method) -> (u16, Vec<u8>) {
         .uri(format!("{url}/"))
         .body(Empty::new().boxed())
         .expect("request");
-    let resp = client.request(req).await.expect("response head");
+    let resp = within(client.request(req)).await.expect("response head");
     let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
+    let body = within(resp.into_body().collect())
         .await
         .expect("whole body")
         .to_bytes();
@@ -258,11 +264,14 @@ async fn interim_responses_are_skipped() {
     let req = Request::post(format!("{url}/"))
         .body(Full::new(bytes::Bytes::from_static(b"abc")).boxed())
         .expect("request");
-    let resp = http1_client().request(req).await.expect("response");
+    let resp = within(http1_client().request(req)).await.expect("response");
     assert_eq!(resp.status(), 201);
     assert_eq!(resp.headers()["x-final"], "1");
     assert!(!resp.headers().contains_key("link"));
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let body = within(resp.into_body().collect())
+        .await
+        .expect("body")
+        .to_bytes();
     assert_eq!(&body[..], b"done");
     assert_eq!(upstream.bodies.lock().expect("bodies")[0], b"abc");
 }
@@ -288,7 +297,11 @@ async fn broken_response_heads_are_502() {
     let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
     let client = http1_client();
     for path in ["/garbage", "/conflict", "/huge"] {
-        let (status, body) = tailguard_test_support::get(&client, &format!("{url}{path}")).await;
+        let (status, body) = within(tailguard_test_support::get(
+            &client,
+            &format!("{url}{path}"),
+        ))
+        .await;
         assert_eq!(
             (status, body.as_str()),
             (502, "upstream connection failed\n"),
@@ -311,9 +324,9 @@ async fn a_body_cut_short_by_the_upstream_is_an_error_downstream_not_a_short_suc
         .expect("request");
     // The head may or may not have left before the gateway saw the body break; either way
     // the client must not see a complete response.
-    match http1_client().request(req).await {
+    match within(http1_client().request(req)).await {
         Ok(resp) => assert!(
-            resp.into_body().collect().await.is_err(),
+            within(resp.into_body().collect()).await.is_err(),
             "the client must see the body end early, not a complete 9-byte body"
         ),
         // The connection closed before a whole head: also not a success.
@@ -336,9 +349,12 @@ async fn an_answer_before_the_request_body_is_read_comes_through() {
     let req = Request::post(format!("{url}/"))
         .body(Source::new(n).boxed())
         .expect("request");
-    let resp = http1_client().request(req).await.expect("response");
+    let resp = within(http1_client().request(req)).await.expect("response");
     assert_eq!(resp.status(), 413);
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let body = within(resp.into_body().collect())
+        .await
+        .expect("body")
+        .to_bytes();
     assert_eq!(&body[..], b"too big\n");
 }
 
@@ -351,7 +367,7 @@ async fn a_request_body_of_unknown_length_goes_upstream_chunked() {
     let req = Request::post(format!("{url}/"))
         .body(Source::chunked(n).boxed())
         .expect("request");
-    let resp = http1_client().request(req).await.expect("response");
+    let resp = within(http1_client().request(req)).await.expect("response");
     assert_eq!(resp.status(), 200);
     let head = upstream.heads.lock().expect("heads")[0].to_ascii_lowercase();
     assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
