@@ -416,6 +416,14 @@ impl Client {
     }
 }
 
+/// A gateway config whose one route takes paths under `/path` only (others are 404).
+fn path_only_config(upstream: SocketAddr) -> tailguard_proxy::Config {
+    support::with_listener(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{upstream}\" }}]\n\n\
+         [[routes]]\nid = \"only-path\"\nupstream = \"up\"\npath = {{ prefix = \"/path\" }}\n"
+    ))
+}
+
 /// A simple GET for `path`.
 fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n\r\n").into_bytes()
@@ -483,6 +491,160 @@ async fn pipelined_requests_in_one_write_are_answered_in_order() {
     let seen = upstream.seen();
     assert_eq!(seen.len(), 4);
     assert_eq!(seen[1].body, b"hello");
+}
+
+#[tokio::test]
+async fn a_long_pipeline_with_bodies_and_errors_is_answered_in_order() {
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(path_only_config(upstream.addr));
+    let n = 60;
+    let mut batch = Vec::new();
+    for i in 0..n {
+        match i % 3 {
+            0 => batch.extend(get(&format!("/path/{i}"))),
+            1 => batch.extend(
+                format!(
+                    "POST /path/{i} HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3\r\n\r\n{i:03}"
+                )
+                .as_bytes(),
+            ),
+            // No route: a local 404 in the middle of the pipeline.
+            _ => batch.extend(get(&format!("/nowhere/{i}"))),
+        }
+    }
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(&batch).await;
+        for i in 0..n {
+            let resp = c.response().await;
+            match i % 3 {
+                0 => assert_echoed(&resp, "GET", &format!("/path/{i}")),
+                1 => assert_echoed(&resp, "POST", &format!("/path/{i}")),
+                _ => assert_eq!(
+                    (resp.status, resp.body.as_slice()),
+                    (404, &b"no route\n"[..]),
+                    "request {i}"
+                ),
+            }
+        }
+    })
+    .await;
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 40);
+    for s in seen.iter().filter(|s| s.line().starts_with("POST")) {
+        let i: usize = s.line()["POST /path/".len()..]
+            .split(' ')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .expect("the index in the path");
+        assert_eq!(
+            s.body,
+            format!("{i:03}").as_bytes(),
+            "the body of request {i}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn requests_pipelined_behind_connection_close_are_not_served() {
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        let mut batch =
+            b"GET /last HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n".to_vec();
+        batch.extend(get("/too-late"));
+        c.send(&batch).await;
+        assert_echoed(&c.response().await, "GET", "/last");
+        // RFC 9112 §9.6: after a request with `close`, the server reads no further request.
+        c.assert_closed("the response to Connection: close").await;
+    })
+    .await;
+    let lines: Vec<String> = upstream.seen().iter().map(Seen::line).collect();
+    assert_eq!(lines, ["GET /last HTTP/1.1"]);
+}
+
+#[tokio::test]
+async fn a_chunked_body_written_byte_by_byte_arrives_intact() {
+    let upstream = RawUpstream::start(|seen| ok(&seen.body)).await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        let req = b"POST /drip HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    3;x=y\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\nX-T: 1\r\n\r\n";
+        for &b in req.iter() {
+            c.send(&[b]).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let resp = c.response().await;
+        assert_eq!(
+            (resp.status, resp.body.as_slice()),
+            (200, &b"abc0123456789abcdef"[..])
+        );
+        c.send(&get("/after-drip")).await;
+        assert_eq!(c.response().await.status, 200);
+    })
+    .await;
+    assert_eq!(upstream.seen()[0].body, b"abc0123456789abcdef");
+}
+
+#[tokio::test]
+async fn an_empty_line_before_the_request_line_is_ignored() {
+    // RFC 9112 §2.2: a server SHOULD ignore at least one empty line before a request line
+    // (left behind by clients that add a CRLF after a POST body).
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(b"POST /first HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 2\r\n\r\nhi\r\n")
+            .await;
+        assert_echoed(&c.response().await, "POST", "/first");
+        c.send(&get("/second")).await;
+        assert_echoed(&c.response().await, "GET", "/second");
+        let mut fresh = Client::to(&server).await;
+        fresh
+            .send(b"\r\nGET /fresh HTTP/1.1\r\nHost: gw.test\r\n\r\n")
+            .await;
+        assert_echoed(&fresh.response().await, "GET", "/fresh");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn large_response_bodies_arrive_whole_in_both_framings() {
+    let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    let body = big.clone();
+    let upstream = RawUpstream::start(move |seen| {
+        if seen.line().contains("/length") {
+            ok(&body)
+        } else {
+            let mut out = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            for chunk in body.chunks(70_000) {
+                out.extend(format!("{:x}\r\n", chunk.len()).as_bytes());
+                out.extend_from_slice(chunk);
+                out.extend(b"\r\n");
+            }
+            out.extend(b"0\r\n\r\n");
+            out
+        }
+    })
+    .await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        for path in ["/length", "/chunked", "/length"] {
+            c.send(&get(path)).await;
+            let resp = c.response().await;
+            assert_eq!(resp.status, 200, "{path}: {}", resp.line);
+            assert!(
+                resp.body == big,
+                "{path}: {} bytes, not the upstream's",
+                resp.body.len()
+            );
+            assert_ne!(resp.framing, Framing::Close, "{path}");
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -709,7 +871,7 @@ async fn rejected(server: &tailguard_proxy::Server, bytes: &[u8], what: &str) ->
 async fn malformed_heads_are_400_and_close_the_connection() {
     let upstream = RawUpstream::echo_line().await;
     let (server, _) = support::start(upstream.config());
-    let cases: [(&str, &[u8]); 8] = [
+    let cases: [(&str, &[u8]); 14] = [
         ("a garbage request line", b"HELLO THERE\r\n\r\n"),
         ("a request line without a version", b"GET /\r\nHost: gw.test\r\n\r\n"),
         (
@@ -733,8 +895,34 @@ async fn malformed_heads_are_400_and_close_the_connection() {
             b"POST / HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 3, 4\r\n\r\nabcd",
         ),
         (
+            "Content-Length: +3",
+            b"POST / HTTP/1.1\r\nHost: gw.test\r\nContent-Length: +3\r\n\r\nabc",
+        ),
+        // RFC 9112 §5.1: whitespace between a field name and its colon MUST be a 400.
+        (
             "a space before the colon",
             b"GET / HTTP/1.1\r\nHost : gw.test\r\n\r\n",
+        ),
+        (
+            "Transfer-Encoding with a space before the colon",
+            b"POST / HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding : chunked\r\nContent-Length: 3\r\n\r\nabc",
+        ),
+        (
+            "a separator in a field name",
+            b"GET / HTTP/1.1\r\nHost: gw.test\r\nX(A): b\r\n\r\n",
+        ),
+        // RFC 9112 §2.2: a bare CR MUST be treated as invalid (or replaced by SP).
+        (
+            "a bare CR in a field value",
+            b"GET / HTTP/1.1\r\nHost: gw.test\r\nX-A: a\rb\r\n\r\n",
+        ),
+        (
+            "a NUL in a field value",
+            b"GET / HTTP/1.1\r\nHost: gw.test\r\nX-A: a\0b\r\n\r\n",
+        ),
+        (
+            "a request line claiming HTTP/2.0",
+            b"GET / HTTP/2.0\r\nHost: gw.test\r\n\r\n",
         ),
     ];
     for (what, bytes) in cases {
@@ -757,6 +945,10 @@ async fn an_unknown_transfer_coding_is_refused_and_closes() {
             &b"POST / HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: gzip\r\n\r\nabc"[..],
         ),
         (
+            "Transfer-Encoding: identity (no longer a coding)",
+            &b"POST / HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc"[..],
+        ),
+        (
             "Transfer-Encoding: chunked, gzip (chunked not last)",
             &b"POST / HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked, gzip\r\n\r\n3\r\nabc\r\n0\r\n\r\n"[..],
         ),
@@ -766,7 +958,28 @@ async fn an_unknown_transfer_coding_is_refused_and_closes() {
         let status = rejected(&server, bytes, what).await;
         assert!(status == 400 || status == 501, "{what}: {status}");
     }
-    assert!(upstream.seen().is_empty());
+    // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing: the
+    // request may be refused or processed, but the connection then closes, so the request
+    // behind it is never read as the next one.
+    let mut c = Client::to(&server).await;
+    within(async {
+        c.send_lenient(
+            b"POST /te10 HTTP/1.0\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /after-te10 HTTP/1.1\r\nHost: gw.test\r\n\r\n",
+        )
+        .await;
+        let resp = c.read_response(false).await;
+        assert!(resp.status == 400 || resp.status == 200, "{}", resp.line);
+        c.assert_closed("a 1.0 request with Transfer-Encoding").await;
+    })
+    .await;
+    for s in upstream.seen() {
+        assert!(!s.line().contains("/after-te10"), "{}", s.line());
+    }
+    let seen: Vec<String> = upstream.seen().iter().map(Seen::line).collect();
+    assert!(
+        seen.iter().all(|l| !l.starts_with("POST / ")),
+        "a refused coding was forwarded: {seen:?}"
+    );
 }
 
 #[tokio::test]
@@ -814,30 +1027,45 @@ async fn content_length_beside_chunked_is_never_a_smuggled_second_request() {
 }
 
 #[tokio::test]
-async fn a_bad_chunk_size_fails_the_request_and_closes_without_desync() {
+async fn broken_chunked_bodies_fail_the_request_and_close_without_desync() {
     let upstream = RawUpstream::echo_line().await;
     let (server, _) = support::start(upstream.config());
-    within(async {
-        let mut c = Client::to(&server).await;
-        let mut batch =
-            b"POST /bad-chunk HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
-                .to_vec();
-        batch.extend(get("/after-bad-chunk"));
-        c.send_lenient(&batch).await;
-        let mut answers = Vec::new();
-        while let Some(resp) = c.try_response(false).await {
-            answers.push(resp);
-        }
-        assert!(answers.len() <= 1, "more than one answer: {answers:?}");
-        if let Some(resp) = answers.first() {
+    let cases: [(&str, &[u8]); 4] = [
+        ("a chunk size that is not hex", b"zz\r\nhello\r\n0\r\n\r\n"),
+        (
+            "a chunk size that overflows 64 bits",
+            b"FFFFFFFFFFFFFFFFFF\r\nhello\r\n0\r\n\r\n",
+        ),
+        ("a negative chunk size", b"-5\r\nhello\r\n0\r\n\r\n"),
+        ("chunk data not followed by CRLF", b"3\r\nabcXX0\r\n\r\n"),
+    ];
+    for (what, body) in cases {
+        within(async {
+            let mut c = Client::to(&server).await;
+            let mut batch =
+                b"POST /bad-chunk HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    .to_vec();
+            batch.extend_from_slice(body);
+            batch.extend(get("/after-bad-chunk"));
+            c.send_lenient(&batch).await;
+            let mut answers = Vec::new();
+            while let Some(resp) = c.try_response(false).await {
+                answers.push(resp);
+            }
             assert!(
-                (400..600).contains(&resp.status),
-                "the broken request is not a success: {}",
-                resp.line
+                answers.len() <= 1,
+                "{what}: more than one answer: {answers:?}"
             );
-        }
-    })
-    .await;
+            if let Some(resp) = answers.first() {
+                assert!(
+                    (400..600).contains(&resp.status),
+                    "{what}: the broken request is not a success: {}",
+                    resp.line
+                );
+            }
+        })
+        .await;
+    }
     let seen = upstream.seen();
     assert!(
         seen.iter().all(|s| !s.line().contains("/after-bad-chunk")),
@@ -1179,12 +1407,7 @@ async fn a_client_gone_mid_body_leaves_the_gateway_serving() {
 #[tokio::test]
 async fn an_absolute_form_target_is_routed_by_its_path_and_sent_in_origin_form() {
     let upstream = RawUpstream::echo_line().await;
-    let config = support::with_listener(&format!(
-        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
-         [[routes]]\nid = \"only-path\"\nupstream = \"up\"\npath = {{ prefix = \"/path\" }}\n",
-        upstream.addr
-    ));
-    let (server, _) = support::start(config);
+    let (server, _) = support::start(path_only_config(upstream.addr));
     within(async {
         let mut c = Client::to(&server).await;
         c.send(b"GET http://example.com/path/x?q=1 HTTP/1.1\r\nHost: example.com\r\n\r\n")
@@ -1203,6 +1426,30 @@ async fn an_absolute_form_target_is_routed_by_its_path_and_sent_in_origin_form()
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].line(), "GET /path/x?q=1 HTTP/1.1");
     assert_eq!(seen[0].header("host").as_deref(), Some(&b"example.com"[..]));
+}
+
+#[tokio::test]
+async fn the_request_target_and_field_values_reach_the_upstream_as_sent() {
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(
+            b"GET /a%20b/%2F/./x?q=%2f&r=a+b&&s HTTP/1.1\r\nHost: gw.test\r\nX-Padded:   padded  value \t\r\nX-Empty:\r\n\r\n",
+        )
+        .await;
+        assert_echoed(&c.response().await, "GET", "/a%20b/%2F/./x?q=%2f&r=a+b&&s");
+    })
+    .await;
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.line(), "GET /a%20b/%2F/./x?q=%2f&r=a+b&&s HTTP/1.1");
+    // RFC 9110 §5.5: leading and trailing whitespace is not part of the field value.
+    let head = String::from_utf8_lossy(&seen.head).to_ascii_lowercase();
+    assert!(head.contains("\r\nx-padded: padded  value\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nx-empty:\r\n") || head.contains("\r\nx-empty: \r\n"),
+        "an empty field value is kept: {head}"
+    );
 }
 
 #[tokio::test]
@@ -1225,12 +1472,7 @@ async fn obs_text_header_bytes_reach_the_upstream_unchanged() {
 #[tokio::test]
 async fn proxied_and_local_responses_carry_a_date() {
     let upstream = RawUpstream::echo_line().await;
-    let config = support::with_listener(&format!(
-        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
-         [[routes]]\nid = \"only-path\"\nupstream = \"up\"\npath = {{ prefix = \"/path\" }}\n",
-        upstream.addr
-    ));
-    let (server, _) = support::start(config);
+    let (server, _) = support::start(path_only_config(upstream.addr));
     within(async {
         let mut c = Client::to(&server).await;
         c.send(&get("/path")).await;
@@ -1247,4 +1489,75 @@ async fn proxied_and_local_responses_carry_a_date() {
         }
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Known deviations of the hyper-based server from RFC 9112: ignored, each says what
+// happens now; they pass once the listener does what the RFC says.
+
+#[tokio::test]
+#[ignore = "fails on the hyper-based server: both are forwarded (a missing Host becomes the \
+            endpoint's address; two Host lines both go upstream)"]
+async fn a_missing_or_repeated_host_is_400() {
+    // RFC 9112 §3.2: a server MUST respond 400 to an HTTP/1.1 request without a Host field
+    // or with more than one Host field line.
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    for (what, bytes) in [
+        ("no Host", &b"GET /no-host HTTP/1.1\r\n\r\n"[..]),
+        (
+            "two Host lines",
+            &b"GET /two-hosts HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n"[..],
+        ),
+    ] {
+        within(async {
+            let mut c = Client::to(&server).await;
+            c.send_lenient(bytes).await;
+            assert_eq!(c.read_response(false).await.status, 400, "{what}");
+        })
+        .await;
+    }
+    assert!(upstream.seen().is_empty());
+}
+
+#[tokio::test]
+#[ignore = "fails on the hyper-based server: the client's Host (other.test) goes upstream \
+            while the route was chosen by the target's host (example.com)"]
+async fn an_absolute_form_target_replaces_the_host_header() {
+    // RFC 9112 §3.2.2: the host of an absolute-form target wins over the Host field, and an
+    // intermediary forwarding it generates Host from the target.
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(b"GET http://example.com/abs HTTP/1.1\r\nHost: other.test\r\n\r\n")
+            .await;
+        assert_echoed(&c.response().await, "GET", "/abs");
+    })
+    .await;
+    assert_eq!(
+        upstream.seen()[0].header("host").as_deref(),
+        Some(&b"example.com"[..])
+    );
+}
+
+#[tokio::test]
+#[ignore = "fails on the hyper-based server: `gzip, chunked` is decoded as chunked and sent \
+            upstream as plain chunked, the gzip coding silently dropped"]
+async fn a_coding_before_chunked_that_is_not_understood_is_refused() {
+    // RFC 9112 §6.1: a server that receives a transfer coding it does not understand SHOULD
+    // answer 501; forwarding the bytes without the coding corrupts the body.
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send_lenient(
+            b"POST /gz HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        )
+        .await;
+        let resp = c.read_response(false).await;
+        assert!(resp.status == 501 || resp.status == 400, "{}", resp.line);
+    })
+    .await;
+    assert!(upstream.seen().is_empty());
 }
