@@ -424,6 +424,15 @@ fn path_only_config(upstream: SocketAddr) -> tailguard_proxy::Config {
     ))
 }
 
+/// [`path_only_config`] with `limits.body_bytes`.
+fn path_only_with_body_limit(upstream: SocketAddr, body_bytes: u64) -> tailguard_proxy::Config {
+    support::with_listener(&format!(
+        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{upstream}\" }}]\n\n\
+         [[routes]]\nid = \"only-path\"\nupstream = \"up\"\npath = {{ prefix = \"/path\" }}\n\n\
+         [limits]\nbody_bytes = {body_bytes}\n"
+    ))
+}
+
 /// A simple GET for `path`.
 fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: gw.test\r\n\r\n").into_bytes()
@@ -1318,6 +1327,139 @@ async fn a_response_of_unknown_length_to_http10_is_close_delimited() {
     .await;
 }
 
+#[tokio::test]
+async fn a_slow_reader_gets_a_large_body_whole() {
+    let upstream = tailguard_test_support::Upstream::start().await;
+    let (server, _) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let n = 8 * 1024 * 1024;
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(&get(&format!("/source/{n}"))).await;
+        // Far more than the socket buffers hold: the gateway's writes stall until we read.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let resp = c.response().await;
+        assert_eq!(resp.status, 200, "{}", resp.line);
+        assert_eq!(resp.body.len(), n);
+        assert!(resp.body.iter().all(|&b| b == b'x'));
+        c.send(&get("/again")).await;
+        assert_eq!(c.response().await.status, 200);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_head_response_to_a_chunked_upstream_answer_has_no_body() {
+    let upstream = RawUpstream::start(|seen| {
+        if seen.line().starts_with("HEAD") {
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-head: 1\r\n\r\n".to_vec()
+        } else {
+            ok(seen.line().as_bytes())
+        }
+    })
+    .await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        let mut batch = b"HEAD /h HTTP/1.1\r\nHost: gw.test\r\n\r\n".to_vec();
+        batch.extend(get("/after-head"));
+        c.send(&batch).await;
+        let head = c.read_response(true).await;
+        assert_eq!(head.status, 200, "{}", head.line);
+        assert_eq!(head.header("x-head").as_deref(), Some("1"));
+        // Had the gateway sent a chunked body (even an empty `0\r\n\r\n`), it would be parsed
+        // here as a status line.
+        assert_echoed(&c.response().await, "GET", "/after-head");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unread_request_body_never_becomes_the_next_request() {
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(path_only_with_body_limit(upstream.addr, 1024));
+    // A body that reads like a request: if the gateway answered without consuming it and
+    // then parsed on from the wrong place, it would forward this.
+    let inner = b"GET /path/smuggled HTTP/1.1\r\nHost: gw.test\r\n\r\n";
+    let chunked_inner = format!("{:x}\r\n", inner.len());
+    let bodies: [(&str, Vec<u8>); 3] = [
+        // No route: answered 404 without reading the body.
+        ("a 404 with a length-framed body", {
+            let mut r = format!(
+                "POST /nowhere HTTP/1.1\r\nHost: gw.test\r\nContent-Length: {}\r\n\r\n",
+                inner.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(inner);
+            r
+        }),
+        ("a 404 with a chunked body", {
+            let mut r =
+                b"POST /nowhere HTTP/1.1\r\nHost: gw.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    .to_vec();
+            r.extend(chunked_inner.as_bytes());
+            r.extend_from_slice(inner);
+            r.extend(b"\r\n0\r\n\r\n");
+            r
+        }),
+        // Declared over the limit: answered 413 before the body.
+        ("a 413 by declared length", {
+            let mut r = b"POST /path/big HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 2000\r\n\r\n"
+                .to_vec();
+            r.extend_from_slice(inner);
+            r.extend(vec![b' '; 2000 - inner.len()]);
+            r
+        }),
+    ];
+    for (what, mut req) in bodies {
+        req.extend(get("/path/next"));
+        within(async {
+            let mut c = Client::to(&server).await;
+            c.send_lenient(&req).await;
+            let first = c.read_response(false).await;
+            assert!(
+                first.status == 404 || first.status == 413,
+                "{what}: {}",
+                first.line
+            );
+            // Then either the real next request's answer, or the close.
+            if let Some(next) = c.try_response(false).await {
+                assert_echoed(&next, "GET", "/path/next");
+            }
+        })
+        .await;
+    }
+    let lines: Vec<String> = upstream.seen().iter().map(Seen::line).collect();
+    assert!(
+        lines.iter().all(|l| !l.contains("smuggled")),
+        "a request body was read as a request: {lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn many_connections_at_once_are_all_served() {
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(upstream.config());
+    let addr = server.local_addrs()[0];
+    within(async {
+        let mut tasks = Vec::new();
+        for conn in 0..40 {
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                for i in 0..5 {
+                    let path = format!("/c{conn}/r{i}");
+                    c.send(&get(&path)).await;
+                    assert_echoed(&c.response().await, "GET", &path);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("a connection's requests all answered");
+        }
+    })
+    .await;
+    assert_eq!(upstream.seen().len(), 200);
+}
+
 // ---------------------------------------------------------------------------------------
 // Timeouts and broken clients.
 
@@ -1373,6 +1515,25 @@ async fn a_connection_that_never_sends_a_byte_is_closed_after_idle_ms() {
         closed.is_ok(),
         "a silent connection is still open after 10 s"
     );
+}
+
+#[tokio::test]
+async fn the_idle_timeout_never_cuts_a_request_waiting_for_its_upstream() {
+    let upstream = tailguard_test_support::Upstream::start().await;
+    let (server, _) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nidle_ms = 200\n",
+    ));
+    within(async {
+        let mut c = Client::to(&server).await;
+        // The upstream takes several idle periods to answer: the connection is busy, not idle.
+        c.send(&get("/delay/900")).await;
+        let resp = c.response().await;
+        assert_eq!((resp.status, resp.body.as_slice()), (200, &b"ok"[..]));
+        c.send(&get("/delay/0")).await;
+        assert_eq!(c.response().await.status, 200);
+    })
+    .await;
 }
 
 #[tokio::test]
