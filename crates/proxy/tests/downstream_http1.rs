@@ -837,6 +837,53 @@ async fn expect_100_continue_gets_100_before_the_body_then_the_final_response() 
 }
 
 #[tokio::test]
+async fn expect_100_continue_with_the_body_sent_at_once_gets_one_final_response() {
+    // A client may send the body without waiting for the 100; the server may still send a
+    // 100 first, but never after the final response (where it would be read as the answer
+    // to the next request).
+    let upstream = RawUpstream::start(|seen| {
+        if seen.body.is_empty() {
+            ok(seen.line().as_bytes())
+        } else {
+            ok(&seen.body)
+        }
+    })
+    .await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        let mut batch =
+            b"PUT /eager HTTP/1.1\r\nHost: gw.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello"
+                .to_vec();
+        batch.extend(get("/after-eager"));
+        c.send(&batch).await;
+        let mut resp = c.response().await;
+        if resp.status == 100 {
+            resp = c.response().await;
+        }
+        assert_eq!((resp.status, resp.body.as_slice()), (200, &b"hello"[..]));
+        assert_echoed(&c.response().await, "GET", "/after-eager");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn expect_100_continue_from_http10_gets_no_100() {
+    // RFC 9110 §10.1.1: a server MUST ignore a 100-continue expectation in an HTTP/1.0
+    // request.
+    let upstream = RawUpstream::start(|seen| ok(&seen.body)).await;
+    let (server, _) = support::start(upstream.config());
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(b"POST /old-expect HTTP/1.0\r\nHost: gw.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello")
+            .await;
+        let resp = c.response().await;
+        assert_eq!((resp.status, resp.body.as_slice()), (200, &b"hello"[..]), "{}", resp.line);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn expect_100_continue_over_the_body_limit_is_refused_without_the_body() {
     let upstream = RawUpstream::echo_line().await;
     let (server, _) = support::start(support::proxy_to(
