@@ -11,6 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::client::UpstreamBody;
+use crate::downstream::H1Body;
 
 use crate::error::Error;
 use crate::record::Finish;
@@ -19,12 +20,59 @@ use crate::record::Finish;
 /// more than this may see its connection reset instead).
 const DRAIN_BYTES: u64 = 4 * 1024 * 1024;
 
+/// A request body as the downstream connection delivers it.
+#[derive(Debug)]
+pub(crate) enum IncomingBody {
+    /// No body (the head said so).
+    Empty,
+    /// Read from an HTTP/1.1 connection (`downstream`).
+    Http1(H1Body),
+    /// An HTTP/2 stream's data (hyper).
+    Http2(Incoming),
+}
+
+impl Body for IncomingBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let polled = match self.get_mut() {
+            IncomingBody::Empty => return Poll::Ready(None),
+            IncomingBody::Http1(b) => {
+                ready!(Pin::new(b).poll_frame(cx)).map(|r| r.map_err(Error::DownstreamBody))
+            }
+            IncomingBody::Http2(b) => ready!(Pin::new(b).poll_frame(cx))
+                .map(|r| r.map_err(|e| Error::DownstreamBody(e.to_string()))),
+        };
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            IncomingBody::Empty => true,
+            IncomingBody::Http1(b) => b.is_end_stream(),
+            IncomingBody::Http2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            IncomingBody::Empty => SizeHint::with_exact(0),
+            IncomingBody::Http1(b) => b.size_hint(),
+            IncomingBody::Http2(b) => b.size_hint(),
+        }
+    }
+}
+
 /// The downstream request body on its way upstream: errors with [`Error::BodyTooLarge`]
 /// as soon as more than the limit has streamed, whatever the framing (chunked or not), so
 /// the gateway never buffers or forwards more than the limit.
 #[derive(Debug)]
 pub struct RequestBody {
-    inner: Incoming,
+    inner: IncomingBody,
     limit: u64,
     seen: u64,
     count: Option<Arc<AtomicU64>>,
@@ -32,7 +80,11 @@ pub struct RequestBody {
 
 impl RequestBody {
     /// Wraps a body; `count` (if any) is updated with the bytes read.
-    pub fn new(inner: Incoming, limit: u64, count: Option<Arc<AtomicU64>>) -> RequestBody {
+    pub(crate) fn new(
+        inner: IncomingBody,
+        limit: u64,
+        count: Option<Arc<AtomicU64>>,
+    ) -> RequestBody {
         RequestBody {
             inner,
             limit,
@@ -81,7 +133,7 @@ impl Body for RequestBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(e)) => Poll::Ready(Some(Err(Error::DownstreamBody(e.to_string())))),
+            Some(Err(e)) => Poll::Ready(Some(Err(e))),
             None => Poll::Ready(None),
         }
     }

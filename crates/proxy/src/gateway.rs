@@ -15,15 +15,15 @@ use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
 use tokio::io::AsyncWriteExt as _;
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::builtin::Responder;
 use crate::client::{self, SendError, UpstreamBody};
 use crate::config::{Config, Timeouts};
+use crate::downstream;
 use crate::error::Error;
 use crate::headers;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
@@ -282,7 +282,7 @@ fn local_response(
 /// Serves one request from its parsed head to the response head (the body then streams).
 pub(crate) async fn serve(
     conn: Arc<ConnCtx>,
-    req: Request<Incoming>,
+    req: Request<IncomingBody>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     // Answered locally on every listener, before admission, so it is never shed and never
@@ -427,7 +427,7 @@ fn head_bytes<B>(req: &Request<B>) -> usize {
 async fn forward(
     snap: &Snapshot,
     conn: &ConnCtx,
-    mut req: Request<Incoming>,
+    mut req: Request<IncomingBody>,
     route: Option<usize>,
     record: &mut RequestRecord,
 ) -> Result<(Response<UpstreamBody>, Option<Frame<Bytes>>), Error> {
@@ -456,8 +456,14 @@ async fn forward(
 
     // An HTTP/1.1 upgrade (WebSocket): its `Upgrade` and `Connection: upgrade` go upstream,
     // and a `101` answer turns both connections into one tunnel.
-    let upgrade =
-        headers::upgrade_requested(&req).map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+    // (HTTP/2 has no such upgrade: its requests carry no `OnUpgrade`.)
+    let upgrade = match (
+        headers::upgrade_requested(&req),
+        req.extensions_mut().remove::<downstream::OnUpgrade>(),
+    ) {
+        (Some(protocol), Some(on)) => Some((protocol, on)),
+        _ => None,
+    };
     let (mut parts, body) = req.into_parts();
     headers::remove_hop_by_hop(&mut parts.headers);
     if let Some((protocol, _)) = &upgrade {
@@ -586,18 +592,14 @@ async fn forward(
 /// Copies bytes both ways between an upgraded client connection and the upstream
 /// connection that answered `101` until either side closes (a WebSocket).
 async fn tunnel(
-    downstream: hyper::upgrade::OnUpgrade,
+    downstream: downstream::OnUpgrade,
     upstream: Box<client::Connection>,
     addr: SocketAddr,
 ) {
-    let client = match downstream.await {
-        Ok(upgraded) => upgraded,
-        Err(e) => {
-            tracing::debug!(upstream = %addr, "upgrade failed: {e}");
-            return;
-        }
+    let Some(mut client) = downstream.connection().await else {
+        tracing::debug!(upstream = %addr, "upgrade failed: the client connection ended");
+        return;
     };
-    let mut client = hyper_util::rt::TokioIo::new(client);
     let (mut server, prelude, _open) = (*upstream).into_upgraded();
     // What the upstream sent right behind its 101 head is the tunnel's first bytes.
     if !prelude.is_empty()

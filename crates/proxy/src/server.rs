@@ -1,14 +1,15 @@
-//! Listeners: bind, accept (up to the connection limit), TLS with ALPN, HTTP/1.1 and
+//! Listeners: bind, accept (up to the connection limit), TLS with ALPN, HTTP/1.1 (own) and
 //! HTTP/2 on each connection, listeners that follow a reload, and graceful shutdown.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use bytes::BytesMut;
+use http::Request;
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tailguard_access_log::AccessLog;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
@@ -17,7 +18,9 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::access_log::AccessLogs;
+use crate::body::IncomingBody;
 use crate::config::{Config, Limits, Timeouts};
+use crate::downstream::{self, Reader};
 use crate::error::Error;
 use crate::gateway::{self, ConnCtx, Gateway};
 
@@ -26,7 +29,8 @@ const BACKLOG: u32 = 4096;
 /// A TLS handshake gets this long; a client that stalls it holds a connection slot.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-type Builder = auto::Builder<TokioExecutor>;
+/// HTTP/2 connections are hyper's; HTTP/1.1 ones are served by [`downstream`].
+type Http2 = hyper::server::conn::http2::Builder<TokioExecutor>;
 
 /// A running gateway: its listeners, and the handle to reload or stop it.
 ///
@@ -94,8 +98,10 @@ impl Listener {
 struct Settings {
     /// Plain TCP when `None`; a reload may switch TLS on or off, or renew the certificate.
     tls: Option<Arc<TlsAcceptor>>,
-    /// HTTP settings from `[limits]` (header size) and `[timeouts]` (idle).
-    builder: Arc<Builder>,
+    /// HTTP/2 settings from `[limits]` (header size).
+    http2: Arc<Http2>,
+    /// HTTP/1.1 settings from `[limits]` and `[timeouts]` (idle).
+    http1: downstream::Limits,
     access_log: AccessLog,
 }
 
@@ -111,18 +117,19 @@ fn millis(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-fn builder(limits: &Limits, timeouts: &Timeouts) -> Builder {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(millis(timeouts.idle_ms))
-        // hyper answers 431 itself past its buffer; below it the gateway checks the limit,
-        // so the usual case goes through Error::status like every other error.
-        .max_buf_size((limits.header_bytes + 4096).max(64 * 1024));
-    b.http2()
-        .timer(TokioTimer::new())
+fn http2(limits: &Limits) -> Http2 {
+    let mut b = Http2::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.header_bytes).unwrap_or(u32::MAX));
     b
+}
+
+fn http1(limits: &Limits, timeouts: &Timeouts) -> downstream::Limits {
+    downstream::Limits {
+        header_bytes: limits.header_bytes,
+        body_bytes: limits.body_bytes,
+        idle: millis(timeouts.idle_ms),
+    }
 }
 
 /// A nonblocking listening socket with `SO_REUSEPORT`, so each serving thread can bind its
@@ -225,13 +232,15 @@ fn settings(
     tls: Vec<Option<Arc<TlsAcceptor>>>,
     logs: Vec<AccessLog>,
 ) -> Vec<Arc<Settings>> {
-    let builder = Arc::new(builder(&config.limits, &config.timeouts));
+    let http2 = Arc::new(http2(&config.limits));
+    let http1 = http1(&config.limits, &config.timeouts);
     tls.into_iter()
         .zip(logs)
         .map(|(tls, access_log)| {
             Arc::new(Settings {
                 tls,
-                builder: Arc::clone(&builder),
+                http2: Arc::clone(&http2),
+                http1,
                 access_log,
             })
         })
@@ -662,8 +671,10 @@ impl Acceptor {
             permits,
             mut control,
         } = self;
-        // Per accept loop, so a removed listener drains its own connections only.
-        let graceful = GracefulShutdown::new();
+        // Per accept loop, so a removed listener drains its own connections only: each
+        // connection holds a receiver; `true` asks them to finish, and the loop is done when
+        // the last receiver is dropped.
+        let (drain, _) = watch::channel(false);
         loop {
             // One read of the watch per accepted connection: a brief read lock that a
             // reload's store takes for a pointer swap, never a request's.
@@ -703,7 +714,7 @@ impl Acceptor {
             };
             let _ = stream.set_nodelay(true);
             let counted = gateway.metrics().connection_opened();
-            let watcher = graceful.watcher();
+            let shutdown = drain.subscribe();
             let ctx = Arc::new(ConnCtx {
                 snapshot: gateway.snapshot(),
                 gateway: Arc::clone(&gateway),
@@ -715,73 +726,99 @@ impl Acceptor {
             tokio::spawn(async move {
                 let _permit = permit;
                 let _counted = counted;
-                serve_connection(stream, settings, ctx, watcher).await;
+                serve_connection(stream, settings, ctx, shutdown).await;
             });
         }
         // Refuse new connections at once, while the open ones finish.
         drop(listener);
-        graceful.shutdown().await;
+        drain.send_replace(true);
+        drain.closed().await;
     }
 }
 
-/// Serves HTTP/1.1 (with upgrades) or HTTP/2 on one connection, plain or TLS, watched by
-/// the graceful shutdown.
-async fn serve_io<I>(
-    io: I,
-    ctx: Arc<ConnCtx>,
-    builder: &Builder,
-    watcher: hyper_util::server::graceful::Watcher,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let service = service_fn(move |req| gateway::serve(Arc::clone(&ctx), req));
-    watcher
-        .watch(
-            builder
-                .serve_connection_with_upgrades(io, service)
-                .into_owned(),
-        )
-        .await
-}
-
+/// Serves one connection, plain or TLS: HTTP/2 when ALPN chose it or (plain) the client
+/// opened with the HTTP/2 preface (h2c with prior knowledge), else HTTP/1.1.
 async fn serve_connection(
     stream: TcpStream,
     settings: Arc<Settings>,
     ctx: Arc<ConnCtx>,
-    watcher: hyper_util::server::graceful::Watcher,
+    shutdown: watch::Receiver<bool>,
 ) {
     let remote = ctx.remote;
-    let builder = &settings.builder;
-    let result = match &settings.tls {
-        Some(acceptor) => {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => serve_io(TokioIo::new(stream), ctx, builder, watcher).await,
-                Ok(Err(e)) => {
-                    tracing::debug!(%remote, "tls handshake failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%remote, "tls handshake timed out");
-                    return;
-                }
-            }
+    let Some(acceptor) = &settings.tls else {
+        let (read, write) = stream.into_split();
+        let reader = Reader::new(Box::new(read), BytesMut::new());
+        let served = downstream::serve(
+            reader,
+            Box::new(write),
+            Arc::clone(&ctx),
+            settings.http1,
+            shutdown.clone(),
+            true,
+        )
+        .await;
+        if let Some(joined) = served {
+            serve_http2(joined, ctx, &settings.http2, shutdown).await;
         }
-        None => serve_io(TokioIo::new(stream), ctx, builder, watcher).await,
+        return;
+    };
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::debug!(%remote, "tls handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "tls handshake timed out");
+            return;
+        }
+    };
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        serve_http2(stream, ctx, &settings.http2, shutdown).await;
+        return;
+    }
+    let (read, write) = tokio::io::split(stream);
+    let reader = Reader::new(Box::new(read), BytesMut::new());
+    // Over TLS without ALPN h2 the client speaks HTTP/1.1 (a preface is a bad request).
+    let _ = downstream::serve(
+        reader,
+        Box::new(write),
+        ctx,
+        settings.http1,
+        shutdown,
+        false,
+    )
+    .await;
+}
+
+/// Serves HTTP/2 on a connection until it closes; when the server drains, sends GOAWAY and
+/// lets the open streams finish.
+async fn serve_http2<I>(
+    io: I,
+    ctx: Arc<ConnCtx>,
+    http2: &Http2,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let remote = ctx.remote;
+    let service = service_fn(move |req: Request<Incoming>| {
+        gateway::serve(Arc::clone(&ctx), req.map(IncomingBody::Http2))
+    });
+    let conn = http2.serve_connection(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    let draining = async move {
+        // (The `Ref` it gives is dropped here: it must not live across an await.)
+        let _ = shutdown.wait_for(|draining| *draining).await.is_ok();
+    };
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = draining => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
     };
     if let Err(e) = result {
-        // hyper answered a malformed or oversized head itself (400/431) before the gateway
-        // saw a request; this is that request's one log line.
-        match e.downcast_ref::<hyper::Error>() {
-            Some(h) if h.is_parse_too_large() => tracing::info!(
-                target: "tailguard::request", status = 431u16, kind = "headers_too_large",
-                blame = "downstream", retryable = false, %remote, "request head too large: {h}"
-            ),
-            Some(h) if h.is_parse() => tracing::info!(
-                target: "tailguard::request", status = 400u16, kind = "bad_request",
-                blame = "downstream", retryable = false, %remote, "malformed request: {h}"
-            ),
-            _ => tracing::debug!(%remote, "connection ended: {e}"),
-        }
+        tracing::debug!(%remote, "connection ended: {e}");
     }
 }

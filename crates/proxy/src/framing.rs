@@ -1,0 +1,254 @@
+//! HTTP/1.1 message-body framing (RFC 9112 §6, §7.1), shared by the upstream client (response
+//! bodies) and the downstream server (request bodies): length-delimited, chunked with
+//! extensions and trailers, or until close, decoded in place from a read buffer.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use http_body::Frame;
+
+/// Header lines a head (or trailer section) may have (hyper's default as well).
+pub(crate) const MAX_HEADERS: usize = 100;
+/// A trailer section larger than this is refused as broken.
+const MAX_TRAILER_BYTES: usize = 64 * 1024;
+/// A chunk-size line (with extensions) longer than this is refused as broken.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+
+/// How much of a message body is left.
+#[derive(Debug)]
+pub(crate) enum Framing {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+/// Where a chunked body's parser is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk, before the trailer section's end.
+    Trailers,
+}
+
+/// What one parsing step over the buffered bytes gave.
+#[derive(Debug)]
+pub(crate) enum Step {
+    Frame(Frame<Bytes>),
+    /// State moved on without a frame; step again.
+    Again,
+    /// The buffer holds too little; read more.
+    NeedMore,
+}
+
+/// Takes the next frame of the body out of `buf` if it holds one.
+pub(crate) fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
+    match framing {
+        Framing::Done => Ok(Step::Again),
+        Framing::UntilClose => {
+            if buf.is_empty() {
+                return Ok(Step::NeedMore);
+            }
+            Ok(Step::Frame(Frame::data(buf.split().freeze())))
+        }
+        Framing::Length(left) => {
+            if buf.is_empty() {
+                return Ok(Step::NeedMore);
+            }
+            let take = (*left).min(buf.len() as u64);
+            *left -= take;
+            let data = buf.split_to(take as usize).freeze();
+            if *left == 0 {
+                *framing = Framing::Done;
+            }
+            Ok(Step::Frame(Frame::data(data)))
+        }
+        Framing::Chunked(chunk) => match *chunk {
+            Chunk::Size => {
+                let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+                    return if buf.len() > MAX_CHUNK_LINE {
+                        Err("chunk-size line too long".to_string())
+                    } else {
+                        Ok(Step::NeedMore)
+                    };
+                };
+                let size = parse_chunk_size(&buf[..end])?;
+                buf.advance(end + 1);
+                *chunk = if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                };
+                Ok(Step::Again)
+            }
+            Chunk::Data(left) => {
+                if buf.is_empty() {
+                    return Ok(Step::NeedMore);
+                }
+                let take = left.min(buf.len() as u64);
+                let data = buf.split_to(take as usize).freeze();
+                *chunk = if take == left {
+                    Chunk::DataEnd
+                } else {
+                    Chunk::Data(left - take)
+                };
+                Ok(Step::Frame(Frame::data(data)))
+            }
+            Chunk::DataEnd => {
+                if buf.starts_with(b"\r\n") {
+                    buf.advance(2);
+                } else if buf.starts_with(b"\n") {
+                    buf.advance(1);
+                } else if buf.len() >= 2 || (buf.len() == 1 && buf[0] != b'\r') {
+                    return Err("chunk data not followed by CRLF".to_string());
+                } else {
+                    return Ok(Step::NeedMore);
+                }
+                *chunk = Chunk::Size;
+                Ok(Step::Again)
+            }
+            Chunk::Trailers => {
+                let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                match httparse::parse_headers(buf, &mut slots) {
+                    Ok(httparse::Status::Complete((len, fields))) => {
+                        let mut trailers = HeaderMap::new();
+                        for f in fields {
+                            if let (Ok(name), Ok(value)) = (
+                                HeaderName::from_bytes(f.name.as_bytes()),
+                                HeaderValue::from_bytes(f.value),
+                            ) {
+                                trailers.append(name, value);
+                            }
+                        }
+                        buf.advance(len);
+                        *framing = Framing::Done;
+                        Ok(if trailers.is_empty() {
+                            Step::Again
+                        } else {
+                            Step::Frame(Frame::trailers(trailers))
+                        })
+                    }
+                    Ok(httparse::Status::Partial) if buf.len() > MAX_TRAILER_BYTES => {
+                        Err("trailer section larger than 64 KiB".to_string())
+                    }
+                    Ok(httparse::Status::Partial) => Ok(Step::NeedMore),
+                    Err(e) => Err(format!("invalid trailer section: {e}")),
+                }
+            }
+        },
+    }
+}
+
+/// The hex size of a chunk-size line (`1a;ext=1\r`), ignoring extensions.
+fn parse_chunk_size(line: &[u8]) -> Result<u64, String> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if digits.is_empty() || digits.len() > 15 {
+        return Err("invalid chunk size".to_string());
+    }
+    let mut size = 0u64;
+    for &d in digits {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            b'A'..=b'F' => d - b'A' + 10,
+            _ => return Err("invalid chunk size".to_string()),
+        };
+        size = size * 16 + u64::from(v);
+    }
+    Ok(size)
+}
+
+/// A chunk's size line, `<hex>\r\n`, without the formatting machinery of `format!`.
+pub(crate) fn chunk_size_line(len: usize) -> Bytes {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut line = [0u8; 18];
+    let mut at = 16;
+    let mut rest = len;
+    loop {
+        at -= 1;
+        line[at] = HEX[rest & 0xf];
+        rest >>= 4;
+        if rest == 0 {
+            break;
+        }
+    }
+    line[16] = b'\r';
+    line[17] = b'\n';
+    Bytes::copy_from_slice(&line[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(framing: &mut Framing, buf: &mut BytesMut) -> (Vec<u8>, Option<HeaderMap>, bool) {
+        let mut data = Vec::new();
+        let mut trailers = None;
+        loop {
+            match step(framing, buf).expect("valid framing") {
+                Step::Frame(f) => match f.into_data() {
+                    Ok(d) => data.extend_from_slice(&d),
+                    Err(f) => trailers = f.into_trailers().ok(),
+                },
+                Step::Again if matches!(framing, Framing::Done) => return (data, trailers, true),
+                Step::Again => {}
+                Step::NeedMore => return (data, trailers, false),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_body_decodes_across_any_split_with_extensions_and_trailers() {
+        let wire = b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-sum: 9\r\n\r\n";
+        // Every split point: the parser must give the same result however reads fall.
+        for cut in 0..wire.len() {
+            let mut framing = Framing::Chunked(Chunk::Size);
+            let mut buf = BytesMut::from(&wire[..cut]);
+            let (mut data, mut trailers, done) = drain(&mut framing, &mut buf);
+            assert!(!done || cut == wire.len());
+            buf.extend_from_slice(&wire[cut..]);
+            let (rest, more, done) = drain(&mut framing, &mut buf);
+            data.extend_from_slice(&rest);
+            trailers = trailers.or(more);
+            assert!(done, "cut at {cut}");
+            assert_eq!(data, b"helloabcdefghijklmnopqrstuvwxyz", "cut at {cut}");
+            assert_eq!(trailers.expect("trailers")["x-sum"], "9");
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn chunk_size_lines_are_lowercase_hex_and_parse_back() {
+        for len in [
+            1usize,
+            9,
+            10,
+            255,
+            4096,
+            65_536,
+            0xdead_beef,
+            usize::MAX >> 4,
+        ] {
+            let line = chunk_size_line(len);
+            assert_eq!(&line[..], format!("{len:x}\r\n").as_bytes());
+            assert_eq!(parse_chunk_size(&line[..line.len() - 1]), Ok(len as u64));
+        }
+    }
+
+    #[test]
+    fn bad_chunk_sizes_are_errors() {
+        for line in [&b"zz\r"[..], b"", b"1234567890abcdef0\r", b";ext\r"] {
+            assert!(parse_chunk_size(line).is_err(), "{line:?}");
+        }
+        assert_eq!(parse_chunk_size(b"fF ; x=y\r"), Ok(255));
+    }
+}
