@@ -79,18 +79,21 @@ pub struct RequestBody {
 }
 
 impl RequestBody {
-    /// Wraps a body; `count` (if any) is updated with the bytes read.
-    pub(crate) fn new(
-        inner: IncomingBody,
-        limit: u64,
-        count: Option<Arc<AtomicU64>>,
-    ) -> RequestBody {
+    /// A body with no limit yet: the gateway sets it ([`RequestBody::limit`]) once the
+    /// request is routed.
+    pub(crate) fn unlimited(inner: IncomingBody) -> RequestBody {
         RequestBody {
             inner,
-            limit,
+            limit: u64::MAX,
             seen: 0,
-            count,
+            count: None,
         }
+    }
+
+    /// Limits the body to `limit` bytes; `count` (if any) is updated with the bytes read.
+    pub(crate) fn limit(&mut self, limit: u64, count: Option<Arc<AtomicU64>>) {
+        self.limit = limit;
+        self.count = count;
     }
 }
 

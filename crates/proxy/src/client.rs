@@ -415,7 +415,8 @@ fn parse_with<const N: usize>(
         );
     }
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for the `Via` the gateway appends without a regrow.
+    let mut headers = HeaderMap::with_capacity(count + 1);
     let mut seen = 0u8;
     for &(n0, n1, v0, v1) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])

@@ -41,7 +41,7 @@
 
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -54,10 +54,11 @@ use http::{
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use crate::body::{IncomingBody, ResponseBody};
+use crate::body::{IncomingBody, RequestBody, ResponseBody};
+use crate::drain::Watch;
 use crate::error::Error;
 use crate::framing::{Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
 use crate::gateway::{self, ConnCtx};
@@ -324,7 +325,7 @@ struct Meta {
 
 /// What waiting for the next request head gave.
 enum Next {
-    Request(Box<Request<IncomingBody>>, Meta),
+    Request(Box<Request<RequestBody>>, Meta),
     Refused(Refused),
     /// The client closed, went idle past the timeout, or the server is shutting down.
     Close,
@@ -350,7 +351,7 @@ pub(crate) async fn serve(
     writer: WriteHalf,
     ctx: Arc<ConnCtx>,
     limits: Limits,
-    shutdown: watch::Receiver<bool>,
+    shutdown: &Watch,
     sniff_h2: bool,
 ) -> Option<Joined> {
     let mut conn = Connection {
@@ -366,14 +367,14 @@ pub(crate) async fn serve(
     conn.run().await
 }
 
-struct Connection {
+struct Connection<'a> {
     /// `None` while a request body has it.
     reader: Option<Box<Reader>>,
     writer: WriteHalf,
     /// The response head (and a small first body frame) being written; reused.
     out: Vec<u8>,
     limits: Limits,
-    shutdown: watch::Receiver<bool>,
+    shutdown: &'a Watch,
     /// The idle / head-read timeout, re-armed for each request head that has to be waited
     /// for: one timer per connection, not one per request.
     timer: Pin<Box<Sleep>>,
@@ -382,7 +383,7 @@ struct Connection {
     sniff_h2: bool,
 }
 
-impl Connection {
+impl Connection<'_> {
     async fn run(&mut self) -> Option<Joined> {
         loop {
             let (mut req, meta) = match self.next_head().await {
@@ -411,10 +412,10 @@ impl Connection {
             let mut lent = None;
             if let Some(reader) = self.reader.take_if(|r| !matches!(r.framing, Framing::Done)) {
                 let (back, returned) = oneshot::channel();
-                *req.body_mut() = IncomingBody::Http1(H1Body {
+                *req.body_mut() = RequestBody::unlimited(IncomingBody::Http1(H1Body {
                     reader: Some(reader),
                     back: Some(back),
-                });
+                }));
                 lent = Some(returned);
             }
             let upgrade = meta.upgrade.then(|| {
@@ -439,7 +440,7 @@ impl Connection {
                     meta.keep_alive = false;
                 }
             }
-            let Ok(resp) = gateway::serve(Arc::clone(&self.ctx), *req).await;
+            let Ok(resp) = gateway::serve(Arc::clone(&self.ctx), req).await;
             match self.respond(resp, meta, upgrade, lent).await {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {
@@ -509,7 +510,7 @@ impl Connection {
             && body_settled
             && framing != Out::Close
             && !status.is_informational()
-            && !*self.shutdown.borrow();
+            && !self.shutdown.is_draining();
 
         let out = &mut self.out;
         out.clear();
@@ -784,7 +785,6 @@ impl Connection {
             return Next::Close;
         };
         let mut armed = false;
-        let mut draining = pin!(shutdown.changed());
         poll_fn(|cx| {
             loop {
                 if *sniff_h2 {
@@ -814,7 +814,7 @@ impl Connection {
                 }
             }
             // Idle between requests: a draining server closes the connection at once.
-            if reader.buf.is_empty() && draining.as_mut().poll(cx).is_ready() {
+            if reader.buf.is_empty() && shutdown.poll_draining(cx).is_ready() {
                 return Poll::Ready(Next::Close);
             }
             if let Some(idle) = limits.idle {
@@ -913,10 +913,10 @@ mod date {
 
 /// A parsed request head: the request (its body still empty), what the connection needs to
 /// know of it, and where its body ends.
-type Parsed = (Box<Request<IncomingBody>>, Meta, Framing);
+type Parsed = (Box<Request<RequestBody>>, Meta, Framing);
 
 /// Parses a whole request head from the front of `buf` (consuming it), or `None` for more
-/// bytes. The request's body is [`IncomingBody::Empty`] until the connection lends it the
+/// bytes. The request's body is empty until the connection lends it the
 /// reader; the returned framing says where its body ends.
 fn parse_request(buf: &mut BytesMut, limit: usize) -> Result<Option<Parsed>, Refused> {
     // Most heads have a handful of fields: parsed with room for 16 first (the slots are
@@ -961,7 +961,8 @@ fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0 as usize..target.1 as usize))
         .map_err(|_| Refused::Bad("invalid request target"))?;
-    let mut headers = HeaderMap::with_capacity(count);
+    // Room for the headers the gateway adds (forwarding, request id, host) without a regrow.
+    let mut headers = HeaderMap::with_capacity(count + 5);
     let mut seen = 0u8;
     let mut hosts = 0u32;
     for &((n0, n1), (v0, v1)) in &spans[..count] {
@@ -1022,7 +1023,7 @@ fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option
         declared,
         upgrade,
     };
-    let mut req = Box::new(Request::new(IncomingBody::Empty));
+    let mut req = Box::new(Request::new(RequestBody::unlimited(IncomingBody::Empty)));
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.version_mut() = version;

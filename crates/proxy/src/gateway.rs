@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt as _;
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
-use crate::body::{IncomingBody, RequestBody, ResponseBody};
+use crate::body::{RequestBody, ResponseBody};
 use crate::builtin::Responder;
 use crate::client::{self, SendError, UpstreamBody};
 use crate::config::{Config, Timeouts};
@@ -282,7 +282,7 @@ fn local_response(
 /// Serves one request from its parsed head to the response head (the body then streams).
 pub(crate) async fn serve(
     conn: Arc<ConnCtx>,
-    req: Request<IncomingBody>,
+    req: Box<Request<RequestBody>>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     // Answered locally on every listener, before admission, so it is never shed and never
@@ -427,7 +427,7 @@ fn head_bytes<B>(req: &Request<B>) -> usize {
 async fn forward(
     snap: &Snapshot,
     conn: &ConnCtx,
-    mut req: Request<IncomingBody>,
+    mut req: Box<Request<RequestBody>>,
     route: Option<usize>,
     record: &mut RequestRecord,
 ) -> Result<(Response<UpstreamBody>, Option<Frame<Bytes>>), Error> {
@@ -464,50 +464,50 @@ async fn forward(
         (Some(protocol), Some(on)) => Some((protocol, on)),
         _ => None,
     };
-    let (mut parts, body) = req.into_parts();
-    headers::remove_hop_by_hop(&mut parts.headers);
+    let version = req.version();
+    let headers = req.headers_mut();
+    headers::remove_hop_by_hop(headers);
     if let Some((protocol, _)) = &upgrade {
-        parts.headers.insert(UPGRADE, protocol.clone());
-        parts
-            .headers
-            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(UPGRADE, protocol.clone());
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
     }
     if let Some(host) = &route.host_rewrite {
-        parts.headers.insert(HOST, host.clone());
-    } else if !parts.headers.contains_key(HOST) {
+        headers.insert(HOST, host.clone());
+    } else if !headers.contains_key(HOST) {
         // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`
         // (an HTTP/1.0 request may have neither: then the endpoint's address, as curl sends).
-        let host = parts
-            .uri
+        let host = req
+            .uri()
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .unwrap_or_else(|| endpoint.host.clone());
-        parts.headers.insert(HOST, host);
+        req.headers_mut().insert(HOST, host);
     }
-    record.request_id = Some(headers::request_id(&mut parts.headers));
-    headers::add_forwarding(&mut parts.headers, &conn.remote_ip, conn.tls, parts.version);
+    let headers = req.headers_mut();
+    record.request_id = Some(headers::request_id(headers));
+    headers::add_forwarding(headers, &conn.remote_ip, conn.tls, version);
     // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
-    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
-        let path = parts
-            .uri
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let path = req
+            .uri()
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        parts.uri = Uri::from(path);
+        *req.uri_mut() = Uri::from(path);
     }
-    parts.version = Version::HTTP_11;
+    *req.version_mut() = Version::HTTP_11;
 
-    let count = (!body.is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
+    let count = (!req.body().is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
     record.bytes_in = count.clone();
-    let body = RequestBody::new(body, limits.body_bytes, count);
+    req.body_mut().limit(limits.body_bytes, count);
 
     let breaker = snap.overload.dispatch(route_index)?;
     snap.overload.count_request(route.upstream);
     let dispatched = Instant::now();
     let waiting = snap.metrics.gateway.upstream_dispatched();
-    // Boxed once: the request then moves as a pointer through the exchange, the client and
-    // its body writer, instead of ~300 bytes copied into each of their futures.
-    let request = Box::new(Request::from_parts(parts, body));
+    // Boxed since its head was parsed: the request moves as a pointer through the exchange,
+    // the client and its body writer, instead of ~300 bytes copied into each future.
+    let request = req;
     // The exchange future is built inside each arm, not bound before the match: a binding
     // would keep its ~2 KB slot in this future's state beside the `Timeout` holding it.
     let (result, endpoint_index) = match snap.request_timeout {

@@ -46,6 +46,7 @@ pub mod builtin;
 pub(crate) mod client;
 pub mod config;
 pub(crate) mod downstream;
+pub(crate) mod drain;
 pub mod error;
 pub(crate) mod framing;
 pub mod gateway;

@@ -18,9 +18,10 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::access_log::AccessLogs;
-use crate::body::IncomingBody;
+use crate::body::{IncomingBody, RequestBody};
 use crate::config::{Config, Limits, Timeouts};
 use crate::downstream::{self, Reader};
+use crate::drain::{Drain, Watch};
 use crate::error::Error;
 use crate::gateway::{self, ConnCtx, Gateway};
 
@@ -671,10 +672,8 @@ impl Acceptor {
             permits,
             mut control,
         } = self;
-        // Per accept loop, so a removed listener drains its own connections only: each
-        // connection holds a receiver; `true` asks them to finish, and the loop is done when
-        // the last receiver is dropped.
-        let (drain, _) = watch::channel(false);
+        // Per accept loop, so a removed listener drains its own connections only.
+        let drain = Drain::default();
         loop {
             // One read of the watch per accepted connection: a brief read lock that a
             // reload's store takes for a pointer swap, never a request's.
@@ -714,7 +713,7 @@ impl Acceptor {
             };
             let _ = stream.set_nodelay(true);
             let counted = gateway.metrics().connection_opened();
-            let shutdown = drain.subscribe();
+            let shutdown = drain.watch();
             let ctx = Arc::new(ConnCtx {
                 snapshot: gateway.snapshot(),
                 gateway: Arc::clone(&gateway),
@@ -731,8 +730,7 @@ impl Acceptor {
         }
         // Refuse new connections at once, while the open ones finish.
         drop(listener);
-        drain.send_replace(true);
-        drain.closed().await;
+        drain.finish().await;
     }
 }
 
@@ -742,7 +740,7 @@ async fn serve_connection(
     stream: TcpStream,
     settings: Arc<Settings>,
     ctx: Arc<ConnCtx>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: Watch,
 ) {
     let remote = ctx.remote;
     let Some(acceptor) = &settings.tls else {
@@ -753,7 +751,7 @@ async fn serve_connection(
             Box::new(write),
             Arc::clone(&ctx),
             settings.http1,
-            shutdown.clone(),
+            &shutdown,
             true,
         )
         .await;
@@ -785,7 +783,7 @@ async fn serve_connection(
         Box::new(write),
         ctx,
         settings.http1,
-        shutdown,
+        &shutdown,
         false,
     )
     .await;
@@ -797,20 +795,18 @@ async fn serve_http2<I>(
     io: I,
     ctx: Arc<ConnCtx>,
     http2: &Http2,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Watch,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = ctx.remote;
     let service = service_fn(move |req: Request<Incoming>| {
-        gateway::serve(Arc::clone(&ctx), req.map(IncomingBody::Http2))
+        let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
+        gateway::serve(Arc::clone(&ctx), req)
     });
     let conn = http2.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
-    let draining = async move {
-        // (The `Ref` it gives is dropped here: it must not live across an await.)
-        let _ = shutdown.wait_for(|draining| *draining).await.is_ok();
-    };
+    let draining = std::future::poll_fn(|cx| shutdown.poll_draining(cx));
     let result = tokio::select! {
         result = conn.as_mut() => result,
         () = draining => {

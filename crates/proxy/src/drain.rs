@@ -1,0 +1,160 @@
+//! Graceful drain of one accept loop's connections: tells every open connection to finish,
+//! and waits until the last one has.
+//!
+//! A connection checks for the drain each time it waits for a request head, once per
+//! request, so that check must cost next to nothing: a flag read and an `AtomicWaker`
+//! registration (no lock, no allocation; the waker is the task's own, already stored after
+//! the first request). tokio's `watch`/`Notify` took a lock to join and leave a waiter list
+//! on every wait (~1.5 % of the gateway's CPU per request in a profile). The lock here is
+//! taken once per connection (to join the list) and once per drain.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
+
+use futures_util::task::AtomicWaker;
+use tokio::sync::Notify;
+
+/// The accept loop's side: starts the drain and waits for it to finish.
+#[derive(Debug, Default)]
+pub(crate) struct Drain {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    draining: AtomicBool,
+    /// Connections not yet ended.
+    open: AtomicUsize,
+    /// Each connection's waker slot; dead entries are swept as new ones join.
+    slots: Mutex<Vec<Weak<AtomicWaker>>>,
+    /// Woken when the last connection ends during a drain.
+    ended: Notify,
+}
+
+/// A connection's side: whether the server drains, and (dropped) that the connection ended.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    shared: Arc<Shared>,
+    waker: Arc<AtomicWaker>,
+}
+
+impl Drain {
+    /// A connection joins: it is waited for by [`Drain::finish`].
+    pub(crate) fn watch(&self) -> Watch {
+        let waker = Arc::new(AtomicWaker::new());
+        self.shared.open.fetch_add(1, Ordering::AcqRel);
+        {
+            let mut slots = self
+                .shared
+                .slots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            // Sweep when the list has grown to twice what is open, so it stays O(open).
+            if slots.len() >= 2 * self.shared.open.load(Ordering::Acquire).max(16) {
+                slots.retain(|w| w.strong_count() > 0);
+            }
+            slots.push(Arc::downgrade(&waker));
+        }
+        Watch {
+            shared: Arc::clone(&self.shared),
+            waker,
+        }
+    }
+
+    /// Tells every connection to finish (idle ones close at once, busy ones after their
+    /// response), then waits until all have ended.
+    pub(crate) async fn finish(self) {
+        self.shared.draining.store(true, Ordering::Release);
+        let slots = std::mem::take(
+            &mut *self
+                .shared
+                .slots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for waker in slots.iter().filter_map(Weak::upgrade) {
+            waker.wake();
+        }
+        loop {
+            let ended = self.shared.ended.notified();
+            if self.shared.open.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
+impl Watch {
+    /// Whether the server drains; if not yet, the task is woken when it starts.
+    pub(crate) fn poll_draining(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_draining() {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // Checked again: a drain that started between the check and the registration has
+        // already woken the slots it found.
+        if self.is_draining() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Whether the server drains (no registration).
+    pub(crate) fn is_draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if self.shared.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.ended.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_drain_wakes_waiting_connections_and_waits_for_all_of_them() {
+        let drain = Drain::default();
+        let idle = drain.watch();
+        let busy = drain.watch();
+        let waiting = tokio::spawn(async move {
+            poll_fn(|cx| idle.poll_draining(cx)).await;
+            // `idle` is dropped here: the connection ended.
+        });
+        tokio::task::yield_now().await;
+        assert!(!busy.is_draining());
+        let finishing = tokio::spawn(drain.finish());
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiting connection is woken")
+            .expect("no panic");
+        assert!(busy.is_draining());
+        tokio::task::yield_now().await;
+        assert!(!finishing.is_finished(), "one connection is still open");
+        drop(busy);
+        tokio::time::timeout(Duration::from_secs(10), finishing)
+            .await
+            .expect("the drain ends with the last connection")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn a_drain_with_no_connections_ends_at_once() {
+        let drain = Drain::default();
+        drop(drain.watch());
+        tokio::time::timeout(Duration::from_secs(10), drain.finish())
+            .await
+            .expect("nothing to wait for");
+    }
+}
