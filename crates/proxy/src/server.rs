@@ -791,12 +791,8 @@ async fn serve_connection(
 
 /// Serves HTTP/2 on a connection until it closes; when the server drains, sends GOAWAY and
 /// lets the open streams finish.
-async fn serve_http2<I>(
-    io: I,
-    ctx: Arc<ConnCtx>,
-    http2: &Http2,
-    shutdown: Watch,
-) where
+async fn serve_http2<I>(io: I, ctx: Arc<ConnCtx>, http2: &Http2, shutdown: Watch)
+where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = ctx.remote;
