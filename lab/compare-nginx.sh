@@ -5,18 +5,22 @@
 # upstream and no access log. The load tools and the upstream (`tailguard upstream`, one
 # thread, 13-byte body) share core 1: the proxy is the only thing on core 0, so it is the
 # bottleneck being compared. Steps:
-#   1. max req/s: `wrk -t1 -c$CONNECTIONS -d$DURATION` (closed loop, keep-alive), each proxy;
-#   2. latency at a fixed rate of half nginx's max: `oha -q R --latency-correction`
-#      (open loop, corrected for coordinated omission): P50/P99/P99.9/P100, each proxy;
-#   3. the ratios tailguard/nginx (target: throughput >= 1.0, P99 <= 1.0).
+#   1. max req/s: `wrk -t1 -c$CONNECTIONS -d$DURATION` (closed loop, keep-alive), each proxy,
+#      $ROUNDS times (default 3), the proxies interleaved;
+#   2. latency at a fixed rate of half nginx's median max: `oha -q R --latency-correction`
+#      (open loop, corrected for coordinated omission): P50/P99/P99.9/P100, each proxy,
+#      $ROUNDS times, interleaved;
+#   3. the ratios tailguard/nginx per round and their median (target: throughput >= 1.0,
+#      P99 <= 1.0).
 # Every process of the benchmark runs at nice $NICE (default -10, when root) so builds and
 # tests running beside it on a shared machine take CPU from neither proxy.
 # Raw outputs go to $OUT (default: a temp dir); the summary is printed.
-#   DURATION=10s CONNECTIONS=50 lab/compare-nginx.sh
+#   DURATION=10s CONNECTIONS=50 ROUNDS=3 lab/compare-nginx.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${DURATION:-10s}
 conns=${CONNECTIONS:-50}
+rounds=${ROUNDS:-3}
 out=${OUT:-$(mktemp -d /tmp/compare-nginx.XXXXXX)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -82,36 +86,50 @@ declare -A procs=([nginx]="${ng_pids[*]}" [tailguard]="$tg_pid")
 declare -A url=([nginx]="http://127.0.0.1:$ng_port/" [tailguard]="http://127.0.0.1:$tg_port/")
 for p in nginx tailguard; do
   "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d2s "${url[$p]}" > /dev/null   # warm up pools and caches
-  echo "== wrk max: $p" >&2
-  read -r u0 s0 < <(cpu_of ${procs[$p]})
-  "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d"$dur" --latency "${url[$p]}" > "$out/wrk-$p.txt"
-  read -r u1 s1 < <(cpu_of ${procs[$p]})
-  echo "$((u1 - u0)) $((s1 - s0))" > "$out/wrk-$p.ticks"
 done
-max_nginx=$(awk '/^Requests\/sec:/ {print $2}' "$out/wrk-nginx.txt")
-rate=$(python3 -c "print(max(1, int(float('$max_nginx') / 2)))")
-for p in nginx tailguard; do
-  echo "== oha -q $rate: $p" >&2
-  "${prio[@]}" taskset -c 1 oha "${url[$p]}" -q "$rate" -z "$dur" -c "$conns" --latency-correction \
-    --no-tui --output-format json > "$out/oha-$p.json"
+# Rounds, the two proxies interleaved (nginx first in odd rounds, tailguard first in even
+# ones): on a shared host the speed of the machine drifts by more than the difference
+# being measured, and a ratio taken inside one round cancels most of that drift.
+order() { if [ $(($1 % 2)) -eq 1 ]; then echo nginx tailguard; else echo tailguard nginx; fi; }
+for r in $(seq "$rounds"); do
+  for p in $(order "$r"); do
+    echo "== round $r: wrk max: $p" >&2
+    read -r u0 s0 < <(cpu_of ${procs[$p]})
+    "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d"$dur" --latency "${url[$p]}" > "$out/wrk-$p-$r.txt"
+    read -r u1 s1 < <(cpu_of ${procs[$p]})
+    echo "$((u1 - u0)) $((s1 - s0))" > "$out/wrk-$p-$r.ticks"
+  done
+done
+# The fixed rate: half of nginx's median max over the rounds.
+rate=$(python3 -c "
+import re, statistics, sys
+rps = [float(re.search(r'Requests/sec:\s+([\d.]+)', open(f'$out/wrk-nginx-{r}.txt').read()).group(1)) for r in range(1, $rounds + 1)]
+print(max(1, int(statistics.median(rps) / 2)))")
+for r in $(seq "$rounds"); do
+  for p in $(order "$r"); do
+    echo "== round $r: oha -q $rate: $p" >&2
+    "${prio[@]}" taskset -c 1 oha "${url[$p]}" -q "$rate" -z "$dur" -c "$conns" --latency-correction \
+      --no-tui --output-format json > "$out/oha-$p-$r.json"
+  done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
 
-PRIO="${prio[*]:-none}" python3 - "$out" "$rate" "$dur" "$conns" <<'PY'
-import json, os, re, sys
-out, rate, dur, conns = sys.argv[1:]
-def wrk(p):
-    t = open(f"{out}/wrk-{p}.txt").read()
+PRIO="${prio[*]:-none}" python3 - "$out" "$rate" "$dur" "$conns" "$rounds" <<'PY'
+import json, os, re, statistics, sys
+out, rate, dur, conns, rounds = sys.argv[1:]
+rounds = int(rounds)
+def wrk(p, r):
+    t = open(f"{out}/wrk-{p}-{r}.txt").read()
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
     sock = re.search(r"Socket errors: (.*)", t)
     n = int(re.search(r"(\d+) requests in", t).group(1))
-    user, system = (int(x) for x in open(f"{out}/wrk-{p}.ticks").read().split())
+    user, system = (int(x) for x in open(f"{out}/wrk-{p}-{r}.ticks").read().split())
     per = lambda ticks: ticks / os.sysconf("SC_CLK_TCK") / n * 1e6
     us = (per(user + system), per(user), per(system))
     return rps, (int(errs.group(1)) if errs else 0), (sock.group(1) if sock else "none"), us
-def oha(p):
-    d = json.load(open(f"{out}/oha-{p}.json"))
+def oha(p, r):
+    d = json.load(open(f"{out}/oha-{p}-{r}.json"))
     lp = d["latencyPercentiles"]
     ms = {k: lp[k] * 1000 for k in ("p50", "p99", "p99.9")}
     ms["p100"] = d["summary"]["slowest"] * 1000
@@ -121,17 +139,24 @@ def oha(p):
     return ms, d["summary"]["requestsPerSec"], ok, total
 print(open(f"{out}/machine.txt").read().rstrip())
 print(f"proxy: 1 worker on core 0; wrk/oha and the upstream on core 1; {conns} connections, {dur} per run; nice {os.environ.get('PRIO', 'default')}")
-rows = {p: (wrk(p), oha(p)) for p in ("nginx", "tailguard")}
+print(f"{rounds} rounds, nginx and tailguard interleaved; fixed rate = half of nginx's median max")
 print()
-print(f"| proxy | wrk max req/s | proxy CPU us/req (user + sys) | oha -q {rate}: P50 ms | P99 ms | P99.9 ms | P100 ms | achieved req/s | 200s/total |")
-print("|---|---|---|---|---|---|---|---|---|")
-for p, ((rps, non2xx, sock, us), (ms, ach, ok, total)) in rows.items():
-    print(f"| {p} | {rps:.0f} | {us[0]:.1f} ({us[1]:.1f} + {us[2]:.1f}) | {ms['p50']:.3f} | {ms['p99']:.3f} | {ms['p99.9']:.3f} | {ms['p100']:.3f} | {ach:.0f} | {ok}/{total} |")
-(n_rps, _, _, n_us), (n_ms, *_) = rows["nginx"]
-(t_rps, _, _, t_us), (t_ms, *_) = rows["tailguard"]
-print(f"| ratio tailguard/nginx | {t_rps / n_rps:.2f} | {t_us[0] / n_us[0]:.2f} | {t_ms['p50'] / n_ms['p50']:.2f} | {t_ms['p99'] / n_ms['p99']:.2f} | {t_ms['p99.9'] / n_ms['p99.9']:.2f} | {t_ms['p100'] / n_ms['p100']:.2f} | | |")
-for p, ((rps, non2xx, sock, _), _) in rows.items():
-    if non2xx or sock != "none":
-        print(f"warning: {p}: wrk saw {non2xx} non-2xx responses, socket errors: {sock}")
+print(f"| round | proxy | wrk max req/s | proxy CPU us/req (user + sys) | oha -q {rate}: P50 ms | P99 ms | P99.9 ms | P100 ms | achieved req/s | 200s/total |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+ratios = []
+for r in range(1, rounds + 1):
+    rows = {p: (wrk(p, r), oha(p, r)) for p in ("nginx", "tailguard")}
+    for p, ((rps, non2xx, sock, us), (ms, ach, ok, total)) in rows.items():
+        print(f"| {r} | {p} | {rps:.0f} | {us[0]:.1f} ({us[1]:.1f} + {us[2]:.1f}) | {ms['p50']:.3f} | {ms['p99']:.3f} | {ms['p99.9']:.3f} | {ms['p100']:.3f} | {ach:.0f} | {ok}/{total} |")
+        if non2xx or sock != "none":
+            print(f"warning: round {r}: {p}: wrk saw {non2xx} non-2xx responses, socket errors: {sock}", file=sys.stderr)
+    (n_rps, _, _, n_us), (n_ms, *_) = rows["nginx"]
+    (t_rps, _, _, t_us), (t_ms, *_) = rows["tailguard"]
+    ratio = (t_rps / n_rps, t_us[0] / n_us[0], t_ms["p50"] / n_ms["p50"], t_ms["p99"] / n_ms["p99"],
+             t_ms["p99.9"] / n_ms["p99.9"], t_ms["p100"] / n_ms["p100"])
+    ratios.append(ratio)
+    print(f"| {r} | ratio tailguard/nginx | {ratio[0]:.2f} | {ratio[1]:.2f} | {ratio[2]:.2f} | {ratio[3]:.2f} | {ratio[4]:.2f} | {ratio[5]:.2f} | | |")
+med = [statistics.median(col) for col in zip(*ratios)]
+print(f"| all | **median ratio** | **{med[0]:.2f}** | **{med[1]:.2f}** | {med[2]:.2f} | **{med[3]:.2f}** | {med[4]:.2f} | {med[5]:.2f} | | |")
 print(f"raw outputs: {out}")
 PY

@@ -11,7 +11,7 @@
 //! httparse (hyper's own parser) straight from the connection's read buffer, header values
 //! are slices of that buffer, the response head is encoded into one reused buffer and leaves
 //! with the first body frame in one write, and the idle/head timer is one per connection,
-//! re-armed only when a read would block. Pingora made the same choice. HTTP/2 stays on
+//! moved only when it fires before the current deadline. Pingora made the same choice. HTTP/2 stays on
 //! hyper (`server.rs`), as does everything that is not the product: parsing is httparse,
 //! buffers are `bytes`, I/O is tokio.
 //!
@@ -362,6 +362,7 @@ pub(crate) async fn serve(
         limits,
         shutdown,
         timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        deadline: tokio::time::Instant::now(),
         ctx,
     };
     conn.run().await
@@ -375,9 +376,10 @@ struct Connection<'a> {
     out: Vec<u8>,
     limits: Limits,
     shutdown: &'a Watch,
-    /// The idle / head-read timeout, re-armed for each request head that has to be waited
-    /// for: one timer per connection, not one per request.
+    /// The idle / head-read timeout: one timer per connection, not one per request. It runs
+    /// at or before `deadline`, which each request head that has to be waited for moves on.
     timer: Pin<Box<Sleep>>,
+    deadline: tokio::time::Instant,
     ctx: Arc<ConnCtx>,
     /// Until the first head: look for the HTTP/2 preface.
     sniff_h2: bool,
@@ -776,6 +778,7 @@ impl Connection<'_> {
         let Connection {
             reader,
             timer,
+            deadline,
             shutdown,
             limits,
             sniff_h2,
@@ -820,12 +823,19 @@ impl Connection<'_> {
             if let Some(idle) = limits.idle {
                 if !armed {
                     armed = true;
-                    timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                    *deadline = tokio::time::Instant::now() + idle;
                 }
-                if timer.as_mut().poll(cx).is_ready() {
-                    // As hyper and nginx do: a head that does not arrive in time gets no
-                    // answer, the connection just closes.
-                    return Poll::Ready(Next::Close);
+                // The timer may still be set for an earlier request's deadline: it then fires
+                // early and is moved to this one. Moving a registered timer takes the timer
+                // driver's lock, so this way it happens about once per idle period, not once
+                // per request.
+                while timer.as_mut().poll(cx).is_ready() {
+                    if timer.deadline() >= *deadline {
+                        // As hyper and nginx do: a head that does not arrive in time gets no
+                        // answer, the connection just closes.
+                        return Poll::Ready(Next::Close);
+                    }
+                    timer.as_mut().reset(*deadline);
                 }
             }
             Poll::Pending

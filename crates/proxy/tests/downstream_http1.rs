@@ -1547,6 +1547,35 @@ async fn idle_connections_are_closed_after_idle_ms() {
 }
 
 #[tokio::test]
+async fn the_idle_timeout_counts_from_the_last_response_not_from_the_first() {
+    // Requests 150 ms apart for ~1.2 s on one connection with idle_ms = 400: every gap is
+    // under the limit though the connection lives three times longer, so none may be cut;
+    // once it goes quiet it is closed.
+    let upstream = RawUpstream::echo_line().await;
+    let (server, _) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nidle_ms = 400\n",
+    ));
+    let mut c = Client::to(&server).await;
+    for i in 0..8 {
+        c.send(&get(&format!("/tick/{i}"))).await;
+        let resp = within(c.response()).await;
+        assert_eq!(resp.status, 200, "request {i}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let closed = tokio::time::timeout(Duration::from_secs(10), c.until_closed()).await;
+    assert_eq!(closed.map(|rest| rest.is_empty()), Ok(true));
+    assert_eq!(
+        upstream
+            .seen()
+            .iter()
+            .filter(|s| s.line().contains("/tick/"))
+            .count(),
+        8
+    );
+}
+
+#[tokio::test]
 async fn a_connection_that_never_sends_a_byte_is_closed_after_idle_ms() {
     let upstream = RawUpstream::echo_line().await;
     let (server, _) = support::start(support::proxy_to(
