@@ -198,6 +198,47 @@ impl ResponseBody {
         drop(self.finish.take());
     }
 
+    /// The body failed after its head was sent (an upstream that broke or stalled mid-body,
+    /// or a request body that failed while still being sent): nothing can tell the client,
+    /// whose connection is closed, so this is the request's one log line saying who was at
+    /// fault, and its error for the access log and the error metric.
+    fn failed(&mut self, err: &Error) {
+        let Some(f) = &mut self.finish else {
+            return;
+        };
+        f.record.error = Some(err.kind());
+        let snapshot = f.held.snapshot();
+        snapshot.metrics.gateway.error(err.kind(), err.blame());
+        let route = f.record.route.map(|r| &*snapshot.router.get(r).id);
+        let upstream = f
+            .record
+            .endpoint
+            .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
+        macro_rules! line {
+            ($level:ident) => {
+                tracing::$level!(
+                    target: "tailguard::request",
+                    status = f.record.status,
+                    kind = err.kind(),
+                    blame = err.blame().as_str(),
+                    route,
+                    upstream = ?upstream,
+                    method = %f.record.method,
+                    uri = %f.record.uri,
+                    remote = %f.record.remote,
+                    bytes_out = f.record.bytes_out,
+                    "response body failed mid-way: {err}"
+                )
+            };
+        }
+        // As for errors before the head (`gateway::error_response`): the client's own
+        // failure is routine, the upstream's is not.
+        match err.blame() {
+            crate::error::Blame::Downstream => line!(info),
+            _ => line!(warn),
+        }
+    }
+
     /// Notes whether the response went out whole; if it did, the upstream connection can go
     /// back to its pool (the finish does that, as it knows the endpoint).
     fn settle(&mut self, completed: bool) {
@@ -238,6 +279,7 @@ impl Body for ResponseBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Some(Err(e)) => {
+                this.failed(&e);
                 this.end(false);
                 Poll::Ready(Some(Err(e)))
             }

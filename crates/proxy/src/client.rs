@@ -24,6 +24,12 @@
 //! trailers passed on. The request body is sent while the response is read, so an upstream
 //! that answers early (a `413` before reading the body) or echoes a stream is not deadlocked.
 //!
+//! Once the head has arrived, `timeouts.read_ms` bounds each wait for more of the body
+//! (between two reads, not in total, as nginx's `proxy_read_timeout`): an upstream that
+//! stalls mid-body fails the body with [`Error::UpstreamTimeout`] (phase `body`) and loses
+//! its connection, instead of holding the request forever. The timer is created and armed
+//! only when a read would block; a body whose bytes are already there reads no clock.
+//!
 //! A connection goes back to its pool only when the response said keep-alive (HTTP/1.1
 //! without `Connection: close`), its body was read to the end by its framing, the request
 //! body was sent whole, and nothing more arrived: any doubt closes it.
@@ -34,6 +40,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
@@ -41,6 +48,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 use crate::body::RequestBody;
 use crate::error::Error;
@@ -510,6 +518,7 @@ fn respond(
         framing: head.framing,
         writer,
         keep_alive: head.keep_alive,
+        read_timeout: ReadTimeout::default(),
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
@@ -527,9 +536,54 @@ pub(crate) struct UpstreamBody {
     framing: Framing,
     writer: Option<Box<BodyWriter>>,
     keep_alive: bool,
+    read_timeout: ReadTimeout,
+}
+
+/// `timeouts.read_ms` for one body: a timer armed when a read would block and disarmed by
+/// any bytes read. Nothing here runs (no allocation, no clock read) while reads succeed.
+#[derive(Debug, Default)]
+struct ReadTimeout {
+    /// `None`: no limit (`read_ms = 0`, or the gateway did not set one).
+    limit: Option<Duration>,
+    /// Created on the first read that blocks and reset (not reallocated) after that.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The timer runs for the current wait: set when a read blocks, cleared by progress.
+    armed: bool,
+}
+
+impl ReadTimeout {
+    /// Bytes arrived: the next wait gets a full `limit` again.
+    fn progress(&mut self) {
+        self.armed = false;
+    }
+
+    /// A read blocked: arms the timer if this wait has none yet, and polls it. `Ready`
+    /// means the upstream sent nothing for `limit`.
+    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(limit) = self.limit else {
+            return Poll::Pending;
+        };
+        if !self.armed {
+            self.armed = true;
+            let deadline = tokio::time::Instant::now() + limit;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
 }
 
 impl UpstreamBody {
+    /// Bounds each wait for more body bytes by `limit` (`timeouts.read_ms`; `None`: none).
+    pub(crate) fn set_read_timeout(&mut self, limit: Option<Duration>) {
+        self.read_timeout.limit = limit;
+    }
+
     /// The connection, if this exchange left it fit for another: called when the body has
     /// been read to its end.
     pub(crate) fn take_reusable(&mut self) -> Option<Box<Connection>> {
@@ -550,6 +604,7 @@ impl UpstreamBody {
         self.conn = None;
         self.framing = Framing::Done;
         self.writer = None;
+        self.read_timeout.timer = None;
         Poll::Ready(Some(Err(err)))
     }
 }
@@ -591,7 +646,21 @@ impl Body for UpstreamBody {
                     return this.fail(err);
                 }
             }
-            match ready!(conn.poll_fill(cx)) {
+            let filled = match conn.poll_fill(cx) {
+                Poll::Ready(filled) => filled,
+                Poll::Pending => {
+                    if this.read_timeout.poll_wait(cx).is_ready() {
+                        // Closed, never pooled: the rest of the body may still arrive.
+                        let err = Error::UpstreamTimeout {
+                            addr: conn.addr,
+                            phase: "body",
+                        };
+                        return this.fail(err);
+                    }
+                    return Poll::Pending;
+                }
+            };
+            match filled {
                 Ok(0) if matches!(this.framing, Framing::UntilClose) => {
                     this.framing = Framing::Done;
                     this.conn = None;
@@ -601,7 +670,7 @@ impl Body for UpstreamBody {
                     let err = conn.broken("connection closed before the end of the body");
                     return this.fail(err);
                 }
-                Ok(_) => {}
+                Ok(_) => this.read_timeout.progress(),
                 Err(e) => {
                     let err = conn.broken(e);
                     return this.fail(err);
@@ -850,6 +919,79 @@ mod tests {
         assert_eq!(parsed.headers.len(), 41);
         assert_eq!(parsed.headers["x-f39"], "39");
         assert!(parse_head(&mut head(MAX_HEADERS), false).is_err());
+    }
+
+    /// A connection to a raw upstream on 127.0.0.1 that has already written `answer` (so
+    /// the whole answer is in the socket's buffer when the client reads), and keeps its side
+    /// open for as long as the returned stream lives.
+    async fn answered(answer: &'static [u8]) -> (Box<Connection>, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = TcpStream::connect(addr).await.expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        server.write_all(answer).await.expect("answer");
+        let metrics = crate::metrics::GatewayMetrics::register(&tailguard_metrics::Registry::new())
+            .expect("metrics");
+        let conn = Connection::new(client, addr, OpenConnection::new(metrics.pool()));
+        (conn, server)
+    }
+
+    fn get() -> Box<Request<RequestBody>> {
+        let body = RequestBody::unlimited(crate::body::IncomingBody::Empty);
+        Box::new(Request::get("/").body(body).expect("request"))
+    }
+
+    async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), f)
+            .await
+            .expect("finished within 10 s")
+    }
+
+    #[tokio::test]
+    async fn a_body_already_read_arms_no_read_timer() {
+        let (conn, _server) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello").await;
+        let resp = within(send(conn, get(), false)).await.expect("response");
+        let mut body = resp.into_body();
+        body.set_read_timeout(Some(Duration::from_millis(50)));
+        let frame = within(http_body_util::BodyExt::frame(&mut body)).await;
+        let data = frame
+            .expect("a frame")
+            .expect("data")
+            .into_data()
+            .expect("data");
+        assert_eq!(&data[..], b"hello");
+        assert!(body.is_end_stream());
+        assert!(
+            body.read_timeout.timer.is_none(),
+            "no timer for bytes that were already there"
+        );
+        assert!(body.take_reusable().is_some(), "read to its end: reusable");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stalls_fails_after_the_read_timeout_and_is_not_reusable() {
+        let (conn, _server) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello").await;
+        let resp = within(send(conn, get(), false)).await.expect("response");
+        let mut body = resp.into_body();
+        body.set_read_timeout(Some(Duration::from_millis(50)));
+        let frame = within(http_body_util::BodyExt::frame(&mut body)).await;
+        let data = frame
+            .expect("a frame")
+            .expect("data")
+            .into_data()
+            .expect("data");
+        assert_eq!(&data[..], b"hello");
+        assert!(body.read_timeout.timer.is_none());
+        // The upstream keeps the connection open and sends nothing more.
+        let next = within(http_body_util::BodyExt::frame(&mut body)).await;
+        match next {
+            Some(Err(Error::UpstreamTimeout { phase, .. })) => assert_eq!(phase, "body"),
+            other => panic!("expected a body timeout, got {other:?}"),
+        }
+        assert!(body.is_end_stream());
+        assert!(body.take_reusable().is_none(), "a timed-out body closes");
     }
 
     #[test]

@@ -196,6 +196,10 @@ pub struct Timeouts {
     /// From dispatch to the upstream's response head.
     #[serde(default = "default_request_ms")]
     pub request_ms: u64,
+    /// The longest the gateway waits for the next bytes of an upstream response body, once
+    /// its head has arrived (between two reads, not in total; nginx's `proxy_read_timeout`).
+    #[serde(default = "default_read_ms")]
+    pub read_ms: u64,
     /// An idle keep-alive connection (downstream waiting for the next request head, and
     /// pooled upstream connections) is closed after this.
     #[serde(default = "default_idle_ms")]
@@ -211,6 +215,9 @@ fn default_connect_ms() -> u64 {
 fn default_request_ms() -> u64 {
     30_000
 }
+fn default_read_ms() -> u64 {
+    60_000
+}
 fn default_idle_ms() -> u64 {
     60_000
 }
@@ -223,6 +230,7 @@ impl Default for Timeouts {
         Timeouts {
             connect_ms: default_connect_ms(),
             request_ms: default_request_ms(),
+            read_ms: default_read_ms(),
             idle_ms: default_idle_ms(),
             shutdown_ms: default_shutdown_ms(),
         }

@@ -78,12 +78,14 @@ pub enum Error {
         /// What the OS said.
         reason: String,
     },
-    /// The upstream did not connect or answer within the configured timeout.
+    /// The upstream did not connect, answer, or go on with its body within the configured
+    /// timeout.
     #[error("upstream {addr} timed out ({phase})")]
     UpstreamTimeout {
         /// The endpoint.
         addr: SocketAddr,
-        /// `connect` or `request`.
+        /// `connect`, `request` (the response head) or `body` (`timeouts.read_ms` between
+        /// two reads of the response body).
         phase: &'static str,
     },
     /// The upstream connection broke after it was established.

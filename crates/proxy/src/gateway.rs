@@ -50,6 +50,8 @@ pub struct Snapshot {
     /// Shedder, breakers (by route index), carried over from the previous snapshot.
     pub overload: Overload,
     request_timeout: Option<Duration>,
+    /// `timeouts.read_ms`, handed to each upstream response body.
+    read_timeout: Option<Duration>,
     /// Set when a newer snapshot replaced this one: connections that cached this snapshot
     /// switch to the current one for their next request.
     retired: AtomicBool,
@@ -125,6 +127,7 @@ impl Snapshot {
         )?;
         Ok(Snapshot {
             request_timeout: millis(config.timeouts.request_ms),
+            read_timeout: millis(config.timeouts.read_ms),
             router,
             metrics,
             overload,
@@ -545,6 +548,7 @@ async fn forward(
     breaker.finish(outcome);
 
     let mut resp = result?;
+    resp.body_mut().set_read_timeout(snap.read_timeout);
     record.upstream_status = Some(resp.status().as_u16());
     if let Some((_, downstream)) = upgrade
         && resp.status() == StatusCode::SWITCHING_PROTOCOLS

@@ -127,3 +127,30 @@ fn docs_example_config_is_valid() {
     let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert!(c.routes.len() >= 3);
 }
+
+#[test]
+fn read_ms_parses_defaults_to_a_minute_and_a_misspelling_next_to_it_is_an_error() {
+    let listener = "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n";
+    let parse = |rest: &str| {
+        Config::parse(&format!("{listener}{rest}"), "gw.toml", Path::new("."))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(parse("").timeouts.read_ms, 60_000);
+    assert_eq!(
+        parse("[timeouts]\nrequest_ms = 5\n").timeouts.read_ms,
+        60_000
+    );
+    let set = parse("[timeouts]\nread_ms = 1500\n").timeouts;
+    assert_eq!((set.read_ms, set.request_ms), (1500, 30_000));
+    assert_eq!(parse("[timeouts]\nread_ms = 0\n").timeouts.read_ms, 0);
+    let errs = errors(&format!(
+        "{listener}[timeouts]\nread_ms = 1500\nread_timeout_ms = 1500\n"
+    ));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("gw.toml:6:1: timeouts: unknown field `read_timeout_ms`"),
+        "{errs:#?}"
+    );
+    let errs = errors(&format!("{listener}[timeouts]\nread_ms = \"1s\"\n"));
+    assert!(errs[0].contains("timeouts"), "{errs:#?}");
+}

@@ -395,3 +395,135 @@ async fn a_request_body_of_unknown_length_goes_upstream_chunked() {
     }
     assert_eq!(total as u64, n);
 }
+
+/// Sends `GET /` on a raw connection to the gateway and reads until the gateway closes it,
+/// for at most 10 s (a stalled body must end long before: `read_ms` is 300 ms here, and the
+/// default of 60 s would fail this). Returns the response head and the raw body bytes.
+async fn get_raw_until_closed(url: &str) -> (String, Vec<u8>) {
+    let addr = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: stall.test\r\n\r\n")
+        .await
+        .expect("request");
+    let mut raw = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut raw),
+    )
+    .await
+    .expect("the gateway closed the connection within 10 s of a stalled body")
+    .expect("read");
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4)
+        .unwrap_or_else(|| panic!("a whole head: {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    (head, raw[end..].to_vec())
+}
+
+/// Decodes a chunked body: its data, and whether the last (zero) chunk arrived.
+fn dechunk(mut raw: &[u8]) -> (Vec<u8>, bool) {
+    let mut data = Vec::new();
+    loop {
+        let Some(line_end) = raw.windows(2).position(|w| w == b"\r\n") else {
+            return (data, false);
+        };
+        let size = std::str::from_utf8(&raw[..line_end])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.split(';').next().unwrap_or(""), 16).ok())
+            .expect("a chunk size line");
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return (data, true);
+        }
+        if raw.len() < size {
+            data.extend_from_slice(raw);
+            return (data, false);
+        }
+        data.extend_from_slice(&raw[..size]);
+        raw = raw.get(size + 2..).unwrap_or(&[]);
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_after_its_head_is_cut_short_after_read_ms() {
+    // The upstream promises 100 bytes, sends 10 and then nothing, keeping the socket open.
+    let upstream =
+        Scripted::start(|_| answer(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789"))
+            .await;
+    let (_server, url) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nread_ms = 300\n",
+    ));
+    let (head, body) = get_raw_until_closed(&url).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-length: 100\r\n"), "{head}");
+    assert_eq!(
+        body, b"0123456789",
+        "the bytes sent before the stall, then the end: a short body, never a complete one"
+    );
+    // The stalled connection was closed, not pooled: the next request opens another.
+    let (_, body) = get_raw_until_closed(&url).await;
+    assert_eq!(body, b"0123456789");
+    assert_eq!(upstream.accepted(), 2);
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_stalls_arrives_without_its_last_chunk() {
+    let upstream = Scripted::start(|_| {
+        answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\na\r\n0123456789\r\n")
+    })
+    .await;
+    let (_server, url) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nread_ms = 300\n",
+    ));
+    let (head, raw) = get_raw_until_closed(&url).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
+    let (data, complete) = dechunk(&raw);
+    assert_eq!(data, b"0123456789", "{:?}", String::from_utf8_lossy(&raw));
+    assert!(
+        !complete,
+        "no last chunk: the client sees a cut body, {:?}",
+        String::from_utf8_lossy(&raw)
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_trickles_with_gaps_shorter_than_read_ms_arrives_whole() {
+    // 5 chunks 100 ms apart: 500 ms in total, over `read_ms` (400), but never a gap as
+    // long: the limit is between two reads, not on the whole body.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let mut buf = Vec::new();
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            if !read_more(&mut stream, &mut buf).await {
+                return;
+            }
+        }
+        let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        if stream.write_all(head).await.is_err() {
+            return;
+        }
+        for i in 0..5u8 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let chunk = format!("2\r\n{i}{i}\r\n");
+            if stream.write_all(chunk.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        let _ = stream.write_all(b"0\r\n\r\n").await;
+        // Held open until the gateway closes it (it never sends another request here).
+        let _ = read_more(&mut stream, &mut buf).await;
+    });
+    let (_server, url) = support::start(support::proxy_to(&[addr], "[timeouts]\nread_ms = 400\n"));
+    let (status, body) = send(&http1_client(), &url, Method::GET).await;
+    assert_eq!((status, body.as_slice()), (200, &b"0011223344"[..]));
+}
