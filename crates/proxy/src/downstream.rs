@@ -61,7 +61,7 @@ use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::Error;
 use crate::framing::{Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
-use crate::gateway::{self, ConnCtx};
+use crate::gateway::{self, ConnCtx, RequestTimer};
 use crate::headers;
 
 /// Read sizes: start small (most requests are a few hundred bytes), grow while reads fill
@@ -363,6 +363,7 @@ pub(crate) async fn serve(
         shutdown,
         timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
         deadline: tokio::time::Instant::now(),
+        request_timer: RequestTimer::new(),
         ctx,
     };
     conn.run().await
@@ -380,6 +381,8 @@ struct Connection<'a> {
     /// at or before `deadline`, which each request head that has to be waited for moves on.
     timer: Pin<Box<Sleep>>,
     deadline: tokio::time::Instant,
+    /// The requests' timeout timer (`timeouts.request_ms`), kept across requests.
+    request_timer: RequestTimer,
     ctx: Arc<ConnCtx>,
     /// Until the first head: look for the HTTP/2 preface.
     sniff_h2: bool,
@@ -442,7 +445,8 @@ impl Connection<'_> {
                     meta.keep_alive = false;
                 }
             }
-            let Ok(resp) = gateway::serve(Arc::clone(&self.ctx), req).await;
+            let Ok(resp) =
+                gateway::serve(Arc::clone(&self.ctx), req, &mut self.request_timer).await;
             match self.respond(resp, meta, upgrade, lent).await {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {

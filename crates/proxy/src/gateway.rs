@@ -2,9 +2,12 @@
 //! swapped atomically on reload, and the function that takes a request from head to response.
 
 use std::convert::Infallible;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -16,6 +19,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
 use tokio::io::AsyncWriteExt as _;
+use tokio::time::Sleep;
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
@@ -282,10 +286,56 @@ fn local_response(
     resp
 }
 
+/// The timer of the request timeout (`timeouts.request_ms`), one per connection and reused
+/// by its requests. Its deadline moves lazily, as the connection's idle timer does: each
+/// request only notes its own deadline, and the timer, when it fires before that (set for
+/// an earlier request), is moved then. Creating, registering and dropping a timer per
+/// request took the timer driver's lock twice per request.
+#[derive(Debug)]
+pub(crate) struct RequestTimer {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl RequestTimer {
+    pub(crate) fn new() -> RequestTimer {
+        RequestTimer {
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        }
+    }
+
+    /// Runs `fut` until `deadline`; `None` if the deadline came first.
+    async fn limit<F: Future>(
+        &mut self,
+        deadline: tokio::time::Instant,
+        fut: F,
+    ) -> Option<F::Output> {
+        // A timer set later than this deadline (a reload shortened the timeout) is pulled in.
+        if self.sleep.deadline() > deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+        let mut fut = pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            while self.sleep.as_mut().poll(cx).is_ready() {
+                if self.sleep.deadline() >= deadline {
+                    return Poll::Ready(None);
+                }
+                self.sleep.as_mut().reset(deadline);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
 /// Serves one request from its parsed head to the response head (the body then streams).
+/// `timer` is the connection's [`RequestTimer`].
 pub(crate) async fn serve(
     conn: Arc<ConnCtx>,
     req: Box<Request<RequestBody>>,
+    timer: &mut RequestTimer,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     // Answered locally on every listener, before admission, so it is never shed and never
@@ -319,7 +369,14 @@ pub(crate) async fn serve(
     // the nested async fns side by side; it was 5.4 KB before the request was boxed and the
     // exchange built inside its `match` arms) and hyper moves the request's future into its
     // slot on every request; boxed, the move is a pointer.
-    let forwarding = Box::pin(forward(held.snapshot(), &conn, req, route, &mut record));
+    let forwarding = Box::pin(forward(
+        held.snapshot(),
+        &conn,
+        req,
+        route,
+        &mut record,
+        timer,
+    ));
     match forwarding.await {
         Ok((resp, first)) => {
             admitted.served();
@@ -433,6 +490,7 @@ async fn forward(
     mut req: Box<Request<RequestBody>>,
     route: Option<usize>,
     record: &mut RequestRecord,
+    timer: &mut RequestTimer,
 ) -> Result<(Response<UpstreamBody>, Option<Frame<Bytes>>), Error> {
     let limits = &snap.config.limits;
     if head_bytes(&req) > limits.header_bytes {
@@ -517,9 +575,9 @@ async fn forward(
         Some(limit) => {
             let deadline = tokio::time::Instant::from_std(dispatched + limit);
             let sent = exchange(snap, route.upstream, endpoint_index, request, dispatched);
-            match tokio::time::timeout_at(deadline, sent).await {
-                Ok(r) => r,
-                Err(_) => (
+            match timer.limit(deadline, sent).await {
+                Some(r) => r,
+                None => (
                     Err(Error::UpstreamTimeout {
                         addr: endpoint.addr,
                         phase: "request",
@@ -576,9 +634,10 @@ async fn forward(
         match snap.request_timeout {
             Some(limit) => {
                 let deadline = tokio::time::Instant::from_std(dispatched + limit);
-                tokio::time::timeout_at(deadline, frame)
+                timer
+                    .limit(deadline, frame)
                     .await
-                    .map_err(|_| Error::UpstreamTimeout {
+                    .ok_or(Error::UpstreamTimeout {
                         addr: endpoint.addr,
                         phase: "request",
                     })?

@@ -1610,6 +1610,29 @@ async fn the_idle_timeout_never_cuts_a_request_waiting_for_its_upstream() {
 }
 
 #[tokio::test]
+async fn each_request_on_a_connection_gets_its_whole_request_timeout() {
+    // The connection's requests share one timer: a later request must still get its own
+    // full `request_ms`, not the deadline an earlier request left on the timer.
+    let upstream = tailguard_test_support::Upstream::start().await;
+    let (server, _) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nrequest_ms = 1000\n",
+    ));
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(&get("/delay/0")).await;
+        assert_eq!(c.response().await.status, 200);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Answered 800 ms after it was sent: past the first request's deadline, inside its own.
+        c.send(&get("/delay/800")).await;
+        assert_eq!(c.response().await.status, 200);
+        c.send(&get("/delay/3000")).await;
+        assert_eq!(c.response().await.status, 504);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_client_gone_mid_body_leaves_the_gateway_serving() {
     let upstream = RawUpstream::start(|seen| ok(seen.body.len().to_string().as_bytes())).await;
     let (server, _) = support::start(upstream.config());
