@@ -471,7 +471,12 @@ pub(crate) fn host_of<B>(req: &Request<B>) -> &str {
     if let Some(rest) = raw.strip_prefix('[') {
         return rest.split(']').next().unwrap_or("");
     }
-    raw.rsplit_once(':').map_or(raw, |(h, _)| h)
+    // A byte search: `rsplit_once(':')` runs a reverse char searcher (UTF-8 aware), a
+    // measurable share of a request for one ASCII byte.
+    match raw.as_bytes().iter().rposition(|&b| b == b':') {
+        Some(colon) => &raw[..colon],
+        None => raw,
+    }
 }
 
 /// Bytes of the request head as a limit sees them (request line and header lines).
