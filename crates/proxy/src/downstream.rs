@@ -39,9 +39,10 @@
 //! lingers (stops writing, discards what arrives for a moment) so that the client reads the
 //! response instead of a reset, as nginx's lingering close does.
 
+use std::future::Future;
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -361,8 +362,7 @@ pub(crate) async fn serve(
         out: Vec::with_capacity(1024),
         limits,
         shutdown,
-        timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
-        deadline: tokio::time::Instant::now(),
+        idle: IdleTimer::new(limits.idle),
         request_timer: RequestTimer::new(),
         ctx,
     };
@@ -377,10 +377,9 @@ struct Connection<'a> {
     out: Vec<u8>,
     limits: Limits,
     shutdown: &'a Watch,
-    /// The idle / head-read timeout: one timer per connection, not one per request. It runs
-    /// at or before `deadline`, which each request head that has to be waited for moves on.
-    timer: Pin<Box<Sleep>>,
-    deadline: tokio::time::Instant,
+    /// `timeouts.idle_ms`, for the wait for a request head and for each write the client
+    /// does not take.
+    idle: IdleTimer,
     /// The requests' timeout timer (`timeouts.request_ms`), kept across requests.
     request_timer: RequestTimer,
     ctx: Arc<ConnCtx>,
@@ -642,7 +641,11 @@ impl Connection<'_> {
             return Ok(());
         }
         let tail: &[u8] = if chunked { b"\r\n" } else { b"" };
-        write_slices(&mut self.writer, &mut [&self.out, &data, tail]).await?;
+        timed(
+            &mut self.idle,
+            write_slices(&mut self.writer, &mut [&self.out, &data, tail]),
+        )
+        .await?;
         self.out.clear();
         Ok(())
     }
@@ -650,16 +653,16 @@ impl Connection<'_> {
     /// Writes and flushes whatever is pending in `out`.
     async fn send_out(&mut self) -> io::Result<()> {
         if !self.out.is_empty() {
-            self.writer.write_all(&self.out).await?;
+            timed(&mut self.idle, self.writer.write_all(&self.out)).await?;
             self.out.clear();
         }
         // A no-op on TCP; TLS writes out its last record.
-        self.writer.flush().await
+        timed(&mut self.idle, self.writer.flush()).await
     }
 
     async fn write_flushed(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.writer.write_all(bytes).await?;
-        self.writer.flush().await
+        timed(&mut self.idle, self.writer.write_all(bytes)).await?;
+        timed(&mut self.idle, self.writer.flush()).await
     }
 
     /// Hands the connection to the tunnel after a `101`.
@@ -750,7 +753,7 @@ impl Connection<'_> {
     /// still be sending (unread bytes), discards what arrives for a moment first, so that
     /// the close does not turn into a reset that destroys the response in flight.
     async fn close(&mut self) {
-        let _ = self.writer.shutdown().await;
+        let _ = timed(&mut self.idle, self.writer.shutdown()).await;
         let Some(reader) = self.reader.as_mut() else {
             return;
         };
@@ -781,8 +784,7 @@ impl Connection<'_> {
     async fn next_head(&mut self) -> Next {
         let Connection {
             reader,
-            timer,
-            deadline,
+            idle,
             shutdown,
             limits,
             sniff_h2,
@@ -824,28 +826,79 @@ impl Connection<'_> {
             if reader.buf.is_empty() && shutdown.poll_draining(cx).is_ready() {
                 return Poll::Ready(Next::Close);
             }
-            if let Some(idle) = limits.idle {
-                if !armed {
-                    armed = true;
-                    *deadline = tokio::time::Instant::now() + idle;
-                }
-                // The timer may still be set for an earlier request's deadline: it then fires
-                // early and is moved to this one. Moving a registered timer takes the timer
-                // driver's lock, so this way it happens about once per idle period, not once
-                // per request.
-                while timer.as_mut().poll(cx).is_ready() {
-                    if timer.deadline() >= *deadline {
-                        // As hyper and nginx do: a head that does not arrive in time gets no
-                        // answer, the connection just closes.
-                        return Poll::Ready(Next::Close);
-                    }
-                    timer.as_mut().reset(*deadline);
-                }
+            if idle.poll_expired(cx, &mut armed) {
+                // As hyper and nginx do: a head that does not arrive in time gets no answer,
+                // the connection just closes.
+                return Poll::Ready(Next::Close);
             }
             Poll::Pending
         })
         .await
     }
+}
+
+/// The connection's idle timeout (`timeouts.idle_ms`): one timer for the connection's
+/// life, not one per request. A wait notes its deadline in a plain field; the timer runs at
+/// or before it (set by an earlier wait) and, when it fires early, is moved then. Moving a
+/// registered timer takes the timer driver's lock, so it happens about once per idle period
+/// instead of once per request.
+struct IdleTimer {
+    sleep: Pin<Box<Sleep>>,
+    deadline: tokio::time::Instant,
+    idle: Option<Duration>,
+}
+
+impl IdleTimer {
+    fn new(idle: Option<Duration>) -> IdleTimer {
+        IdleTimer {
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            deadline: tokio::time::Instant::now(),
+            idle,
+        }
+    }
+
+    /// Whether the wait that `armed` belongs to has lasted `idle`; the first call of a wait
+    /// (`armed` false) starts its clock. Call only when the wait is pending.
+    fn poll_expired(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> bool {
+        let Some(idle) = self.idle else {
+            return false;
+        };
+        if !*armed {
+            *armed = true;
+            self.deadline = tokio::time::Instant::now() + idle;
+        }
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if self.sleep.deadline() >= self.deadline {
+                return true;
+            }
+            self.sleep.as_mut().reset(self.deadline);
+        }
+        false
+    }
+}
+
+/// Runs a write to the client, failing it if it stays blocked for the idle timeout: a
+/// client that stops reading would otherwise hold its connection (and the upstream's) for
+/// ever. A write that completes at once touches no timer and reads no clock.
+async fn timed<T>(
+    idle: &mut IdleTimer,
+    write: impl Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let mut write = pin!(write);
+    let mut armed = false;
+    poll_fn(|cx| {
+        if let Poll::Ready(done) = write.as_mut().poll(cx) {
+            return Poll::Ready(done);
+        }
+        if idle.poll_expired(cx, &mut armed) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took nothing for the idle timeout",
+            )));
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// How a response body is delimited on the wire.

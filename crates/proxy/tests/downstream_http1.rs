@@ -1395,6 +1395,39 @@ async fn a_slow_reader_gets_a_large_body_whole() {
 }
 
 #[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_after_the_idle_timeout() {
+    // 64 MiB asked for and never read: the gateway's writes block once the socket buffers
+    // are full. After `idle_ms` without progress it gives up on the client (and the upstream
+    // exchange) instead of holding both for ever; the client then finds the body cut short.
+    let upstream = tailguard_test_support::Upstream::start().await;
+    let (server, _) = support::start(support::proxy_to(
+        &[upstream.addr],
+        "[timeouts]\nidle_ms = 400\n",
+    ));
+    let n = 64 * 1024 * 1024;
+    let mut c = Client::to(&server).await;
+    c.send(&get(&format!("/source/{n}"))).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let received = tokio::time::timeout(Duration::from_secs(30), c.until_closed())
+        .await
+        .expect("the gateway closed the connection");
+    assert!(
+        received.starts_with(b"HTTP/1.1 200 "),
+        "{:?}",
+        String::from_utf8_lossy(&received[..received.len().min(64)])
+    );
+    assert!(
+        received.len() < n,
+        "a client that read nothing for 3 s got the whole body ({} bytes)",
+        received.len()
+    );
+    // The gateway still serves.
+    let mut c = Client::to(&server).await;
+    c.send(&get("/after")).await;
+    assert_eq!(within(c.response()).await.status, 200);
+}
+
+#[tokio::test]
 async fn a_head_response_to_a_chunked_upstream_answer_has_no_body() {
     let upstream = RawUpstream::start(|seen| {
         if seen.line().starts_with("HEAD") {
