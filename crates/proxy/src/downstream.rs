@@ -344,8 +344,8 @@ const SEEN_CONNECTION: u8 = 4;
 const SEEN_EXPECT: u8 = 8;
 const SEEN_UPGRADE: u8 = 16;
 
-/// Serves requests on one HTTP/1.1 connection until it closes; `shutdown` turns true when
-/// the server drains. With `sniff_h2`, a connection that opens with the HTTP/2 preface is
+/// Serves requests on one HTTP/1.1 connection until it closes; `shutdown` says when the
+/// server drains. With `sniff_h2`, a connection that opens with the HTTP/2 preface is
 /// given back whole instead, for the HTTP/2 server.
 pub(crate) async fn serve(
     reader: Box<Reader>,
@@ -369,6 +369,7 @@ pub(crate) async fn serve(
     conn.run().await
 }
 
+/// One HTTP/1.1 connection's state, kept across its requests.
 struct Connection<'a> {
     /// `None` while a request body has it.
     reader: Option<Box<Reader>>,
