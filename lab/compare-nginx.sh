@@ -114,7 +114,7 @@ for r in $(seq "$rounds"); do
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
 
-PRIO="${prio[*]:-none}" python3 - "$out" "$rate" "$dur" "$conns" "$rounds" <<'PY'
+PRIO="${prio[*]:-none}" python3 - "$out" "$rate" "$dur" "$conns" "$rounds" > "$out/summary.md" <<'PY'
 import json, os, re, statistics, sys
 out, rate, dur, conns, rounds = sys.argv[1:]
 rounds = int(rounds)
@@ -158,5 +158,19 @@ for r in range(1, rounds + 1):
     print(f"| {r} | ratio tailguard/nginx | {ratio[0]:.2f} | {ratio[1]:.2f} | {ratio[2]:.2f} | {ratio[3]:.2f} | {ratio[4]:.2f} | {ratio[5]:.2f} | | |")
 med = [statistics.median(col) for col in zip(*ratios)]
 print(f"| all | **median ratio** | **{med[0]:.2f}** | **{med[1]:.2f}** | {med[2]:.2f} | **{med[3]:.2f}** | {med[4]:.2f} | {med[5]:.2f} | | |")
+# Each proxy's best round (most req/s, least CPU per request, lowest percentiles): on a
+# shared host noise only ever slows a run down, so the best of several rounds is the
+# closest to each proxy's own cost, whichever rounds the neighbours were busy in.
+best = {}
+for p in ("nginx", "tailguard"):
+    w = [wrk(p, r) for r in range(1, rounds + 1)]
+    o = [oha(p, r) for r in range(1, rounds + 1)]
+    best[p] = (max(x[0] for x in w), min(x[3][0] for x in w),
+               *(min(x[0][k] for x in o) for k in ("p50", "p99", "p99.9", "p100")))
+    b = best[p]
+    print(f"| best | {p} | {b[0]:.0f} | {b[1]:.1f} | {b[2]:.3f} | {b[3]:.3f} | {b[4]:.3f} | {b[5]:.3f} | | |")
+r = [t / n for t, n in zip(best["tailguard"], best["nginx"])]
+print(f"| best | **ratio of the best rounds** | **{r[0]:.2f}** | **{r[1]:.2f}** | {r[2]:.2f} | **{r[3]:.2f}** | {r[4]:.2f} | {r[5]:.2f} | | |")
 print(f"raw outputs: {out}")
 PY
+cat "$out/summary.md"
