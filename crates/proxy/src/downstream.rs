@@ -445,8 +445,7 @@ impl Connection<'_> {
                     meta.keep_alive = false;
                 }
             }
-            let Ok(resp) =
-                gateway::serve(Arc::clone(&self.ctx), req, &mut self.request_timer).await;
+            let Ok(resp) = gateway::serve(&self.ctx, req, &mut self.request_timer).await;
             match self.respond(resp, meta, upgrade, lent).await {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {

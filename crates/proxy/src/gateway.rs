@@ -333,7 +333,7 @@ impl RequestTimer {
 /// Serves one request from its parsed head to the response head (the body then streams).
 /// `timer` is the connection's [`RequestTimer`].
 pub(crate) async fn serve(
-    conn: Arc<ConnCtx>,
+    conn: &Arc<ConnCtx>,
     req: Box<Request<RequestBody>>,
     timer: &mut RequestTimer,
 ) -> Result<Response<ResponseBody>, Infallible> {
@@ -345,7 +345,7 @@ pub(crate) async fn serve(
     {
         return Ok(local_response(StatusCode::OK, "ok\n", None));
     }
-    let held = hold(&conn);
+    let held = hold(conn);
     let mut record = RequestRecord::new(
         start,
         conn.remote,
@@ -371,7 +371,7 @@ pub(crate) async fn serve(
     // slot on every request; boxed, the move is a pointer.
     let forwarding = Box::pin(forward(
         held.snapshot(),
-        &conn,
+        conn,
         req,
         route,
         &mut record,

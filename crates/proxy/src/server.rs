@@ -800,7 +800,7 @@ where
         let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
         let ctx = Arc::clone(&ctx);
         // An HTTP/2 stream is a task of hyper's, with a timer of its own.
-        async move { gateway::serve(ctx, req, &mut gateway::RequestTimer::new()).await }
+        async move { gateway::serve(&ctx, req, &mut gateway::RequestTimer::new()).await }
     });
     let conn = http2.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
