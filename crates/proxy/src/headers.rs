@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use bytes::{Bytes, BytesMut};
 
+use http::header::Entry;
 use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE, VIA};
 use http::{HeaderMap, HeaderName, HeaderValue, Version};
 
@@ -90,21 +91,26 @@ pub fn via_value(version: Version) -> HeaderValue {
 /// `Via` (appending). `client` is the client's address as a header value
 /// ([`client_address`]).
 pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue, tls: bool, version: Version) {
-    if headers.contains_key(&X_FORWARDED_FOR) {
-        // One buffer, handed to the header value without a second copy: earlier hops'
-        // values (joined, whatever number of header lines they came in), then this client.
-        let mut xff = Vec::with_capacity(64);
-        for prior in headers.get_all(&X_FORWARDED_FOR) {
-            xff.extend_from_slice(prior.as_bytes());
-            xff.extend_from_slice(b", ");
+    // Through the entry: the name is hashed once for the lookup and the insert.
+    match headers.entry(&X_FORWARDED_FOR) {
+        Entry::Occupied(mut prior) => {
+            // One buffer, handed to the header value without a second copy: earlier hops'
+            // values (joined, whatever number of header lines they came in), then this
+            // client.
+            let mut xff = Vec::with_capacity(64);
+            for value in prior.iter() {
+                xff.extend_from_slice(value.as_bytes());
+                xff.extend_from_slice(b", ");
+            }
+            xff.extend_from_slice(client.as_bytes());
+            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
+                prior.insert(v);
+            }
         }
-        xff.extend_from_slice(client.as_bytes());
-        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
-            headers.insert(&X_FORWARDED_FOR, v);
-        }
-    } else {
         // The common case: the connection's address, formatted once per connection.
-        headers.insert(&X_FORWARDED_FOR, client.clone());
+        Entry::Vacant(slot) => {
+            slot.insert(client.clone());
+        }
     }
     headers.insert(
         &X_FORWARDED_PROTO,
@@ -126,17 +132,19 @@ thread_local! {
 /// The request's id: the client's `X-Request-Id` if it sent one, else a new random one
 /// (128 bits, hex), which is also set on the request.
 pub fn request_id(headers: &mut HeaderMap) -> HeaderValue {
-    if let Some(id) = headers.get(&X_REQUEST_ID) {
-        return id.clone();
-    }
+    let slot = match headers.entry(&X_REQUEST_ID) {
+        Entry::Occupied(id) => return id.get().clone(),
+        Entry::Vacant(slot) => slot,
+    };
     // Hex digits written into a per-thread arena and split off it: an id costs a reference
     // count, not an allocation of its own (one 4 KiB block per 128 ids).
     const HEX: &[u8; 16] = b"0123456789abcdef";
     const ID_LEN: usize = 32;
-    let random = fastrand::u128(..);
+    let random = fastrand::u128(..).to_be_bytes();
     let mut hex = [0u8; ID_LEN];
-    for (i, digit) in hex.iter_mut().enumerate() {
-        *digit = HEX[((random >> (124 - 4 * i)) & 0xf) as usize];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(random) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
     let bytes = ID_ARENA.with_borrow_mut(|arena| {
         if arena.capacity() - arena.len() < ID_LEN {
@@ -146,7 +154,7 @@ pub fn request_id(headers: &mut HeaderMap) -> HeaderValue {
         arena.split().freeze()
     });
     let id = HeaderValue::from_maybe_shared(bytes).expect("hex digits are a valid header value");
-    headers.insert(&X_REQUEST_ID, id.clone());
+    slot.insert(id.clone());
     id
 }
 
