@@ -55,6 +55,7 @@ use crate::error::Error;
 use crate::framing::{Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
 use crate::headers;
 use crate::metrics::OpenConnection;
+use crate::recycle;
 
 /// A response head (or trailer section) larger than this is refused as broken.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -203,7 +204,13 @@ pub(crate) async fn send(
         Err(e) => Err(HeadError::Closed(e)),
     };
     match (head, unsent.take()) {
-        (Ok(head), _) => Ok(respond(conn, head, writer)),
+        (Ok(head), unsent) => {
+            // Sent and answered: the request's containers serve the thread's next request.
+            if let Some(req) = unsent {
+                recycle::give_request(req);
+            }
+            Ok(respond(conn, head, writer))
+        }
         (Err(HeadError::Closed(e)), Some(req)) => Err(if reused && req.method().is_idempotent() {
             SendError::Stale(req)
         } else {
@@ -423,8 +430,9 @@ fn parse_with<const N: usize>(
         );
     }
     let head = buf.split_to(len).freeze();
-    // Room for the `Via` the gateway appends without a regrow.
-    let mut headers = HeaderMap::with_capacity(count + 1);
+    // Room for the `Via` the gateway appends without a regrow; a map that served an
+    // earlier response if the thread has one (`recycle`).
+    let mut headers = recycle::header_map(count + 1);
     let mut seen = 0u8;
     for &(n0, n1, v0, v1) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])

@@ -64,6 +64,7 @@ use crate::error::Error;
 use crate::framing::{Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
 use crate::gateway::{self, ConnCtx, RequestTimer};
 use crate::headers;
+use crate::recycle;
 
 /// Read sizes: start small (most requests are a few hundred bytes), grow while reads fill
 /// the buffer (a large upload), shrink back when they stop.
@@ -551,7 +552,7 @@ impl Connection<'_> {
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"\r\n");
-        drop(parts);
+        recycle::give_header_map(parts.headers);
 
         if framing == Out::None {
             drop(body);
@@ -1028,8 +1029,10 @@ fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0 as usize..target.1 as usize))
         .map_err(|_| Refused::Bad("invalid request target"))?;
-    // Room for the headers the gateway adds (forwarding, request id, host) without a regrow.
-    let mut headers = HeaderMap::with_capacity(count + 5);
+    // A request box and header map that served an earlier request (`recycle`), with room
+    // for the headers the gateway adds (forwarding, request id, host) without a regrow.
+    let mut req = recycle::request(count + 5);
+    let headers = req.headers_mut();
     let mut seen = 0u8;
     let mut hosts = 0u32;
     for &((n0, n1), (v0, v1)) in &spans[..count] {
@@ -1065,13 +1068,13 @@ fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option
             .map_err(|_| Refused::Bad("invalid request target"))?;
         headers.insert(HOST, host);
     }
-    let (framing, declared) = request_framing(&headers, seen, version)?;
+    let (framing, declared) = request_framing(headers, seen, version)?;
     let keep_alive = if seen & SEEN_CONNECTION == 0 {
         version == Version::HTTP_11
     } else if version == Version::HTTP_11 {
-        !headers::connection_has(&headers, "close")
+        !headers::connection_has(headers, "close")
     } else {
-        headers::connection_has(&headers, "keep-alive")
+        headers::connection_has(headers, "keep-alive")
     };
     let expect_continue = seen & SEEN_EXPECT != 0
         && version == Version::HTTP_11
@@ -1081,7 +1084,7 @@ fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option
     let upgrade = seen & SEEN_UPGRADE != 0
         && seen & SEEN_CONNECTION != 0
         && version == Version::HTTP_11
-        && headers::connection_has(&headers, "upgrade");
+        && headers::connection_has(headers, "upgrade");
     let meta = Meta {
         version,
         keep_alive,
@@ -1090,11 +1093,9 @@ fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option
         declared,
         upgrade,
     };
-    let mut req = Box::new(Request::new(RequestBody::unlimited(IncomingBody::Empty)));
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.version_mut() = version;
-    *req.headers_mut() = headers;
     Ok(Some((req, meta, framing)))
 }
 

@@ -55,6 +55,7 @@ pub mod metrics;
 pub mod overload;
 pub mod pool;
 pub mod record;
+pub(crate) mod recycle;
 pub mod route;
 pub mod server;
 pub mod shard;
