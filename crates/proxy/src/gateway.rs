@@ -365,18 +365,10 @@ pub(crate) async fn serve(
             return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
         }
     };
-    // Boxed: the forwarding future is ~2 KB (rustc keeps the locals of every await point of
-    // the nested async fns side by side; it was 5.4 KB before the request was boxed and the
-    // exchange built inside its `match` arms) and hyper moves the request's future into its
-    // slot on every request; boxed, the move is a pointer.
-    let forwarding = Box::pin(forward(
-        held.snapshot(),
-        conn,
-        req,
-        route,
-        &mut record,
-        timer,
-    ));
+    // Not boxed: the HTTP/1.1 connection awaits this future in place, in its own task's
+    // state, so it is never moved once running (hyper's server moved each request's
+    // future into its slot, which is why it was boxed before). Its ~2 KB is written once.
+    let forwarding = forward(held.snapshot(), conn, req, route, &mut record, timer);
     match forwarding.await {
         Ok((resp, first)) => {
             admitted.served();
