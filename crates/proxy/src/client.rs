@@ -52,7 +52,7 @@ use tokio::time::Sleep;
 
 use crate::body::RequestBody;
 use crate::error::Error;
-use crate::framing::{Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
+use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
 use crate::headers;
 use crate::metrics::OpenConnection;
 use crate::recycle;
@@ -60,10 +60,6 @@ use crate::recycle;
 /// A response head (or trailer section) larger than this is refused as broken.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 const TOO_LARGE: &str = "response head larger than 64 KiB";
-/// Read sizes: start small (most responses are a few hundred bytes), grow while reads fill
-/// the buffer (a large body), shrink back when they stop.
-const MIN_READ: usize = 8 * 1024;
-const MAX_READ: usize = 128 * 1024;
 
 /// One keep-alive connection to an upstream endpoint.
 #[derive(Debug)]
@@ -91,7 +87,7 @@ impl Connection {
             addr,
             read_buf: BytesMut::new(),
             head_buf: Vec::with_capacity(512),
-            read_size: MIN_READ,
+            read_size: framing::MIN_READ,
             _open: open,
         })
     }
@@ -121,21 +117,12 @@ impl Connection {
 
     /// Reads more bytes into `read_buf`; `Ok(0)` is the upstream's end of stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read_buf.capacity() - self.read_buf.len() < self.read_size / 2 {
-            self.read_buf.reserve(self.read_size);
-        }
-        let room = self.read_buf.capacity() - self.read_buf.len();
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.stream),
+        framing::poll_fill(
+            &mut self.stream,
             cx,
-            &mut self.read_buf
-        ))?;
-        if n == room {
-            self.read_size = (self.read_size * 2).min(MAX_READ);
-        } else if n < room / 4 {
-            self.read_size = (self.read_size / 2).max(MIN_READ);
-        }
-        Poll::Ready(Ok(n))
+            &mut self.read_buf,
+            &mut self.read_size,
+        )
     }
 }
 

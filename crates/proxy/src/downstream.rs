@@ -61,15 +61,11 @@ use tokio::time::Sleep;
 use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::Error;
-use crate::framing::{Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
+use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
 use crate::gateway::{self, ConnCtx, RequestTimer};
 use crate::headers;
 use crate::recycle;
 
-/// Read sizes: start small (most requests are a few hundred bytes), grow while reads fill
-/// the buffer (a large upload), shrink back when they stop.
-const MIN_READ: usize = 8 * 1024;
-const MAX_READ: usize = 128 * 1024;
 /// A request body left unread after its response is discarded, up to this much, to keep
 /// the connection; past it the connection closes.
 const DISCARD_BYTES: u64 = 256 * 1024;
@@ -115,7 +111,7 @@ impl Reader {
         Box::new(Reader {
             io,
             buf,
-            read_size: MIN_READ,
+            read_size: framing::MIN_READ,
             framing: Framing::Done,
             broken: false,
         })
@@ -123,21 +119,7 @@ impl Reader {
 
     /// Reads more bytes into `buf`; `Ok(0)` is the client's end of stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.buf.capacity() - self.buf.len() < self.read_size / 2 {
-            self.buf.reserve(self.read_size);
-        }
-        let room = self.buf.capacity() - self.buf.len();
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.io),
-            cx,
-            &mut self.buf
-        ))?;
-        if n == room {
-            self.read_size = (self.read_size * 2).min(MAX_READ);
-        } else if n < room / 4 {
-            self.read_size = (self.read_size / 2).max(MIN_READ);
-        }
-        Poll::Ready(Ok(n))
+        framing::poll_fill(&mut self.io, cx, &mut self.buf, &mut self.read_size)
     }
 
     /// The next frame of the current request's body.
@@ -520,11 +502,7 @@ impl Connection<'_> {
 
         let out = &mut self.out;
         out.clear();
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(status.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
-        out.extend_from_slice(b"\r\n");
+        status_line(out, status);
         for (name, value) in &parts.headers {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
@@ -731,11 +709,8 @@ impl Connection<'_> {
         let reason = err.reason();
         let out = &mut self.out;
         out.clear();
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(status.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-        out.extend_from_slice(b"\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: ");
+        status_line(out, status);
+        out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\ncontent-length: ");
         out.extend_from_slice(itoa::Buffer::new().format(reason.len()).as_bytes());
         out.extend_from_slice(b"\r\nconnection: close\r\ndate: ");
         date::append(out);
@@ -919,6 +894,16 @@ enum Written {
     KeepAlive,
     Close,
     Upgraded,
+}
+
+/// `HTTP/1.1 <code> <reason>\r\n`: the gateway answers in its own version, 1.1, whatever the
+/// client's (RFC 9110 §2.5).
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes every slice, with vectored writes, however the writes fall.

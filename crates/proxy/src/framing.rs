@@ -1,10 +1,42 @@
 //! HTTP/1.1 message-body framing (RFC 9112 §6, §7.1), shared by the upstream client (response
 //! bodies) and the downstream server (request bodies): length-delimited, chunked with
-//! extensions and trailers, or until close, decoded in place from a read buffer.
+//! extensions and trailers, or until close, decoded in place from a read buffer that both
+//! sides fill the same way ([`poll_fill`]).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::Frame;
+use tokio::io::AsyncRead;
+
+/// Read sizes: start small (most messages are a few hundred bytes), grow while reads fill
+/// the buffer (a large body), shrink back when they stop.
+pub(crate) const MIN_READ: usize = 8 * 1024;
+const MAX_READ: usize = 128 * 1024;
+
+/// Reads more bytes into `buf`, sized by how full the last reads came back (`read_size`,
+/// adjusted here); `Ok(0)` is the peer's end of stream.
+pub(crate) fn poll_fill<R: AsyncRead + Unpin + ?Sized>(
+    io: &mut R,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+    read_size: &mut usize,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < *read_size / 2 {
+        buf.reserve(*read_size);
+    }
+    let room = buf.capacity() - buf.len();
+    let n = ready!(tokio_util::io::poll_read_buf(Pin::new(io), cx, buf))?;
+    if n == room {
+        *read_size = (*read_size * 2).min(MAX_READ);
+    } else if n < room / 4 {
+        *read_size = (*read_size / 2).max(MIN_READ);
+    }
+    Poll::Ready(Ok(n))
+}
 
 /// Header lines a head (or trailer section) may have (hyper's default as well).
 pub(crate) const MAX_HEADERS: usize = 100;
