@@ -56,15 +56,15 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::oneshot;
-use tokio::time::Sleep;
 
 use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::Error;
 use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
-use crate::gateway::{self, ConnCtx, RequestTimer};
+use crate::gateway::{self, ConnCtx};
 use crate::headers;
 use crate::recycle;
+use crate::timer::LazyTimer;
 
 /// A request body left unread after its response is discarded, up to this much, to keep
 /// the connection; past it the connection closes.
@@ -346,7 +346,7 @@ pub(crate) async fn serve(
         limits,
         shutdown,
         idle: IdleTimer::new(limits.idle),
-        request_timer: RequestTimer::new(),
+        request_timer: LazyTimer::new(),
         ctx,
     };
     conn.run().await
@@ -365,7 +365,7 @@ struct Connection<'a> {
     /// does not take.
     idle: IdleTimer,
     /// The requests' timeout timer (`timeouts.request_ms`), kept across requests.
-    request_timer: RequestTimer,
+    request_timer: LazyTimer,
     ctx: Arc<ConnCtx>,
     /// Until the first head: look for the HTTP/2 preface.
     sniff_h2: bool,
@@ -813,13 +813,10 @@ impl Connection<'_> {
     }
 }
 
-/// The connection's idle timeout (`timeouts.idle_ms`): one timer for the connection's
-/// life, not one per request. A wait notes its deadline in a plain field; the timer runs at
-/// or before it (set by an earlier wait) and, when it fires early, is moved then. Moving a
-/// registered timer takes the timer driver's lock, so it happens about once per idle period
-/// instead of once per request.
+/// The connection's idle timeout (`timeouts.idle_ms`) on its [`LazyTimer`]: each wait (for
+/// a request head, for a write to be taken) gets `idle` from when it first blocked.
 struct IdleTimer {
-    sleep: Pin<Box<Sleep>>,
+    timer: LazyTimer,
     deadline: tokio::time::Instant,
     idle: Option<Duration>,
 }
@@ -827,7 +824,7 @@ struct IdleTimer {
 impl IdleTimer {
     fn new(idle: Option<Duration>) -> IdleTimer {
         IdleTimer {
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            timer: LazyTimer::new(),
             deadline: tokio::time::Instant::now(),
             idle,
         }
@@ -843,13 +840,7 @@ impl IdleTimer {
             *armed = true;
             self.deadline = tokio::time::Instant::now() + idle;
         }
-        while self.sleep.as_mut().poll(cx).is_ready() {
-            if self.sleep.deadline() >= self.deadline {
-                return true;
-            }
-            self.sleep.as_mut().reset(self.deadline);
-        }
-        false
+        self.timer.poll_expired(cx, self.deadline)
     }
 }
 

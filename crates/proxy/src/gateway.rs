@@ -2,12 +2,9 @@
 //! swapped atomically on reload, and the function that takes a request from head to response.
 
 use std::convert::Infallible;
-use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
-use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -19,7 +16,6 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
 use tokio::io::AsyncWriteExt as _;
-use tokio::time::Sleep;
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
@@ -35,6 +31,7 @@ use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
 use crate::record::{Finish, RequestRecord};
 use crate::route::{Route, Router};
+use crate::timer::LazyTimer;
 use crate::upstream::Upstream;
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -286,56 +283,12 @@ fn local_response(
     resp
 }
 
-/// The timer of the request timeout (`timeouts.request_ms`), one per connection and reused
-/// by its requests. Its deadline moves lazily, as the connection's idle timer does: each
-/// request only notes its own deadline, and the timer, when it fires before that (set for
-/// an earlier request), is moved then. Creating, registering and dropping a timer per
-/// request took the timer driver's lock twice per request.
-#[derive(Debug)]
-pub(crate) struct RequestTimer {
-    sleep: Pin<Box<Sleep>>,
-}
-
-impl RequestTimer {
-    pub(crate) fn new() -> RequestTimer {
-        RequestTimer {
-            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-        }
-    }
-
-    /// Runs `fut` until `deadline`; `None` if the deadline came first.
-    async fn limit<F: Future>(
-        &mut self,
-        deadline: tokio::time::Instant,
-        fut: F,
-    ) -> Option<F::Output> {
-        // A timer set later than this deadline (a reload shortened the timeout) is pulled in.
-        if self.sleep.deadline() > deadline {
-            self.sleep.as_mut().reset(deadline);
-        }
-        let mut fut = pin!(fut);
-        poll_fn(|cx| {
-            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
-                return Poll::Ready(Some(out));
-            }
-            while self.sleep.as_mut().poll(cx).is_ready() {
-                if self.sleep.deadline() >= deadline {
-                    return Poll::Ready(None);
-                }
-                self.sleep.as_mut().reset(deadline);
-            }
-            Poll::Pending
-        })
-        .await
-    }
-}
-
 /// Serves one request from its parsed head to the response head (the body then streams).
-/// `timer` is the connection's [`RequestTimer`].
+/// `timer` is the connection's timer for `timeouts.request_ms` (kept across its requests).
 pub(crate) async fn serve(
     conn: &Arc<ConnCtx>,
     req: Box<Request<RequestBody>>,
-    timer: &mut RequestTimer,
+    timer: &mut LazyTimer,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     // Answered locally on every listener, before admission, so it is never shed and never
@@ -487,7 +440,7 @@ async fn forward(
     mut req: Box<Request<RequestBody>>,
     route: Option<usize>,
     record: &mut RequestRecord,
-    timer: &mut RequestTimer,
+    timer: &mut LazyTimer,
 ) -> Result<(Response<UpstreamBody>, Option<Frame<Bytes>>), Error> {
     let limits = &snap.config.limits;
     if head_bytes(&req) > limits.header_bytes {

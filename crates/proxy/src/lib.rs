@@ -59,6 +59,7 @@ pub(crate) mod recycle;
 pub mod route;
 pub mod server;
 pub mod shard;
+pub(crate) mod timer;
 pub mod tls;
 pub mod upstream;
 

@@ -24,6 +24,7 @@ use crate::downstream::{self, Reader};
 use crate::drain::{Drain, Watch};
 use crate::error::Error;
 use crate::gateway::{self, ConnCtx, Gateway};
+use crate::timer::LazyTimer;
 
 /// Backlog of each listening socket: connections over the limit wait here.
 const BACKLOG: u32 = 4096;
@@ -800,7 +801,7 @@ where
         let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
         let ctx = Arc::clone(&ctx);
         // An HTTP/2 stream is a task of hyper's, with a timer of its own.
-        async move { gateway::serve(&ctx, req, &mut gateway::RequestTimer::new()).await }
+        async move { gateway::serve(&ctx, req, &mut LazyTimer::new()).await }
     });
     let conn = http2.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
