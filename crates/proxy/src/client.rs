@@ -48,7 +48,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
 
 use crate::body::RequestBody;
 use crate::error::Error;
@@ -56,6 +55,7 @@ use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, s
 use crate::headers;
 use crate::metrics::OpenConnection;
 use crate::recycle;
+use crate::timer::WaitTimeout;
 
 /// A response head (or trailer section) larger than this is refused as broken.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -513,7 +513,7 @@ fn respond(
         framing: head.framing,
         writer,
         keep_alive: head.keep_alive,
-        read_timeout: ReadTimeout::default(),
+        read_timeout: WaitTimeout::default(),
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
@@ -531,52 +531,13 @@ pub(crate) struct UpstreamBody {
     framing: Framing,
     writer: Option<Box<BodyWriter>>,
     keep_alive: bool,
-    read_timeout: ReadTimeout,
-}
-
-/// `timeouts.read_ms` for one body: a timer armed when a read would block and disarmed by
-/// any bytes read. Nothing here runs (no allocation, no clock read) while reads succeed.
-#[derive(Debug, Default)]
-struct ReadTimeout {
-    /// `None`: no limit (`read_ms = 0`, or the gateway did not set one).
-    limit: Option<Duration>,
-    /// Created on the first read that blocks and reset (not reallocated) after that.
-    timer: Option<Pin<Box<Sleep>>>,
-    /// The timer runs for the current wait: set when a read blocks, cleared by progress.
-    armed: bool,
-}
-
-impl ReadTimeout {
-    /// Bytes arrived: the next wait gets a full `limit` again.
-    fn progress(&mut self) {
-        self.armed = false;
-    }
-
-    /// A read blocked: arms the timer if this wait has none yet, and polls it. `Ready`
-    /// means the upstream sent nothing for `limit`.
-    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(limit) = self.limit else {
-            return Poll::Pending;
-        };
-        if !self.armed {
-            self.armed = true;
-            let deadline = tokio::time::Instant::now() + limit;
-            match &mut self.timer {
-                Some(timer) => timer.as_mut().reset(deadline),
-                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
-        }
-        match &mut self.timer {
-            Some(timer) => timer.as_mut().poll(cx),
-            None => Poll::Pending,
-        }
-    }
+    read_timeout: WaitTimeout,
 }
 
 impl UpstreamBody {
     /// Bounds each wait for more body bytes by `limit` (`timeouts.read_ms`; `None`: none).
     pub(crate) fn set_read_timeout(&mut self, limit: Option<Duration>) {
-        self.read_timeout.limit = limit;
+        self.read_timeout.set_limit(limit);
     }
 
     /// The connection, if this exchange left it fit for another: called when the body has
@@ -644,7 +605,7 @@ impl Body for UpstreamBody {
             let filled = match conn.poll_fill(cx) {
                 Poll::Ready(filled) => filled,
                 Poll::Pending => {
-                    if this.read_timeout.poll_wait(cx).is_ready() {
+                    if this.read_timeout.poll_expired(cx) {
                         // Closed, never pooled: the rest of the body may still arrive.
                         let err = Error::UpstreamTimeout {
                             addr: conn.addr,
@@ -665,7 +626,7 @@ impl Body for UpstreamBody {
                     let err = conn.broken("connection closed before the end of the body");
                     return this.fail(err);
                 }
-                Ok(_) => this.read_timeout.progress(),
+                Ok(_) => this.read_timeout.restart(),
                 Err(e) => {
                     let err = conn.broken(e);
                     return this.fail(err);
@@ -944,9 +905,11 @@ mod tests {
             .expect("finished within 10 s")
     }
 
-    #[tokio::test]
-    async fn a_body_already_read_arms_no_read_timer() {
-        let (conn, _server) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello").await;
+    /// Sends a request to an upstream that answers `wire` (whose body starts with `hello`),
+    /// sets a 50 ms read timeout on the response body, and reads its first frame, asserted
+    /// to be that `hello`. The upstream's socket is returned, to keep the connection open.
+    async fn hello_with_read_timeout(wire: &'static [u8]) -> (UpstreamBody, TcpStream) {
+        let (conn, server) = answered(wire).await;
         let resp = within(send(conn, get(), false)).await.expect("response");
         let mut body = resp.into_body();
         body.set_read_timeout(Some(Duration::from_millis(50)));
@@ -957,6 +920,13 @@ mod tests {
             .into_data()
             .expect("data");
         assert_eq!(&data[..], b"hello");
+        (body, server)
+    }
+
+    #[tokio::test]
+    async fn a_body_already_read_arms_no_read_timer() {
+        let (mut body, _server) =
+            hello_with_read_timeout(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello").await;
         assert!(body.is_end_stream());
         assert!(
             body.read_timeout.timer.is_none(),
@@ -967,17 +937,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_stalls_fails_after_the_read_timeout_and_is_not_reusable() {
-        let (conn, _server) = answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello").await;
-        let resp = within(send(conn, get(), false)).await.expect("response");
-        let mut body = resp.into_body();
-        body.set_read_timeout(Some(Duration::from_millis(50)));
-        let frame = within(http_body_util::BodyExt::frame(&mut body)).await;
-        let data = frame
-            .expect("a frame")
-            .expect("data")
-            .into_data()
-            .expect("data");
-        assert_eq!(&data[..], b"hello");
+        let (mut body, _server) =
+            hello_with_read_timeout(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello").await;
         assert!(body.read_timeout.timer.is_none());
         // The upstream keeps the connection open and sends nothing more.
         let next = within(http_body_util::BodyExt::frame(&mut body)).await;

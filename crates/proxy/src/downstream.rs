@@ -64,7 +64,7 @@ use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, s
 use crate::gateway::{self, ConnCtx};
 use crate::headers;
 use crate::recycle;
-use crate::timer::LazyTimer;
+use crate::timer::{LazyTimer, WaitTimeout};
 
 /// A request body left unread after its response is discarded, up to this much, to keep
 /// the connection; past it the connection closes.
@@ -345,7 +345,7 @@ pub(crate) async fn serve(
         out: Vec::with_capacity(1024),
         limits,
         shutdown,
-        idle: IdleTimer::new(limits.idle),
+        idle: WaitTimeout::new(limits.idle),
         request_timer: LazyTimer::new(),
         ctx,
     };
@@ -363,7 +363,7 @@ struct Connection<'a> {
     shutdown: &'a Watch,
     /// `timeouts.idle_ms`, for the wait for a request head and for each write the client
     /// does not take.
-    idle: IdleTimer,
+    idle: WaitTimeout,
     /// The requests' timeout timer (`timeouts.request_ms`), kept across requests.
     request_timer: LazyTimer,
     ctx: Arc<ConnCtx>,
@@ -769,7 +769,7 @@ impl Connection<'_> {
         let Some(reader) = reader.as_mut() else {
             return Next::Close;
         };
-        let mut armed = false;
+        idle.restart();
         poll_fn(|cx| {
             loop {
                 if *sniff_h2 {
@@ -802,7 +802,7 @@ impl Connection<'_> {
             if reader.buf.is_empty() && shutdown.poll_draining(cx).is_ready() {
                 return Poll::Ready(Next::Close);
             }
-            if idle.poll_expired(cx, &mut armed) {
+            if idle.poll_expired(cx) {
                 // As hyper and nginx do: a head that does not arrive in time gets no answer,
                 // the connection just closes.
                 return Poll::Ready(Next::Close);
@@ -813,51 +813,20 @@ impl Connection<'_> {
     }
 }
 
-/// The connection's idle timeout (`timeouts.idle_ms`) on its [`LazyTimer`]: each wait (for
-/// a request head, for a write to be taken) gets `idle` from when it first blocked.
-struct IdleTimer {
-    timer: LazyTimer,
-    deadline: tokio::time::Instant,
-    idle: Option<Duration>,
-}
-
-impl IdleTimer {
-    fn new(idle: Option<Duration>) -> IdleTimer {
-        IdleTimer {
-            timer: LazyTimer::new(),
-            deadline: tokio::time::Instant::now(),
-            idle,
-        }
-    }
-
-    /// Whether the wait that `armed` belongs to has lasted `idle`; the first call of a wait
-    /// (`armed` false) starts its clock. Call only when the wait is pending.
-    fn poll_expired(&mut self, cx: &mut Context<'_>, armed: &mut bool) -> bool {
-        let Some(idle) = self.idle else {
-            return false;
-        };
-        if !*armed {
-            *armed = true;
-            self.deadline = tokio::time::Instant::now() + idle;
-        }
-        self.timer.poll_expired(cx, self.deadline)
-    }
-}
-
 /// Runs a write to the client, failing it if it stays blocked for the idle timeout: a
 /// client that stops reading would otherwise hold its connection (and the upstream's) for
 /// ever. A write that completes at once touches no timer and reads no clock.
 async fn timed<T>(
-    idle: &mut IdleTimer,
+    idle: &mut WaitTimeout,
     write: impl Future<Output = io::Result<T>>,
 ) -> io::Result<T> {
     let mut write = pin!(write);
-    let mut armed = false;
+    idle.restart();
     poll_fn(|cx| {
         if let Poll::Ready(done) = write.as_mut().poll(cx) {
             return Poll::Ready(done);
         }
-        if idle.poll_expired(cx, &mut armed) {
+        if idle.poll_expired(cx) {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the client took nothing for the idle timeout",

@@ -1,5 +1,7 @@
-//! A timer kept for a connection's life, whose deadline moves lazily: the connection's idle
-//! timeout and its requests' timeout each use one instead of a timer per request.
+//! Timers kept across waits, whose deadline moves lazily ([`LazyTimer`]), and the timeout of
+//! each wait built on one ([`WaitTimeout`]): a downstream connection's idle timeout, its
+//! requests' timeout, and an upstream body's read timeout use them instead of a timer per
+//! request or per read.
 //!
 //! tokio takes its timer driver's lock to register, move or drop a timer. A timer per
 //! request paid that two or three times per request. Here a wait only states its deadline;
@@ -59,6 +61,49 @@ impl LazyTimer {
             Poll::Pending
         })
         .await
+    }
+}
+
+/// A limit on each wait (for a request head, for a write to be taken, for the next bytes of
+/// a body), counted from when the wait first blocks: a wait that never blocks reads no clock
+/// and makes no timer, and the timer is made by the first wait that does.
+#[derive(Debug, Default)]
+pub(crate) struct WaitTimeout {
+    /// `None`: waits are not limited.
+    limit: Option<Duration>,
+    pub(crate) timer: Option<LazyTimer>,
+    /// When the current wait ends, once it has blocked.
+    deadline: Option<Instant>,
+}
+
+impl WaitTimeout {
+    pub(crate) fn new(limit: Option<Duration>) -> WaitTimeout {
+        WaitTimeout {
+            limit,
+            ..WaitTimeout::default()
+        }
+    }
+
+    pub(crate) fn set_limit(&mut self, limit: Option<Duration>) {
+        self.limit = limit;
+    }
+
+    /// A new wait begins (or the current one made progress): its clock starts again when it
+    /// next blocks.
+    pub(crate) fn restart(&mut self) {
+        self.deadline = None;
+    }
+
+    /// Whether the current wait has lasted the limit. Call only when the wait is pending;
+    /// the first call of a wait starts its clock.
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(limit) = self.limit else {
+            return false;
+        };
+        let deadline = *self.deadline.get_or_insert_with(|| Instant::now() + limit);
+        self.timer
+            .get_or_insert_with(LazyTimer::new)
+            .poll_expired(cx, deadline)
     }
 }
 

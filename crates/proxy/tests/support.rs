@@ -57,3 +57,24 @@ pub(crate) async fn text(resp: http::Response<hyper::body::Incoming>) -> String 
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     String::from_utf8_lossy(&body).into_owned()
 }
+
+/// Bounds an exchange of a raw-socket test: a gateway that deadlocks or never answers fails
+/// its test instead of hanging the suite.
+pub(crate) async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(30), f)
+        .await
+        .expect("the exchange finished within 30 s")
+}
+
+/// Reads more bytes into `buf`; false at EOF or on an error (a reset counts as closed).
+pub(crate) async fn read_more(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut chunk = [0u8; 16 * 1024];
+    match stream.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
+}

@@ -12,7 +12,7 @@ use tailguard_test_support::{Source, TestBody, http1_client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::support;
+use crate::support::{self, read_more, within};
 
 /// What the scripted upstream does with one request head.
 struct Answer {
@@ -137,25 +137,6 @@ async fn serve(
         }
         if reply.close {
             return;
-        }
-    }
-}
-
-/// Awaits `f` for at most 30 s: a gateway that deadlocks on one of these exchanges fails
-/// its test instead of hanging the suite.
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(std::time::Duration::from_secs(30), f)
-        .await
-        .expect("the exchange finished within 30 s")
-}
-
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
-    let mut chunk = [0u8; 16 * 1024];
-    match stream.read(&mut chunk).await {
-        Ok(0) | Err(_) => false,
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
         }
     }
 }
