@@ -1712,19 +1712,30 @@ async fn the_request_target_and_field_values_reach_the_upstream_as_sent() {
     );
 }
 
-#[tokio::test]
-async fn obs_text_header_bytes_reach_the_upstream_unchanged() {
+/// Sends `raw` (one request) through a gateway to an upstream that echoes the request line,
+/// asserts the echo of `method` and `path`, and returns what the upstream received.
+async fn one_echoed_request(raw: &[u8], method: &str, path: &str) -> Seen {
     let upstream = RawUpstream::echo_line().await;
     let (server, _) = support::start(upstream.config());
     within(async {
         let mut c = Client::to(&server).await;
-        c.send(b"GET /latin1 HTTP/1.1\r\nHost: gw.test\r\nX-Name: caf\xe9 \xff\x80end\r\n\r\n")
-            .await;
-        assert_echoed(&c.response().await, "GET", "/latin1");
+        c.send(raw).await;
+        assert_echoed(&c.response().await, method, path);
     })
     .await;
+    upstream.seen().remove(0)
+}
+
+#[tokio::test]
+async fn obs_text_header_bytes_reach_the_upstream_unchanged() {
+    let seen = one_echoed_request(
+        b"GET /latin1 HTTP/1.1\r\nHost: gw.test\r\nX-Name: caf\xe9 \xff\x80end\r\n\r\n",
+        "GET",
+        "/latin1",
+    )
+    .await;
     assert_eq!(
-        upstream.seen()[0].header("x-name").as_deref(),
+        seen.header("x-name").as_deref(),
         Some(&b"caf\xe9 \xff\x80end"[..])
     );
 }
@@ -1782,19 +1793,13 @@ async fn a_missing_or_repeated_host_is_400() {
 async fn an_absolute_form_target_replaces_the_host_header() {
     // RFC 9112 §3.2.2: the host of an absolute-form target wins over the Host field, and an
     // intermediary forwarding it generates Host from the target.
-    let upstream = RawUpstream::echo_line().await;
-    let (server, _) = support::start(upstream.config());
-    within(async {
-        let mut c = Client::to(&server).await;
-        c.send(b"GET http://example.com/abs HTTP/1.1\r\nHost: other.test\r\n\r\n")
-            .await;
-        assert_echoed(&c.response().await, "GET", "/abs");
-    })
+    let seen = one_echoed_request(
+        b"GET http://example.com/abs HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        "GET",
+        "/abs",
+    )
     .await;
-    assert_eq!(
-        upstream.seen()[0].header("host").as_deref(),
-        Some(&b"example.com"[..])
-    );
+    assert_eq!(seen.header("host").as_deref(), Some(&b"example.com"[..]));
 }
 
 #[tokio::test]
