@@ -147,6 +147,8 @@ impl AccessLog {
         let handle = std::thread::Builder::new()
             .name("tailguard-log-writer".into())
             .spawn(move || {
+                // Leaves the metrics shards to the threads that serve requests.
+                tailguard_metrics::use_shared_shard();
                 writer::lower_priority(nice);
                 thread.run(&rx);
             })

@@ -144,6 +144,9 @@ impl Exporter {
         let thread = std::thread::Builder::new()
             .name("metrics-exporter".to_owned())
             .spawn(move || {
+                // Scrapes record a few self-metrics: not worth a shard a serving thread
+                // could own.
+                crate::use_shared_shard();
                 apply_priority(config.priority);
                 apply_cpus(&config.cpus);
                 runtime.block_on(serve(listener, registry, config, stopped));

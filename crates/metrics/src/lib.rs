@@ -94,3 +94,4 @@ pub use negotiate::{accepts_gzip, negotiate_format, scrape_budget};
 pub use process::register_process_metrics;
 pub use registry::{Registry, RegistryBuilder};
 pub use render::{Format, Render, Snapshot};
+pub use shard::use_shared_shard;

@@ -3,7 +3,6 @@
 //! Every method here is one or two relaxed atomic operations on the calling thread's shard:
 //! no lock, no allocation, no hashing, no lookup.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::chunk::SeriesRef;
@@ -88,8 +87,8 @@ handle!(
     Kind::FloatGauge
 );
 handle!(
-    /// A histogram with the family's fixed buckets. `observe` is one atomic add on the
-    /// bucket and one on the sum; the count is the sum of the buckets, so `_count` always
+    /// A histogram with the family's fixed buckets. `observe` is one add on the bucket and
+    /// one on the sum; the count is the sum of the buckets, so `_count` always
     /// equals the `+Inf` bucket.
     Histogram,
     Kind::Histogram
@@ -105,10 +104,7 @@ impl Counter {
     /// Adds `n`.
     #[inline]
     pub fn add(&self, n: u64) {
-        self.series
-            .chunk
-            .own_cell(self.series.base as usize)
-            .fetch_add(n, Ordering::Relaxed);
+        self.series.chunk.add_u64(self.series.base as usize, n);
     }
 
     /// The current total over all shards (for tests and diagnostics; not a hot-path call).
@@ -121,7 +117,9 @@ impl FloatCounter {
     /// Adds `v` (callers keep it non-negative: a counter only goes up).
     #[inline]
     pub fn add(&self, v: f64) {
-        self.series.chunk.add_f64(self.series.base as usize, v);
+        self.series
+            .chunk
+            .add_f64_shared(self.series.base as usize, v);
     }
 
     /// Replaces the total, for mirroring a monotonic total kept elsewhere (e.g. the
@@ -158,8 +156,7 @@ impl Gauge {
         // shards wraps back to the signed total.
         self.series
             .chunk
-            .own_cell(self.series.base as usize)
-            .fetch_add(n as u64, Ordering::Relaxed);
+            .add_shared(self.series.base as usize, n as u64);
     }
 
     /// Replaces the value. Writes every shard's cell, so call it from one thread or off the
@@ -180,7 +177,9 @@ impl FloatGauge {
     /// Adds `v` (negative to subtract).
     #[inline]
     pub fn add(&self, v: f64) {
-        self.series.chunk.add_f64(self.series.base as usize, v);
+        self.series
+            .chunk
+            .add_f64_shared(self.series.base as usize, v);
     }
 
     /// Replaces the value. Same rule as [`Gauge::set`].
@@ -212,9 +211,7 @@ impl Histogram {
             }
         }
         let base = self.series.base as usize;
-        chunk
-            .own_cell(base + bucket)
-            .fetch_add(1, Ordering::Relaxed);
+        chunk.add_u64(base + bucket, 1);
         chunk.add_f64(base + bounds.len() + 1, v);
     }
 

@@ -1,9 +1,9 @@
 //! Which shard the calling thread writes: a per-thread index handed out round-robin.
 //!
 //! Every series keeps one cell per shard and a thread only ever adds into the cells of its
-//! own shard, so two serving threads never write the same cache line (design.md §2 rule 3)
-//! as long as there are no more busy threads than shards. With more threads, threads share a
-//! shard and the adds stay exact (they are atomic read-modify-writes), only slower.
+//! own shard, so two serving threads never write the same cache line (design.md §2 rule 3),
+//! and a counter's add is a plain load and store, not an atomic read-modify-write. Threads
+//! beyond the shard count share one extra region, where adds are atomic: exact, only slower.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -15,6 +15,19 @@ thread_local! {
     // `const` init and a `Copy` type: the access compiles to a plain TLS load, no lazy
     // registration, no destructor.
     static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// The index of threads that record into the shared region ([`use_shared_shard`]): above
+/// every shard mask.
+const SHARED_INDEX: usize = usize::MAX >> 1;
+
+/// Makes the calling thread record into the region shared by threads without a shard of
+/// their own, instead of taking a shard at its first record. Call it at the start of
+/// threads that record rarely (a control loop, a sampler, an exporter), so that the shards
+/// go to the threads that serve traffic: a shard's only writer adds with a plain load and
+/// store, a thread in the shared region with an atomic add.
+pub fn use_shared_shard() {
+    THREAD_INDEX.with(|slot| slot.set(SHARED_INDEX));
 }
 
 /// The calling thread's index: assigned on first use, consecutive across threads, so a

@@ -27,7 +27,8 @@ fn totals_are_exact_after_n_threads_times_m_records() {
         .get_or_create(&[])
         .unwrap();
     let barrier = Arc::new(Barrier::new(THREADS));
-    // More threads than shards: threads share shards, and the adds must still be exact.
+    // More threads than shards: the threads beyond them share one region, and the adds must
+    // still be exact.
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let (counter, gauge, histogram, barrier) = (
@@ -61,6 +62,42 @@ fn totals_are_exact_after_n_threads_times_m_records() {
     assert!(text.contains(&format!("hits_total {n}\n")), "{text}");
     assert!(text.contains(&format!("sizes_bucket{{le=\"1.0\"}} {}\n", n / 2)));
     assert!(text.contains(&format!("sizes_bucket{{le=\"+Inf\"}} {n}\n")));
+}
+
+#[test]
+fn threads_of_the_shared_region_and_shard_owners_together_add_exactly() {
+    const RECORDS: u64 = 100_000;
+    let registry = Registry::builder().shards(4).build().unwrap();
+    let counter = registry
+        .counter("mixed", "Mixed.", &[])
+        .unwrap()
+        .get_or_create(&[])
+        .unwrap();
+    let histogram = registry
+        .histogram("mixed_sizes", "Sizes.", &[], &[1.0])
+        .unwrap()
+        .get_or_create(&[])
+        .unwrap();
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            let (counter, histogram) = (counter.clone(), histogram.clone());
+            std::thread::spawn(move || {
+                if t % 2 == 0 {
+                    tailguard_metrics::use_shared_shard();
+                }
+                for _ in 0..RECORDS {
+                    counter.inc();
+                    histogram.observe(0.5);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(counter.get(), 6 * RECORDS);
+    assert_eq!(histogram.count(), 6 * RECORDS);
+    assert_eq!(histogram.sum(), 6.0 * RECORDS as f64 * 0.5);
 }
 
 #[test]

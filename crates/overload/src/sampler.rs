@@ -168,6 +168,8 @@ impl SamplerHandle {
         let thread = std::thread::Builder::new()
             .name("tailguard-overload".into())
             .spawn(move || {
+                // Leaves the metrics shards to the threads that serve requests.
+                tailguard_metrics::use_shared_shard();
                 let mut sampler = CpuSampler::new(smoothing);
                 let mut next_cpu = clock.now();
                 let mut next_tick = clock.now() + tick;

@@ -148,11 +148,15 @@ pub(crate) async fn send(
     reused: bool,
 ) -> Result<Response<UpstreamBody>, SendError> {
     let has_body = !req.body().is_end_stream();
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    // Only a body, or a method that expects one, needs the declared length looked up.
+    let declared = if has_body || expects_body(req.method()) {
+        req.headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    } else {
+        None
+    };
     let framing = if has_body {
         if declared.is_some() {
             RequestFraming::Declared

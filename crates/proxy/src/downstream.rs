@@ -335,7 +335,7 @@ pub(crate) async fn serve(
     writer: WriteHalf,
     ctx: Arc<ConnCtx>,
     limits: Limits,
-    shutdown: &Watch,
+    shutdown: &mut Watch,
     sniff_h2: bool,
 ) -> Option<Joined> {
     let mut conn = Connection {
@@ -360,7 +360,7 @@ struct Connection<'a> {
     /// The response head (and a small first body frame) being written; reused.
     out: Vec<u8>,
     limits: Limits,
-    shutdown: &'a Watch,
+    shutdown: &'a mut Watch,
     /// `timeouts.idle_ms`, for the wait for a request head and for each write the client
     /// does not take.
     idle: WaitTimeout,
@@ -461,14 +461,24 @@ impl Connection<'_> {
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
+        // One pass over the few names (standard ones compare as enum tags) instead of two
+        // hashed lookups.
+        let (mut has_length, mut has_date) = (false, false);
+        for name in parts.headers.keys() {
+            if name == CONTENT_LENGTH {
+                has_length = true;
+            } else if name == DATE {
+                has_date = true;
+            }
+        }
         let mut add_length = None;
         let framing = if bodiless {
             // A HEAD answer has the headers a GET would have: a local body's length too.
-            if meta.head_request && !parts.headers.contains_key(CONTENT_LENGTH) {
+            if meta.head_request && !has_length {
                 add_length = body.size_hint().exact().filter(|&n| n > 0);
             }
             Out::None
-        } else if parts.headers.contains_key(CONTENT_LENGTH) {
+        } else if has_length {
             Out::Length
         } else if let Some(n) = body.size_hint().exact() {
             add_length = Some(n);
@@ -524,7 +534,7 @@ impl Connection<'_> {
                 out.extend_from_slice(b"connection: keep-alive\r\n");
             }
         }
-        if !parts.headers.contains_key(DATE) {
+        if !has_date {
             out.extend_from_slice(b"date: ");
             date::append(out);
             out.extend_from_slice(b"\r\n");

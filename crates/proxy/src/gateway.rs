@@ -450,11 +450,15 @@ async fn forward(
     record.route = Some(route_index);
     let route = snap.router.get(route_index);
 
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    // A request without a body has nothing to refuse (and most have none: no lookup).
+    let declared = if req.body().is_end_stream() {
+        None
+    } else {
+        req.headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
     if declared.is_some_and(|n| n > limits.body_bytes) {
         return Err(Error::BodyTooLarge);
     }
@@ -468,13 +472,12 @@ async fn forward(
     // An HTTP/1.1 upgrade (WebSocket): its `Upgrade` and `Connection: upgrade` go upstream,
     // and a `101` answer turns both connections into one tunnel.
     // (HTTP/2 has no such upgrade: its requests carry no `OnUpgrade`.)
-    let upgrade = match (
-        headers::upgrade_requested(&req),
-        req.extensions_mut().remove::<downstream::OnUpgrade>(),
-    ) {
-        (Some(protocol), Some(on)) => Some((protocol, on)),
-        _ => None,
-    };
+    // The connection attaches `OnUpgrade` only to a request that sent `Upgrade`: looked at
+    // first, so the usual request pays no header lookup.
+    let upgrade = req
+        .extensions_mut()
+        .remove::<downstream::OnUpgrade>()
+        .and_then(|on| Some((headers::upgrade_requested(&req)?, on)));
     let version = req.version();
     let headers = req.headers_mut();
     headers::remove_hop_by_hop(headers);
@@ -495,7 +498,11 @@ async fn forward(
         req.headers_mut().insert(HOST, host);
     }
     let headers = req.headers_mut();
-    record.request_id = Some(headers::request_id(headers));
+    let id = headers::request_id(headers);
+    // Kept only for the access log, its one reader.
+    if !conn.access_log.is_off() {
+        record.request_id = Some(id.clone());
+    }
     headers::add_forwarding(headers, &conn.remote_ip, conn.tls, version);
     // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {

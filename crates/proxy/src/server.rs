@@ -741,7 +741,7 @@ async fn serve_connection(
     stream: TcpStream,
     settings: Arc<Settings>,
     ctx: Arc<ConnCtx>,
-    shutdown: Watch,
+    mut shutdown: Watch,
 ) {
     let remote = ctx.remote;
     let Some(acceptor) = &settings.tls else {
@@ -752,7 +752,7 @@ async fn serve_connection(
             Box::new(write),
             Arc::clone(&ctx),
             settings.http1,
-            &shutdown,
+            &mut shutdown,
             true,
         )
         .await;
@@ -784,7 +784,7 @@ async fn serve_connection(
         Box::new(write),
         ctx,
         settings.http1,
-        &shutdown,
+        &mut shutdown,
         false,
     )
     .await;
@@ -792,7 +792,7 @@ async fn serve_connection(
 
 /// Serves HTTP/2 on a connection until it closes; when the server drains, sends GOAWAY and
 /// lets the open streams finish.
-async fn serve_http2<I>(io: I, ctx: Arc<ConnCtx>, http2: &Http2, shutdown: Watch)
+async fn serve_http2<I>(io: I, ctx: Arc<ConnCtx>, http2: &Http2, mut shutdown: Watch)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

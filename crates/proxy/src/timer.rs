@@ -7,10 +7,14 @@
 //! request paid that two or three times per request. Here a wait only states its deadline;
 //! the timer, still set for an earlier (sooner) deadline, fires early once, is moved then,
 //! and so takes the lock about once per timeout period instead of once per request.
+//!
+//! Polling a tokio `Sleep` re-registers the waker every time: two compare-exchanges and a
+//! waker clone and drop, four atomic read-modify-writes per wait. A timer here is polled
+//! only when it may have fired, or when it is not yet armed for the waiting task.
 
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
@@ -19,12 +23,16 @@ use tokio::time::{Instant, Sleep};
 #[derive(Debug)]
 pub(crate) struct LazyTimer {
     sleep: Pin<Box<Sleep>>,
+    /// The waker the pending timer was last polled with: while the timer has not fired and
+    /// the waiting task's waker is this one, the timer will wake it without another poll.
+    armed_for: Option<Waker>,
 }
 
 impl LazyTimer {
     pub(crate) fn new() -> LazyTimer {
         LazyTimer {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            armed_for: None,
         }
     }
 
@@ -34,12 +42,33 @@ impl LazyTimer {
         // Set later than this deadline (a reload shortened the timeout): pulled in.
         if self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
+            self.armed_for = None;
+        }
+        // Armed for this task and not fired: it wakes the task when it fires, and a timer
+        // that has not fired has not reached its deadline, so neither this one.
+        if !self.sleep.is_elapsed()
+            && self
+                .armed_for
+                .as_ref()
+                .is_some_and(|armed| armed.will_wake(cx.waker()))
+        {
+            return false;
         }
         while self.sleep.as_mut().poll(cx).is_ready() {
             if self.sleep.deadline() >= deadline {
+                self.armed_for = None;
                 return true;
             }
             self.sleep.as_mut().reset(deadline);
+        }
+        // Pending, registered with this task's waker: kept (a clone once per task, not per
+        // wait) to recognise the task next time.
+        if !self
+            .armed_for
+            .as_ref()
+            .is_some_and(|armed| armed.will_wake(cx.waker()))
+        {
+            self.armed_for = Some(cx.waker().clone());
         }
         false
     }
@@ -110,6 +139,29 @@ impl WaitTimeout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_timer_polled_again_by_its_task_still_fires_at_its_deadline() {
+        let mut timer = LazyTimer::new();
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(100);
+        let mut polls = 0;
+        poll_fn(|cx| {
+            polls += 1;
+            if timer.poll_expired(cx, deadline) {
+                return Poll::Ready(());
+            }
+            // Woken early by something else (as a connection is by its socket): the armed
+            // timer is not polled again, and must still wake the task at the deadline.
+            if polls < 50 {
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        })
+        .await;
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        assert!(polls > 50, "{polls} polls");
+    }
 
     #[tokio::test]
     async fn a_later_deadline_is_honoured_after_an_earlier_one_set_the_timer() {

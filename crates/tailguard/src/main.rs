@@ -42,6 +42,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The main thread loads config and handles signals: the metrics shards are left to the
+    // serving threads, whose records are then plain stores.
+    tailguard_metrics::use_shared_shard();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
