@@ -160,8 +160,9 @@ impl Chunk {
         add_f64_atomic(self.own_cell(base).0, value);
     }
 
-    /// Sets a cell's total: shard 0 gets the value, every other shard (and the shared region) 0. Concurrent `set`s all
-    /// write shard 0, so the last one wins; adds racing with a set land before or after it.
+    /// Sets a cell's total: shard 0 gets the value, every other shard (and the shared region)
+    /// 0. Concurrent `set`s all write shard 0, so the last one wins; atomic adds racing with a
+    /// set land before or after it, which is why series that are set add only atomically.
     pub(crate) fn set_raw(&self, base: usize, bits: u64) {
         self.shard_cell(0, base).store(bits, Ordering::Relaxed);
         for shard in 1..=self.mask + 1 {

@@ -1,7 +1,8 @@
 //! The handles: what a request path holds and records into (the hot path).
 //!
-//! Every method here is one or two relaxed atomic operations on the calling thread's shard:
-//! no lock, no allocation, no hashing, no lookup.
+//! Every method here is one or two relaxed operations on the calling thread's shard (plain
+//! loads and stores when the thread is the shard's only writer, see `chunk`): no lock, no
+//! allocation, no hashing, no lookup.
 
 use std::time::Duration;
 

@@ -10,10 +10,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
+
+use crate::last_waker::LastWaker;
 
 /// The accept loop's side: starts the drain and waits for it to finish.
 #[derive(Debug, Default)]
@@ -38,7 +40,7 @@ pub(crate) struct Watch {
     shared: Arc<Shared>,
     waker: Arc<AtomicWaker>,
     /// The waker last registered in `waker`: it stays there until the drain wakes it.
-    registered: Option<Waker>,
+    registered: LastWaker,
 }
 
 impl Drain {
@@ -61,7 +63,7 @@ impl Drain {
         Watch {
             shared: Arc::clone(&self.shared),
             waker,
-            registered: None,
+            registered: LastWaker::default(),
         }
     }
 
@@ -97,15 +99,11 @@ impl Watch {
         }
         // Only a drain takes the registered waker out, and it sets the flag first: while
         // the flag is clear, a waker registered before is still there.
-        if self
-            .registered
-            .as_ref()
-            .is_some_and(|registered| registered.will_wake(cx.waker()))
-        {
+        if self.registered.is_current(cx) {
             return Poll::Pending;
         }
         self.waker.register(cx.waker());
-        self.registered = Some(cx.waker().clone());
+        self.registered.remember(cx);
         // Checked again: a drain that started between the check and the registration has
         // already woken the slots it found.
         if self.is_draining() {

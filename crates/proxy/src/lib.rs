@@ -51,6 +51,7 @@ pub mod error;
 pub(crate) mod framing;
 pub mod gateway;
 pub mod headers;
+pub(crate) mod last_waker;
 pub mod metrics;
 pub mod overload;
 pub mod pool;

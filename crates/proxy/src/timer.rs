@@ -14,10 +14,12 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
+
+use crate::last_waker::LastWaker;
 
 /// One reusable timer (see the module doc).
 #[derive(Debug)]
@@ -25,14 +27,14 @@ pub(crate) struct LazyTimer {
     sleep: Pin<Box<Sleep>>,
     /// The waker the pending timer was last polled with: while the timer has not fired and
     /// the waiting task's waker is this one, the timer will wake it without another poll.
-    armed_for: Option<Waker>,
+    armed_for: LastWaker,
 }
 
 impl LazyTimer {
     pub(crate) fn new() -> LazyTimer {
         LazyTimer {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            armed_for: None,
+            armed_for: LastWaker::default(),
         }
     }
 
@@ -42,34 +44,22 @@ impl LazyTimer {
         // Set later than this deadline (a reload shortened the timeout): pulled in.
         if self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
-            self.armed_for = None;
+            self.armed_for.forget();
         }
         // Armed for this task and not fired: it wakes the task when it fires, and a timer
         // that has not fired has not reached its deadline, so neither this one.
-        if !self.sleep.is_elapsed()
-            && self
-                .armed_for
-                .as_ref()
-                .is_some_and(|armed| armed.will_wake(cx.waker()))
-        {
+        if !self.sleep.is_elapsed() && self.armed_for.is_current(cx) {
             return false;
         }
         while self.sleep.as_mut().poll(cx).is_ready() {
             if self.sleep.deadline() >= deadline {
-                self.armed_for = None;
+                self.armed_for.forget();
                 return true;
             }
             self.sleep.as_mut().reset(deadline);
         }
-        // Pending, registered with this task's waker: kept (a clone once per task, not per
-        // wait) to recognise the task next time.
-        if !self
-            .armed_for
-            .as_ref()
-            .is_some_and(|armed| armed.will_wake(cx.waker()))
-        {
-            self.armed_for = Some(cx.waker().clone());
-        }
+        // Pending, registered with this task's waker.
+        self.armed_for.remember(cx);
         false
     }
 
