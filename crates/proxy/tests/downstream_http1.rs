@@ -398,19 +398,26 @@ impl Client {
 
 /// A gateway config whose one route takes paths under `/path` only (others are 404).
 fn path_only_config(upstream: SocketAddr) -> tailguard_proxy::Config {
-    support::with_listener(&format!(
-        "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{upstream}\" }}]\n\n\
-         [[routes]]\nid = \"only-path\"\nupstream = \"up\"\npath = {{ prefix = \"/path\" }}\n"
-    ))
+    path_only_config_with(upstream, "")
 }
 
 /// [`path_only_config`] with `limits.body_bytes`.
 fn path_only_with_body_limit(upstream: SocketAddr, body_bytes: u64) -> tailguard_proxy::Config {
+    path_only_config_with(upstream, &format!("[limits]\nbody_bytes = {body_bytes}\n"))
+}
+
+/// [`path_only_config`] followed by `extra` config text.
+fn path_only_config_with(upstream: SocketAddr, extra: &str) -> tailguard_proxy::Config {
     support::with_listener(&format!(
         "[[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{upstream}\" }}]\n\n\
          [[routes]]\nid = \"only-path\"\nupstream = \"up\"\npath = {{ prefix = \"/path\" }}\n\n\
-         [limits]\nbody_bytes = {body_bytes}\n"
+         {extra}"
     ))
+}
+
+/// A gateway with one catch-all route to `upstream`, configured further by `extra`.
+fn gateway_to(upstream: SocketAddr, extra: &str) -> tailguard_proxy::Server {
+    support::start(support::proxy_to(&[upstream], extra)).0
 }
 
 /// A simple GET for `path`.
@@ -866,10 +873,7 @@ async fn expect_100_continue_from_http10_gets_no_100() {
 #[tokio::test]
 async fn expect_100_continue_over_the_body_limit_is_refused_without_the_body() {
     let upstream = RawUpstream::echo_line().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[limits]\nbody_bytes = 1024\n",
-    ));
+    let server = gateway_to(upstream.addr, "[limits]\nbody_bytes = 1024\n");
     within(async {
         let mut c = Client::to(&server).await;
         c.send(
@@ -1119,10 +1123,7 @@ async fn broken_chunked_bodies_fail_the_request_and_close_without_desync() {
 #[tokio::test]
 async fn a_head_over_the_header_limit_is_431() {
     let upstream = RawUpstream::echo_line().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[limits]\nheader_bytes = 2048\n",
-    ));
+    let server = gateway_to(upstream.addr, "[limits]\nheader_bytes = 2048\n");
     within(async {
         // Over the limit in one header, and in many small ones.
         for head in [
@@ -1162,10 +1163,7 @@ async fn a_head_over_the_header_limit_is_431() {
 #[tokio::test]
 async fn bodies_over_the_body_limit_are_413_by_length_and_chunked() {
     let upstream = RawUpstream::start(|seen| ok(seen.body.len().to_string().as_bytes())).await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[limits]\nbody_bytes = 4096\n",
-    ));
+    let server = gateway_to(upstream.addr, "[limits]\nbody_bytes = 4096\n");
     within(async {
         let mut c = Client::to(&server).await;
         let mut req =
@@ -1368,7 +1366,7 @@ async fn a_response_of_unknown_length_to_http10_is_close_delimited() {
 #[tokio::test]
 async fn a_slow_reader_gets_a_large_body_whole() {
     let upstream = tailguard_test_support::Upstream::start().await;
-    let (server, _) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let server = gateway_to(upstream.addr, "");
     let n = 8 * 1024 * 1024;
     within(async {
         let mut c = Client::to(&server).await;
@@ -1391,10 +1389,7 @@ async fn a_client_that_stops_reading_is_cut_off_after_the_idle_timeout() {
     // are full. After `idle_ms` without progress it gives up on the client (and the upstream
     // exchange) instead of holding both for ever; the client then finds the body cut short.
     let upstream = tailguard_test_support::Upstream::start().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[timeouts]\nidle_ms = 400\n",
-    ));
+    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 400\n");
     let n = 64 * 1024 * 1024;
     let mut c = Client::to(&server).await;
     c.send(&get(&format!("/source/{n}"))).await;
@@ -1516,10 +1511,7 @@ async fn many_connections_at_once_are_all_served() {
 #[tokio::test]
 async fn idle_connections_are_closed_after_idle_ms() {
     let upstream = RawUpstream::echo_line().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[timeouts]\nidle_ms = 300\n",
-    ));
+    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 300\n");
     // Bounds the test, not the behaviour: a closed connection ends the read well before.
     let bound = Duration::from_secs(10);
     // Idle after a response.
@@ -1555,10 +1547,7 @@ async fn the_idle_timeout_counts_from_the_last_response_not_from_the_first() {
     // under the limit though the connection lives three times longer, so none may be cut;
     // once it goes quiet it is closed.
     let upstream = RawUpstream::echo_line().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[timeouts]\nidle_ms = 400\n",
-    ));
+    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 400\n");
     let mut c = Client::to(&server).await;
     for i in 0..8 {
         c.send(&get(&format!("/tick/{i}"))).await;
@@ -1581,10 +1570,7 @@ async fn the_idle_timeout_counts_from_the_last_response_not_from_the_first() {
 #[tokio::test]
 async fn a_connection_that_never_sends_a_byte_is_closed_after_idle_ms() {
     let upstream = RawUpstream::echo_line().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[timeouts]\nidle_ms = 300\n",
-    ));
+    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 300\n");
     let mut c = Client::to(&server).await;
     let closed = tokio::time::timeout(Duration::from_secs(10), c.until_closed()).await;
     assert!(
@@ -1596,10 +1582,7 @@ async fn a_connection_that_never_sends_a_byte_is_closed_after_idle_ms() {
 #[tokio::test]
 async fn the_idle_timeout_never_cuts_a_request_waiting_for_its_upstream() {
     let upstream = tailguard_test_support::Upstream::start().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[timeouts]\nidle_ms = 200\n",
-    ));
+    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 200\n");
     within(async {
         let mut c = Client::to(&server).await;
         // The upstream takes several idle periods to answer: the connection is busy, not idle.
@@ -1617,10 +1600,7 @@ async fn each_request_on_a_connection_gets_its_whole_request_timeout() {
     // The connection's requests share one timer: a later request must still get its own
     // full `request_ms`, not the deadline an earlier request left on the timer.
     let upstream = tailguard_test_support::Upstream::start().await;
-    let (server, _) = support::start(support::proxy_to(
-        &[upstream.addr],
-        "[timeouts]\nrequest_ms = 1000\n",
-    ));
+    let server = gateway_to(upstream.addr, "[timeouts]\nrequest_ms = 1000\n");
     within(async {
         let mut c = Client::to(&server).await;
         c.send(&get("/delay/0")).await;
