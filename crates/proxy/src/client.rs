@@ -21,8 +21,10 @@
 //! by §6.3 (no body for `HEAD`, 1xx, 204 and 304; chunked when the last transfer coding is
 //! chunked; else `Content-Length`; else until the upstream closes); interim 1xx responses
 //! skipped (`101` ends the exchange: the socket becomes a tunnel); chunk extensions ignored,
-//! trailers passed on. The request body is sent while the response is read, so an upstream
-//! that answers early (a `413` before reading the body) or echoes a stream is not deadlocked.
+//! trailers passed on both ways (a request's only when it is sent chunked; fields that
+//! frame or route are left out). The request body is sent while the response is read, so an
+//! upstream that answers early (a `413` before reading the body) or echoes a stream is not
+//! deadlocked.
 //!
 //! Once the head has arrived, `timeouts.read_ms` bounds each wait for more of the body
 //! (between two reads, not in total, as nginx's `proxy_read_timeout`): an upstream that
@@ -243,10 +245,7 @@ fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) {
     });
     buf.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in req.headers() {
-        buf.extend_from_slice(name.as_str().as_bytes());
-        buf.extend_from_slice(b": ");
-        buf.extend_from_slice(value.as_bytes());
-        buf.extend_from_slice(b"\r\n");
+        framing::push_field(buf, name, value);
     }
     match framing {
         RequestFraming::Declared => {}
@@ -671,6 +670,8 @@ struct BodyWriter {
     pending: VecDeque<Bytes>,
     /// The body's end was seen (and, chunked, the last chunk queued).
     ended: bool,
+    /// Chunked: the last chunk is queued (with the trailers, which come before the end).
+    last_chunk_queued: bool,
     /// The first frame is awaited before the first write, so that a small body leaves with
     /// the head in one segment.
     first: bool,
@@ -685,6 +686,7 @@ impl BodyWriter {
             chunked,
             pending,
             ended: false,
+            last_chunk_queued: false,
             first: true,
         }
     }
@@ -729,24 +731,30 @@ impl BodyWriter {
     fn take(&mut self, frame: Option<Result<Frame<Bytes>, Error>>) -> Result<(), Error> {
         match frame {
             Some(Ok(frame)) => {
-                // Request trailers are dropped: few upstreams take them and HTTP/1.1 only
-                // allows them when chunked.
-                if let Ok(data) = frame.into_data()
-                    && !data.is_empty()
-                {
-                    if self.chunked {
+                match frame.into_data() {
+                    Ok(data) if data.is_empty() => {}
+                    Ok(data) if self.chunked => {
                         self.pending.push_back(chunk_size_line(data.len()));
                         self.pending.push_back(data);
                         self.pending.push_back(Bytes::from_static(b"\r\n"));
-                    } else {
-                        self.pending.push_back(data);
+                    }
+                    Ok(data) => self.pending.push_back(data),
+                    // Trailers go in the last chunk. A body sent with a declared length has
+                    // no trailer section in HTTP/1.1: there they are dropped.
+                    Err(frame) => {
+                        if let (true, Ok(trailers)) = (self.chunked, frame.into_trailers()) {
+                            let mut last = Vec::with_capacity(64);
+                            framing::push_last_chunk(&mut last, Some(&trailers));
+                            self.pending.push_back(Bytes::from(last));
+                            self.last_chunk_queued = true;
+                        }
                     }
                 }
                 Ok(())
             }
             Some(Err(e)) => Err(e),
             None => {
-                if self.chunked {
+                if self.chunked && !self.last_chunk_queued {
                     self.pending.push_back(Bytes::from_static(b"0\r\n\r\n"));
                 }
                 self.ended = true;

@@ -514,10 +514,7 @@ impl Connection<'_> {
         out.clear();
         status_line(out, status);
         for (name, value) in &parts.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            framing::push_field(out, name, value);
         }
         if let Some(n) = add_length {
             out.extend_from_slice(b"content-length: ");
@@ -598,14 +595,7 @@ impl Connection<'_> {
             ended = ended || body.is_end_stream();
         }
         if chunked {
-            self.out.extend_from_slice(b"0\r\n");
-            for (name, value) in trailers.iter().flatten() {
-                self.out.extend_from_slice(name.as_str().as_bytes());
-                self.out.extend_from_slice(b": ");
-                self.out.extend_from_slice(value.as_bytes());
-                self.out.extend_from_slice(b"\r\n");
-            }
-            self.out.extend_from_slice(b"\r\n");
+            framing::push_last_chunk(&mut self.out, trailers.as_ref());
         }
         self.send_out().await
     }

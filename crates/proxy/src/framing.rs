@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::Frame;
 use tokio::io::AsyncRead;
@@ -197,6 +198,28 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, String> {
         size = size * 16 + u64::from(v);
     }
     Ok(size)
+}
+
+/// One field line, `name: value\r\n`, as heads and trailer sections carry it.
+#[inline]
+pub(crate) fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The end of a chunked body: the last chunk, the trailer fields that may be forwarded, and
+/// the final empty line. Fields that frame, route or control the connection are not
+/// forwarded in a trailer section (RFC 9110 §6.5.1: they must be known before the content).
+pub(crate) fn push_last_chunk(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers.into_iter().flatten() {
+        if !crate::headers::is_hop_by_hop(name) && name != CONTENT_LENGTH && name != HOST {
+            push_field(out, name, value);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A chunk's size line, `<hex>\r\n`, without the formatting machinery of `format!`.

@@ -68,7 +68,8 @@ pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
+/// Whether `name` is one of RFC 9110 §7.6.1's fixed hop-by-hop fields.
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     name == CONNECTION
         || name == TE
         || name == TRANSFER_ENCODING

@@ -20,6 +20,8 @@ use crate::support::{self, read_more, within};
 struct Seen {
     head: Vec<u8>,
     body: Vec<u8>,
+    /// A chunked body's trailer section, field lines with their CRLFs.
+    trailers: Vec<u8>,
 }
 
 impl Seen {
@@ -115,6 +117,7 @@ async fn upstream_conn(mut stream: TcpStream, script: Arc<Script>, seen: Arc<Mut
             }
         };
         let head: Vec<u8> = buf.drain(..head_end).collect();
+        let mut trailers = Vec::new();
         let body = if let Some(n) = header_in(&head, "content-length") {
             let n: usize = String::from_utf8_lossy(&n).parse().unwrap_or(0);
             while buf.len() < n {
@@ -124,14 +127,18 @@ async fn upstream_conn(mut stream: TcpStream, script: Arc<Script>, seen: Arc<Mut
             }
             buf.drain(..n).collect()
         } else if header_in(&head, "transfer-encoding").is_some() {
-            match read_chunked(&mut stream, &mut buf).await {
+            match read_chunked(&mut stream, &mut buf, &mut trailers).await {
                 Some(body) => body,
                 None => return,
             }
         } else {
             Vec::new()
         };
-        let request = Seen { head, body };
+        let request = Seen {
+            head,
+            body,
+            trailers,
+        };
         let answer = script(&request);
         seen.lock().expect("seen").push(request);
         if stream.write_all(&answer).await.is_err() {
@@ -140,9 +147,13 @@ async fn upstream_conn(mut stream: TcpStream, script: Arc<Script>, seen: Arc<Mut
     }
 }
 
-/// Decodes a chunked body from `stream` (extensions and trailers skipped); `None` if the
-/// connection ends or the framing is broken.
-async fn read_chunked(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+/// Decodes a chunked body from `stream` (extensions skipped, trailer lines into `trailers`);
+/// `None` if the connection ends or the framing is broken.
+async fn read_chunked(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    trailers: &mut Vec<u8>,
+) -> Option<Vec<u8>> {
     let mut body = Vec::new();
     loop {
         let line = read_line(stream, buf).await?;
@@ -150,8 +161,14 @@ async fn read_chunked(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u
         let size = usize::from_str_radix(std::str::from_utf8(hex).ok()?.trim(), 16).ok()?;
         if size == 0 {
             // Trailer section, up to its empty line.
-            while !read_line(stream, buf).await?.is_empty() {}
-            return Some(body);
+            loop {
+                let line = read_line(stream, buf).await?;
+                if line.is_empty() {
+                    return Some(body);
+                }
+                trailers.extend_from_slice(&line);
+                trailers.extend_from_slice(b"\r\n");
+            }
         }
         while buf.len() < size + 2 {
             if !read_more(stream, buf).await {
@@ -788,7 +805,7 @@ async fn a_chunked_body_with_extensions_and_trailers_arrives_upstream_intact() {
               5;name=value\r\nhello\r\n\
               1;flag\r\n \r\n\
               A\r\n0123456789\r\n\
-              0\r\nX-Checksum: 42\r\n\r\n",
+              0\r\nX-Checksum: 42\r\nContent-Length: 3\r\n\r\n",
         )
         .await;
         let resp = c.response().await;
@@ -799,6 +816,11 @@ async fn a_chunked_body_with_extensions_and_trailers_arrives_upstream_intact() {
     .await;
     let seen = upstream.seen();
     assert_eq!(seen[0].body, b"hello 0123456789");
+    // The trailer goes on; a framing field in a trailer section does not (RFC 9110 §6.5.1).
+    assert_eq!(
+        String::from_utf8_lossy(&seen[0].trailers),
+        "x-checksum: 42\r\n"
+    );
     assert_eq!(seen[1].line(), "GET /after-trailers HTTP/1.1");
 }
 
