@@ -64,6 +64,10 @@ pub enum Error {
     /// The request cannot be forwarded as sent.
     #[error("malformed request: {0}")]
     BadRequest(&'static str),
+    /// A `CONNECT` request: tailguard is a reverse proxy and opens no tunnels to
+    /// client-named hosts (nginx answers it with an error too).
+    #[error("CONNECT is not supported")]
+    ConnectUnsupported,
     /// The client went away or broke the body stream while we were forwarding it.
     #[error("downstream body: {0}")]
     DownstreamBody(String),
@@ -123,6 +127,7 @@ impl Error {
             | Error::HeadersTooLarge
             | Error::BodyTooLarge
             | Error::BadRequest(_)
+            | Error::ConnectUnsupported
             | Error::DownstreamBody(_) => Blame::Downstream,
             Error::UpstreamConnect { .. }
             | Error::UpstreamTimeout { .. }
@@ -151,6 +156,7 @@ impl Error {
             Error::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Error::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Error::BadRequest(_) | Error::DownstreamBody(_) => StatusCode::BAD_REQUEST,
+            Error::ConnectUnsupported => StatusCode::NOT_IMPLEMENTED,
             Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -170,6 +176,7 @@ impl Error {
             Error::HeadersTooLarge => "request headers too large\n",
             Error::BodyTooLarge => "request body too large\n",
             Error::BadRequest(_) | Error::DownstreamBody(_) => "bad request\n",
+            Error::ConnectUnsupported => "CONNECT not supported\n",
             Error::Overloaded => "overloaded, retry later\n",
             Error::UpstreamConnect { .. } => "upstream connect failed\n",
             Error::UpstreamBroken { .. } => "upstream connection failed\n",
@@ -188,6 +195,7 @@ impl Error {
             Error::HeadersTooLarge => "headers_too_large",
             Error::BodyTooLarge => "body_too_large",
             Error::BadRequest(_) => "bad_request",
+            Error::ConnectUnsupported => "connect_unsupported",
             Error::DownstreamBody(_) => "downstream_body",
             Error::Overloaded => "overloaded",
             Error::UpstreamConnect { .. } => "upstream_connect",

@@ -446,6 +446,11 @@ async fn forward(
     if head_bytes(&req) > limits.header_bytes {
         return Err(Error::HeadersTooLarge);
     }
+    // Forwarded, a CONNECT would reach the upstream as `CONNECT /` (its target has no path),
+    // and a 2xx answer would leave the client believing it has a tunnel.
+    if req.method() == Method::CONNECT {
+        return Err(Error::ConnectUnsupported);
+    }
     let route_index = route.ok_or(Error::NoRoute)?;
     record.route = Some(route_index);
     let route = snap.router.get(route_index);

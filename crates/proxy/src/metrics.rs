@@ -23,7 +23,7 @@ use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 14] = [
+const ERROR_KINDS: [&str; 15] = [
     "config",
     "read",
     "bind",
@@ -31,6 +31,7 @@ const ERROR_KINDS: [&str; 14] = [
     "headers_too_large",
     "body_too_large",
     "bad_request",
+    "connect_unsupported",
     "downstream_body",
     "overloaded",
     "upstream_connect",

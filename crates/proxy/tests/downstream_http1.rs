@@ -1143,6 +1143,33 @@ async fn broken_chunked_bodies_fail_the_request_and_close_without_desync() {
 // Limits.
 
 #[tokio::test]
+async fn connect_is_501_and_the_connection_goes_on() {
+    let upstream = RawUpstream::echo_line().await;
+    let server = gateway_to(upstream.addr, "");
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+            .await;
+        let resp = c.response().await;
+        assert_eq!(
+            (resp.status, resp.body.as_slice()),
+            (501, &b"CONNECT not supported\n"[..]),
+            "{}",
+            resp.line
+        );
+        // Not a tunnel: the connection still speaks HTTP.
+        c.send(&get("/after-connect")).await;
+        assert_echoed(&c.response().await, "GET", "/after-connect");
+    })
+    .await;
+    assert_eq!(
+        upstream.seen().len(),
+        1,
+        "the CONNECT never reached the upstream"
+    );
+}
+
+#[tokio::test]
 async fn a_head_over_the_header_limit_is_431() {
     let upstream = RawUpstream::echo_line().await;
     let server = gateway_to(upstream.addr, "[limits]\nheader_bytes = 2048\n");
