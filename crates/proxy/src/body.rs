@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::client::UpstreamBody;
+use crate::client::{RawFields, UpstreamBody};
 use crate::downstream::H1Body;
 
 use crate::error::Error;
@@ -184,6 +184,15 @@ impl ResponseBody {
         ResponseBody {
             source: Source::Local(Some(body)),
             finish,
+        }
+    }
+
+    /// The upstream response's fields as it sent them, when they were kept as lines (then
+    /// the response's map holds only what the gateway added).
+    pub(crate) fn raw_fields(&self) -> Option<&RawFields> {
+        match &self.source {
+            Source::Upstream(_, body) => body.raw_fields(),
+            Source::Local(_) => None,
         }
     }
 

@@ -45,7 +45,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -260,9 +260,86 @@ fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) {
 struct Head {
     status: StatusCode,
     version: Version,
-    headers: HeaderMap,
+    fields: Fields,
     framing: Framing,
     keep_alive: bool,
+}
+
+/// A response head's fields: as the upstream sent them, or in a map.
+#[derive(Debug)]
+enum Fields {
+    /// The common head (no `Connection`, not a `101`): kept as its lines, which an HTTP/1.1
+    /// downstream writes out as they are, without a `HeaderMap` being built and torn down.
+    Raw(RawFields),
+    Map(HeaderMap),
+}
+
+/// A response's field lines as the upstream sent them (names and values validated by the
+/// parser), with what the downstream writer needs to know of them.
+#[derive(Debug)]
+pub(crate) struct RawFields {
+    /// The field lines between the status line and the head's empty line, each ending in
+    /// CRLF (or a bare LF, which the parser accepts).
+    lines: Bytes,
+    /// A `Content-Length` field is among them.
+    pub(crate) has_length: bool,
+    /// A `Date` field is among them.
+    pub(crate) has_date: bool,
+}
+
+impl RawFields {
+    /// The fields, hop-by-hop ones (RFC 9110 §7.6.1) left out, each as `(name, value)`.
+    fn end_to_end(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines.split(|&b| b == b'\n').filter_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|&b| b == b':')?;
+            let name = &line[..colon];
+            (!headers::is_hop_by_hop_name(name)).then(|| (name, line[colon + 1..].trim_ascii()))
+        })
+    }
+
+    /// Appends the end-to-end fields as head lines, as the upstream wrote them: runs of lines
+    /// that need no change (usually the whole section) are copied in one piece; a hop-by-hop
+    /// line is left out, and a line ending in a bare LF gets its CRLF.
+    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
+        let bytes = &self.lines[..];
+        // Start of the lines not yet copied, and of the line looked at.
+        let (mut run, mut at) = (0, 0);
+        while at < bytes.len() {
+            let end = bytes[at..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(bytes.len(), |i| at + i + 1);
+            let line = &bytes[at..end];
+            let content = line.strip_suffix(b"\n").unwrap_or(line);
+            let crlf = content.ends_with(b"\r");
+            let name_end = content.iter().position(|&b| b == b':').unwrap_or(0);
+            let hop_by_hop = headers::is_hop_by_hop_name(&content[..name_end]);
+            if hop_by_hop || !crlf {
+                out.extend_from_slice(&bytes[run..at]);
+                if !hop_by_hop {
+                    out.extend_from_slice(content);
+                    out.extend_from_slice(b"\r\n");
+                }
+                run = end;
+            }
+            at = end;
+        }
+        out.extend_from_slice(&bytes[run..]);
+    }
+
+    /// Appends the end-to-end fields to `map` (for a downstream that needs a map: HTTP/2).
+    pub(crate) fn append_to(&self, map: &mut HeaderMap) {
+        for (name, value) in self.end_to_end() {
+            // The parser validated both, so neither conversion fails in practice.
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name),
+                HeaderValue::from_maybe_shared(self.lines.slice_ref(value)),
+            ) {
+                map.append(name, value);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -371,11 +448,66 @@ enum Parse {
     Invalid(String),
 }
 
-/// The framing headers a head carried, noted while its fields are copied (so that finding
-/// them costs no lookups in the common head that has only `Content-Length`).
-const SEEN_CONTENT_LENGTH: u8 = 1;
-const SEEN_TRANSFER_ENCODING: u8 = 2;
-const SEEN_CONNECTION: u8 = 4;
+/// What a response's framing and its writing downstream depend on, read from its fields in
+/// one pass over the parsed names (a length test and a case-insensitive compare each).
+#[derive(Debug)]
+struct FramingFields {
+    /// A `Connection` field is present.
+    connection: bool,
+    /// `close` is among its tokens.
+    close: bool,
+    /// With `Transfer-Encoding`: whether the last coding of the last such field is chunked.
+    chunked_last: Option<bool>,
+    /// A `Content-Length` field is present.
+    content_length: bool,
+    /// Its value (one number, however many fields and comma-separated copies carry it), or
+    /// why it is invalid.
+    length: Result<Option<u64>, &'static str>,
+    /// A `Date` field is present.
+    date: bool,
+}
+
+impl FramingFields {
+    fn scan<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> FramingFields {
+        let mut f = FramingFields {
+            connection: false,
+            close: false,
+            chunked_last: None,
+            content_length: false,
+            length: Ok(None),
+            date: false,
+        };
+        for (name, value) in fields {
+            if name.eq_ignore_ascii_case(b"content-length") {
+                f.content_length = true;
+                for part in value.split(|&b| b == b',') {
+                    let n = std::str::from_utf8(part.trim_ascii())
+                        .ok()
+                        .and_then(|s| s.parse::<u64>().ok());
+                    f.length = match (f.length, n) {
+                        (Err(e), _) => Err(e),
+                        (_, None) => Err("invalid content-length"),
+                        (Ok(Some(l)), Some(n)) if l != n => {
+                            Err("conflicting content-length values")
+                        }
+                        (Ok(_), Some(n)) => Ok(Some(n)),
+                    };
+                }
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                let last = value.rsplit(|&b| b == b',').next().unwrap_or(&[]);
+                f.chunked_last = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            } else if name.eq_ignore_ascii_case(b"connection") {
+                f.connection = true;
+                f.close |= value
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+            } else if name.eq_ignore_ascii_case(b"date") {
+                f.date = true;
+            }
+        }
+        f
+    }
+}
 
 fn parse_with<const N: usize>(
     buf: &mut BytesMut,
@@ -404,9 +536,36 @@ fn parse_with<const N: usize>(
         buf.advance(len);
         return Err(Parse::Interim);
     }
-    // Offsets first (the parsed slices borrow `buf`), then the head becomes shared bytes and
-    // each value a slice of it: no copy per header value.
+    let found = FramingFields::scan(parsed.headers.iter().map(|h| (h.name.as_bytes(), h.value)));
+    let (framing, keep_alive) =
+        response_framing(status, version, &found, head_request).map_err(Parse::Invalid)?;
     let base = buf.as_ptr() as usize;
+    if !found.connection && status != StatusCode::SWITCHING_PROTOCOLS {
+        // The field lines, from the first name to before the head's empty line, kept as
+        // they are: no map, no value slices (each a reference count taken and dropped).
+        let first = parsed
+            .headers
+            .first()
+            .map_or(len, |h| h.name.as_ptr() as usize - base);
+        let blank = if buf[..len].ends_with(b"\r\n") { 2 } else { 1 };
+        let mut lines = buf.split_to(len);
+        lines.truncate(len - blank);
+        lines.advance(first.min(lines.len()));
+        return Ok(Some(Head {
+            status,
+            version,
+            fields: Fields::Raw(RawFields {
+                lines: lines.freeze(),
+                has_length: found.content_length,
+                has_date: found.date,
+            }),
+            framing,
+            keep_alive,
+        }));
+    }
+    // A `Connection` field may name more hop-by-hop fields, and a `101` is looked into by
+    // the gateway: both get a map. Offsets first (the parsed slices borrow `buf`), then the
+    // head becomes shared bytes and each value a slice of it: no copy per header value.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
     let count = parsed.headers.len();
     for (span, h) in spans.iter_mut().zip(parsed.headers.iter()) {
@@ -423,27 +582,17 @@ fn parse_with<const N: usize>(
     // Room for the `Via` the gateway appends without a regrow; a map that served an
     // earlier response if the thread has one (`recycle`).
     let mut headers = recycle::header_map(count + 1);
-    let mut seen = 0u8;
     for &(n0, n1, v0, v1) in &spans[..count] {
         let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
             .map_err(|_| Parse::Invalid("invalid response header name".to_string()))?;
         let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
             .map_err(|_| Parse::Invalid("invalid response header value".to_string()))?;
-        if name == CONTENT_LENGTH {
-            seen |= SEEN_CONTENT_LENGTH;
-        } else if name == TRANSFER_ENCODING {
-            seen |= SEEN_TRANSFER_ENCODING;
-        } else if name == CONNECTION {
-            seen |= SEEN_CONNECTION;
-        }
         headers.append(name, value);
     }
-    let (framing, keep_alive) =
-        response_framing(status, version, &headers, seen, head_request).map_err(Parse::Invalid)?;
     Ok(Some(Head {
         status,
         version,
-        headers,
+        fields: Fields::Map(headers),
         framing,
         keep_alive,
     }))
@@ -451,31 +600,22 @@ fn parse_with<const N: usize>(
 
 /// RFC 9112 §6.3: how the response body is delimited, and whether the connection may carry
 /// another exchange after it.
-/// `seen` says which of the framing headers are present (`SEEN_*`).
 fn response_framing(
     status: StatusCode,
     version: Version,
-    headers: &HeaderMap,
-    seen: u8,
+    found: &FramingFields,
     head_request: bool,
 ) -> Result<(Framing, bool), String> {
-    let mut keep_alive = version == Version::HTTP_11
-        && (seen & SEEN_CONNECTION == 0 || !headers::connection_has(headers, "close"));
+    let mut keep_alive = version == Version::HTTP_11 && !found.close;
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Ok((Framing::Done, false));
     }
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok((Framing::Done, keep_alive));
     }
-    if seen & SEEN_TRANSFER_ENCODING != 0 {
-        let chunked_last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
-            .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+    if let Some(chunked_last) = found.chunked_last {
         // With both, Transfer-Encoding wins and the connection cannot be trusted after.
-        if seen & SEEN_CONTENT_LENGTH != 0 {
+        if found.content_length {
             keep_alive = false;
         }
         return Ok(if chunked_last {
@@ -484,22 +624,7 @@ fn response_framing(
             (Framing::UntilClose, false)
         });
     }
-    let mut length = None;
-    if seen & SEEN_CONTENT_LENGTH != 0 {
-        for value in headers.get_all(CONTENT_LENGTH) {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                let n = std::str::from_utf8(part.trim_ascii())
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| "invalid content-length".to_string())?;
-                if length.is_some_and(|l| l != n) {
-                    return Err("conflicting content-length values".to_string());
-                }
-                length = Some(n);
-            }
-        }
-    }
-    Ok(match length {
+    Ok(match found.length.map_err(str::to_string)? {
         Some(0) => (Framing::Done, keep_alive),
         Some(n) => (Framing::Length(n), keep_alive),
         None => (Framing::UntilClose, false),
@@ -511,17 +636,23 @@ fn respond(
     head: Head,
     writer: Option<Box<BodyWriter>>,
 ) -> Response<UpstreamBody> {
+    let (headers, raw) = match head.fields {
+        // A recycled map for the fields the gateway adds (`Via`).
+        Fields::Raw(raw) => (recycle::header_map(1), Some(raw)),
+        Fields::Map(map) => (map, None),
+    };
     let body = UpstreamBody {
         conn: Some(conn),
         framing: head.framing,
         writer,
         keep_alive: head.keep_alive,
         read_timeout: WaitTimeout::default(),
+        raw,
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
-    *resp.headers_mut() = head.headers;
+    *resp.headers_mut() = headers;
     resp
 }
 
@@ -535,9 +666,24 @@ pub(crate) struct UpstreamBody {
     writer: Option<Box<BodyWriter>>,
     keep_alive: bool,
     read_timeout: WaitTimeout,
+    /// The response's own fields when they were kept as lines (else they are in the
+    /// response's map).
+    raw: Option<RawFields>,
 }
 
 impl UpstreamBody {
+    /// The response's fields as the upstream sent them, if they were kept as lines.
+    pub(crate) fn raw_fields(&self) -> Option<&RawFields> {
+        self.raw.as_ref()
+    }
+
+    /// Moves fields kept as lines into `map`, for a downstream that needs them there.
+    pub(crate) fn fields_into(&mut self, map: &mut HeaderMap) {
+        if let Some(raw) = self.raw.take() {
+            raw.append_to(map);
+        }
+    }
+
     /// Bounds each wait for more body bytes by `limit` (`timeouts.read_ms`; `None`: none).
     pub(crate) fn set_read_timeout(&mut self, limit: Option<Duration>) {
         self.read_timeout.set_limit(limit);
@@ -798,17 +944,9 @@ mod tests {
         let ok = StatusCode::OK;
         let v11 = Version::HTTP_11;
         let framing = |s, v, m: &HeaderMap, head| {
-            let mut seen = 0;
-            for (name, bit) in [
-                (CONTENT_LENGTH, SEEN_CONTENT_LENGTH),
-                (TRANSFER_ENCODING, SEEN_TRANSFER_ENCODING),
-                (CONNECTION, SEEN_CONNECTION),
-            ] {
-                if m.contains_key(name) {
-                    seen |= bit;
-                }
-            }
-            response_framing(s, v, m, seen, head)
+            let found =
+                FramingFields::scan(m.iter().map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes())));
+            response_framing(s, v, &found, head)
         };
         let (f, keep) = framing(ok, v11, &h(&[("content-length", "5")]), false).expect("ok");
         assert!(matches!(f, Framing::Length(5)) && keep);
@@ -853,6 +991,36 @@ mod tests {
     }
 
     #[test]
+    fn raw_fields_are_written_as_sent_without_hop_by_hop_lines_and_with_crlf() {
+        let raw = RawFields {
+            lines: Bytes::from_static(
+                b"A: 1\r\nKeep-Alive: timeout=5\r\nB: 2\nC:  3 \r\nTRANSFER-ENCODING: chunked\r\n",
+            ),
+            has_length: false,
+            has_date: false,
+        };
+        let mut out = Vec::new();
+        raw.write_to(&mut out);
+        assert_eq!(String::from_utf8_lossy(&out), "A: 1\r\nB: 2\r\nC:  3 \r\n");
+        let mut map = HeaderMap::new();
+        raw.append_to(&mut map);
+        assert_eq!(map.len(), 3);
+        assert_eq!(map["c"], "3");
+    }
+
+    /// A parsed head's fields in a map, however they were kept.
+    fn map_of(head: Head) -> HeaderMap {
+        match head.fields {
+            Fields::Raw(raw) => {
+                let mut map = HeaderMap::new();
+                raw.append_to(&mut map);
+                map
+            }
+            Fields::Map(map) => map,
+        }
+    }
+
+    #[test]
     fn interim_responses_are_skipped_and_values_share_the_head() {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: b\r\n\r\nhi"[..],
@@ -861,9 +1029,10 @@ mod tests {
             .expect("valid")
             .expect("complete");
         assert_eq!(head.status, StatusCode::OK);
-        assert_eq!(head.headers["x-a"], "b");
-        assert!(!head.headers.contains_key("link"));
         assert!(matches!(head.framing, Framing::Length(2)));
+        let headers = map_of(head);
+        assert_eq!(headers["x-a"], "b");
+        assert!(!headers.contains_key("link"));
         assert_eq!(&buf[..], b"hi");
         let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Le"[..]);
         assert!(parse_head(&mut partial, false).expect("valid").is_none());
@@ -884,8 +1053,9 @@ mod tests {
         let parsed = parse_head(&mut head(40), false)
             .expect("valid")
             .expect("complete");
-        assert_eq!(parsed.headers.len(), 41);
-        assert_eq!(parsed.headers["x-f39"], "39");
+        let headers = map_of(parsed);
+        assert_eq!(headers.len(), 41);
+        assert_eq!(headers["x-f39"], "39");
         assert!(parse_head(&mut head(MAX_HEADERS), false).is_err());
     }
 

@@ -462,8 +462,10 @@ impl Connection<'_> {
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
         // One pass over the few names (standard ones compare as enum tags) instead of two
-        // hashed lookups.
-        let (mut has_length, mut has_date) = (false, false);
+        // hashed lookups; fields kept as lines say it themselves.
+        let raw = body.raw_fields();
+        let (mut has_length, mut has_date) =
+            raw.map_or((false, false), |raw| (raw.has_length, raw.has_date));
         for name in parts.headers.keys() {
             if name == CONTENT_LENGTH {
                 has_length = true;
@@ -513,6 +515,9 @@ impl Connection<'_> {
         let out = &mut self.out;
         out.clear();
         status_line(out, status);
+        if let Some(raw) = raw {
+            raw.write_to(out);
+        }
         for (name, value) in &parts.headers {
             framing::push_field(out, name, value);
         }

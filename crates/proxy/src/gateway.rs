@@ -608,6 +608,13 @@ async fn forward(
             None => frame.await.transpose()?,
         }
     };
+    // The response's own fields may still be lines for an HTTP/1.1 writer; hyper's HTTP/2
+    // server takes a map. (Split only then: moving the parts costs copies.)
+    if version == Version::HTTP_2 {
+        let (mut parts, mut body) = resp.into_parts();
+        body.fields_into(&mut parts.headers);
+        resp = Response::from_parts(parts, body);
+    }
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
     resp.headers_mut().append(VIA, via);

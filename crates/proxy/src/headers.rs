@@ -70,12 +70,21 @@ pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 
 /// Whether `name` is one of RFC 9110 §7.6.1's fixed hop-by-hop fields.
 pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == CONNECTION
-        || name == TE
-        || name == TRANSFER_ENCODING
-        || name == UPGRADE
-        || name == KEEP_ALIVE
-        || name == PROXY_CONNECTION
+    is_hop_by_hop_name(name.as_str().as_bytes())
+}
+
+/// [`is_hop_by_hop`] for a name as received (any case): a length test, then at most two
+/// case-insensitive compares.
+pub(crate) fn is_hop_by_hop_name(name: &[u8]) -> bool {
+    let is = |hop: &str| name.eq_ignore_ascii_case(hop.as_bytes());
+    match name.len() {
+        2 => is("te"),
+        7 => is("upgrade"),
+        10 => is("connection") || is("keep-alive"),
+        16 => is("proxy-connection"),
+        17 => is("transfer-encoding"),
+        _ => false,
+    }
 }
 
 /// The `Via` entry this gateway adds for a message received with `version`.

@@ -340,6 +340,47 @@ async fn an_answer_before_the_request_body_is_read_comes_through() {
 }
 
 #[tokio::test]
+async fn hop_by_hop_response_fields_are_removed_for_http1_and_http2_clients() {
+    // Without `Connection` the fields go to an HTTP/1.1 client as the upstream's lines; with
+    // it (it may name more) and to HTTP/2 clients through a map. All drop the same fields.
+    for connection in ["", "Connection: X-Secret\r\n"] {
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n\
+             TE: trailers\nUpgrade: h2c\r\n{connection}X-Secret: 1\r\nX-Kept:  yes \r\n\
+             Content-Length: 2\r\n\r\nok"
+        );
+        let upstream = Scripted::start(move |_| answer(head.as_bytes())).await;
+        let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+        for client in [http1_client(), tailguard_test_support::h2c_client()] {
+            let req = Request::get(format!("{url}/"))
+                .body(support::empty())
+                .expect("request");
+            let resp = within(client.request(req)).await.expect("response");
+            let version = resp.version();
+            assert_eq!(resp.status(), 200, "{version:?}");
+            let h = resp.headers().clone();
+            assert_eq!(h["x-kept"], "yes", "{version:?}: {h:?}");
+            assert_eq!(h["via"], "1.1 tailguard", "{version:?}");
+            for gone in [
+                "keep-alive",
+                "proxy-connection",
+                "te",
+                "upgrade",
+                "connection",
+            ] {
+                assert!(!h.contains_key(gone), "{version:?}: {gone} passed: {h:?}");
+            }
+            assert_eq!(
+                h.contains_key("x-secret"),
+                connection.is_empty(),
+                "{version:?}: a field `Connection` names is hop-by-hop, others pass: {h:?}"
+            );
+            assert_eq!(support::text(resp).await, "ok");
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_request_body_of_unknown_length_goes_upstream_chunked() {
     let upstream =
         Scripted::start(|_| answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")).await;
