@@ -10,11 +10,20 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::client::{RawFields, UpstreamBody};
-use crate::downstream::H1Body;
+use tailguard_http1::client::{RawFields, UpstreamBody};
+use tailguard_http1::server::{H1Body, OutgoingBody};
 
 use crate::error::Error;
 use crate::record::Finish;
+
+/// Set in a request body's byte count (`RequestRecord::bytes_in`) once the body has ended:
+/// a request timeout that fires before then is the client's (408), not the upstream's.
+pub(crate) const BODY_ENDED: u64 = 1 << 63;
+
+/// Whether the body counted by `count` ended (was read whole, or failed) before now.
+pub(crate) fn body_ended(count: &AtomicU64) -> bool {
+    count.load(Ordering::Relaxed) & BODY_ENDED != 0
+}
 
 /// How much of an over-limit body is read and discarded before the 413 (a client that sends
 /// more than this may see its connection reset instead).
@@ -42,7 +51,7 @@ impl Body for IncomingBody {
         let polled = match self.get_mut() {
             IncomingBody::Empty => return Poll::Ready(None),
             IncomingBody::Http1(b) => {
-                ready!(Pin::new(b).poll_frame(cx)).map(|r| r.map_err(Error::DownstreamBody))
+                ready!(Pin::new(b).poll_frame(cx)).map(|r| r.map_err(Error::from))
             }
             IncomingBody::Http2(b) => ready!(Pin::new(b).poll_frame(cx))
                 .map(|r| r.map_err(|e| Error::DownstreamBody(e.to_string()))),
@@ -95,6 +104,12 @@ impl RequestBody {
         self.limit = limit;
         self.count = count;
     }
+
+    fn ended(&self) {
+        if let Some(c) = &self.count {
+            c.store(self.seen | BODY_ENDED, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Body for RequestBody {
@@ -117,9 +132,7 @@ impl Body for RequestBody {
                     _ => break,
                 }
             }
-            if let Some(c) = &this.count {
-                c.store(this.seen, Ordering::Relaxed);
-            }
+            this.ended();
             return Poll::Ready(Some(Err(Error::BodyTooLarge)));
         }
         match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
@@ -136,8 +149,14 @@ impl Body for RequestBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(e)) => Poll::Ready(Some(Err(e))),
-            None => Poll::Ready(None),
+            Some(Err(e)) => {
+                this.ended();
+                Poll::Ready(Some(Err(e)))
+            }
+            None => {
+                this.ended();
+                Poll::Ready(None)
+            }
         }
     }
 
@@ -153,7 +172,7 @@ impl Body for RequestBody {
 #[derive(Debug)]
 enum Source {
     /// The upstream's body, with the frame read ahead (if any) to be sent first.
-    Upstream(Option<Frame<Bytes>>, UpstreamBody),
+    Upstream(Option<Frame<Bytes>>, UpstreamBody<RequestBody>),
     Local(Option<Bytes>),
 }
 
@@ -170,7 +189,7 @@ impl ResponseBody {
     /// Streams an upstream body.
     pub(crate) fn upstream(
         first: Option<Frame<Bytes>>,
-        body: UpstreamBody,
+        body: UpstreamBody<RequestBody>,
         finish: Option<Finish>,
     ) -> ResponseBody {
         ResponseBody {
@@ -184,15 +203,6 @@ impl ResponseBody {
         ResponseBody {
             source: Source::Local(Some(body)),
             finish,
-        }
-    }
-
-    /// The upstream response's fields as it sent them, when they were kept as lines (then
-    /// the response's map holds only what the gateway added).
-    pub(crate) fn raw_fields(&self) -> Option<&RawFields> {
-        match &self.source {
-            Source::Upstream(_, body) => body.raw_fields(),
-            Source::Local(_) => None,
         }
     }
 
@@ -273,7 +283,9 @@ impl Body for ResponseBody {
             Source::Local(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
             Source::Upstream(first, body) => match first.take() {
                 Some(frame) => Poll::Ready(Some(Ok(frame))),
-                None => Pin::new(body).poll_frame(cx),
+                None => Pin::new(body)
+                    .poll_frame(cx)
+                    .map(|polled| polled.map(|r| r.map_err(Error::from))),
             },
         };
         match ready!(polled) {
@@ -322,6 +334,15 @@ impl Body for ResponseBody {
                 }
                 hint
             }
+        }
+    }
+}
+
+impl OutgoingBody for ResponseBody {
+    fn raw_fields(&self) -> Option<&RawFields> {
+        match &self.source {
+            Source::Upstream(_, body) => body.raw_fields(),
+            Source::Local(_) => None,
         }
     }
 }

@@ -200,6 +200,16 @@ pub struct Timeouts {
     /// its head has arrived (between two reads, not in total; nginx's `proxy_read_timeout`).
     #[serde(default = "default_read_ms")]
     pub read_ms: u64,
+    /// How long a request head may take to arrive whole, from a new connection's accept
+    /// (or a later request's first byte) to its end (nginx's `client_header_timeout`,
+    /// HAProxy's `timeout http-request`); then `408` and the connection closes. A new
+    /// connection that sends nothing in this time is closed without an answer.
+    #[serde(default = "default_header_ms")]
+    pub header_ms: u64,
+    /// The longest the gateway waits for the next bytes of a request body (between two
+    /// reads, not in total; nginx's `client_body_timeout`); then `408`, blamed on the client.
+    #[serde(default = "default_body_ms")]
+    pub body_ms: u64,
     /// An idle keep-alive connection (downstream waiting for the next request head, and
     /// pooled upstream connections) is closed after this.
     #[serde(default = "default_idle_ms")]
@@ -218,6 +228,12 @@ fn default_request_ms() -> u64 {
 fn default_read_ms() -> u64 {
     60_000
 }
+fn default_header_ms() -> u64 {
+    10_000
+}
+fn default_body_ms() -> u64 {
+    60_000
+}
 fn default_idle_ms() -> u64 {
     60_000
 }
@@ -231,6 +247,8 @@ impl Default for Timeouts {
             connect_ms: default_connect_ms(),
             request_ms: default_request_ms(),
             read_ms: default_read_ms(),
+            header_ms: default_header_ms(),
+            body_ms: default_body_ms(),
             idle_ms: default_idle_ms(),
             shutdown_ms: default_shutdown_ms(),
         }

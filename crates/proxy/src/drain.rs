@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 
-use crate::last_waker::LastWaker;
+use tailguard_http1::LastWaker;
 
 /// The accept loop's side: starts the drain and waits for it to finish.
 #[derive(Debug, Default)]
@@ -116,6 +116,16 @@ impl Watch {
     /// Whether the server drains (no registration).
     pub(crate) fn is_draining(&self) -> bool {
         self.shared.draining.load(Ordering::Acquire)
+    }
+}
+
+impl tailguard_http1::server::Shutdown for Watch {
+    fn poll_draining(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Watch::poll_draining(self, cx)
+    }
+
+    fn is_draining(&self) -> bool {
+        Watch::is_draining(self)
     }
 }
 

@@ -68,6 +68,20 @@ pub enum Error {
     /// client-named hosts (nginx answers it with an error too).
     #[error("CONNECT is not supported")]
     ConnectUnsupported,
+    /// The request line alone is longer than `limits.header_bytes`.
+    #[error("request target is longer than the limit")]
+    UriTooLong,
+    /// An HTTP version the gateway does not speak on this connection (not 1.x).
+    #[error("HTTP version not supported")]
+    VersionUnsupported,
+    /// The client was too slow: its request head took longer than `timeouts.header_ms`
+    /// (phase `head`), its body stalled for `timeouts.body_ms` (`body`), or it was still
+    /// sending its body when `timeouts.request_ms` ran out (`request`).
+    #[error("client timed out ({phase})")]
+    DownstreamTimeout {
+        /// `head`, `body` or `request`.
+        phase: &'static str,
+    },
     /// The client went away or broke the body stream while we were forwarding it.
     #[error("downstream body: {0}")]
     DownstreamBody(String),
@@ -128,6 +142,9 @@ impl Error {
             | Error::BodyTooLarge
             | Error::BadRequest(_)
             | Error::ConnectUnsupported
+            | Error::UriTooLong
+            | Error::VersionUnsupported
+            | Error::DownstreamTimeout { .. }
             | Error::DownstreamBody(_) => Blame::Downstream,
             Error::UpstreamConnect { .. }
             | Error::UpstreamTimeout { .. }
@@ -157,6 +174,9 @@ impl Error {
             Error::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Error::BadRequest(_) | Error::DownstreamBody(_) => StatusCode::BAD_REQUEST,
             Error::ConnectUnsupported => StatusCode::NOT_IMPLEMENTED,
+            Error::UriTooLong => StatusCode::URI_TOO_LONG,
+            Error::VersionUnsupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+            Error::DownstreamTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -177,6 +197,9 @@ impl Error {
             Error::BodyTooLarge => "request body too large\n",
             Error::BadRequest(_) | Error::DownstreamBody(_) => "bad request\n",
             Error::ConnectUnsupported => "CONNECT not supported\n",
+            Error::UriTooLong => "request target too long\n",
+            Error::VersionUnsupported => "HTTP version not supported\n",
+            Error::DownstreamTimeout { .. } => "request timed out\n",
             Error::Overloaded => "overloaded, retry later\n",
             Error::UpstreamConnect { .. } => "upstream connect failed\n",
             Error::UpstreamBroken { .. } => "upstream connection failed\n",
@@ -196,6 +219,9 @@ impl Error {
             Error::BodyTooLarge => "body_too_large",
             Error::BadRequest(_) => "bad_request",
             Error::ConnectUnsupported => "connect_unsupported",
+            Error::UriTooLong => "uri_too_long",
+            Error::VersionUnsupported => "version_unsupported",
+            Error::DownstreamTimeout { .. } => "downstream_timeout",
             Error::DownstreamBody(_) => "downstream_body",
             Error::Overloaded => "overloaded",
             Error::UpstreamConnect { .. } => "upstream_connect",
@@ -203,6 +229,44 @@ impl Error {
             Error::UpstreamBroken { .. } => "upstream_broken",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<tailguard_http1::RequestError> for Error {
+    fn from(err: tailguard_http1::RequestError) -> Error {
+        use tailguard_http1::RequestError as R;
+        match err {
+            R::Malformed(why) => Error::BadRequest(why),
+            R::HeadTooLarge => Error::HeadersTooLarge,
+            R::TargetTooLong => Error::UriTooLong,
+            R::VersionUnsupported => Error::VersionUnsupported,
+            R::Connect => Error::ConnectUnsupported,
+            R::HeadTimeout => Error::DownstreamTimeout { phase: "head" },
+        }
+    }
+}
+
+impl From<tailguard_http1::BodyError> for Error {
+    fn from(err: tailguard_http1::BodyError) -> Error {
+        match err {
+            tailguard_http1::BodyError::Broken(why) => Error::DownstreamBody(why),
+            tailguard_http1::BodyError::Timeout => Error::DownstreamTimeout { phase: "body" },
+        }
+    }
+}
+
+impl From<tailguard_http1::UpstreamError<Error>> for Error {
+    fn from(err: tailguard_http1::UpstreamError<Error>) -> Error {
+        match err {
+            tailguard_http1::UpstreamError::Broken { addr, reason } => {
+                Error::UpstreamBroken { addr, reason }
+            }
+            tailguard_http1::UpstreamError::Timeout { addr } => Error::UpstreamTimeout {
+                addr,
+                phase: "body",
+            },
+            tailguard_http1::UpstreamError::RequestBody(e) => e,
         }
     }
 }

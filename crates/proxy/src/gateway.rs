@@ -10,29 +10,33 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures_util::FutureExt as _;
-use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER, UPGRADE, VIA};
+use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER, UPGRADE, VIA};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
+use tailguard_http1::client::{self, SendError};
+use tailguard_http1::server::{self as http1_server, H1Body, OnUpgrade};
+use tailguard_http1::timer::LazyTimer;
 use tokio::io::AsyncWriteExt as _;
 
 use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::builtin::Responder;
-use crate::client::{self, SendError, UpstreamBody};
 use crate::config::{Config, Timeouts};
-use crate::downstream;
 use crate::error::Error;
 use crate::headers;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
 use crate::record::{Finish, RequestRecord};
+use crate::recycle;
 use crate::route::{Route, Router};
-use crate::timer::LazyTimer;
 use crate::upstream::Upstream;
+
+/// An upstream response whose body streams from its connection.
+type UpstreamBody = client::UpstreamBody<RequestBody>;
 
 fn millis(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
@@ -231,6 +235,52 @@ pub(crate) struct ConnCtx {
     pub(crate) tls: bool,
     /// The listener's access log (a handle per connection, not per request).
     pub(crate) access_log: tailguard_access_log::AccessLog,
+}
+
+/// A downstream HTTP/1.1 connection's handler: the gateway behind the HTTP/1.1 engine.
+#[derive(Debug)]
+pub(crate) struct Http1Handler(pub(crate) Arc<ConnCtx>);
+
+impl http1_server::Handler for Http1Handler {
+    type Body = RequestBody;
+    type ResponseBody = ResponseBody;
+
+    fn new_request(&self, fields: usize) -> Box<Request<RequestBody>> {
+        recycle::request(fields)
+    }
+
+    fn attach_body(&self, req: &mut Request<RequestBody>, body: H1Body) {
+        *req.body_mut() = RequestBody::unlimited(IncomingBody::Http1(body));
+    }
+
+    async fn serve(
+        &self,
+        req: Box<Request<RequestBody>>,
+        timer: &mut LazyTimer,
+    ) -> Response<ResponseBody> {
+        let Ok(resp) = serve(&self.0, req, timer).await;
+        resp
+    }
+
+    fn refused(&self, err: tailguard_http1::RequestError) -> (StatusCode, &'static str) {
+        let err = Error::from(err);
+        let status = err.status();
+        self.0
+            .snapshot
+            .metrics
+            .gateway
+            .error(err.kind(), err.blame());
+        tracing::info!(
+            target: "tailguard::request",
+            status = status.as_u16(),
+            kind = err.kind(),
+            blame = err.blame().as_str(),
+            retryable = false,
+            remote = %self.0.remote,
+            "{err}"
+        );
+        (status, err.reason())
+    }
 }
 
 /// How a request holds its snapshot until its response finishes.
@@ -447,7 +497,8 @@ async fn forward(
         return Err(Error::HeadersTooLarge);
     }
     // Forwarded, a CONNECT would reach the upstream as `CONNECT /` (its target has no path),
-    // and a 2xx answer would leave the client believing it has a tunnel.
+    // and a 2xx answer would leave the client believing it has a tunnel. (An HTTP/1.1
+    // CONNECT never gets here: its connection refuses it and closes; this is HTTP/2's.)
     if req.method() == Method::CONNECT {
         return Err(Error::ConnectUnsupported);
     }
@@ -455,14 +506,12 @@ async fn forward(
     record.route = Some(route_index);
     let route = snap.router.get(route_index);
 
-    // A request without a body has nothing to refuse (and most have none: no lookup).
+    // The declared length, as the connection parsed it (HTTP/1.1 keeps no framing field;
+    // HTTP/2's `content-length` is checked against its DATA by the h2 layer).
     let declared = if req.body().is_end_stream() {
         None
     } else {
-        req.headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
+        req.body().size_hint().exact()
     };
     if declared.is_some_and(|n| n > limits.body_bytes) {
         return Err(Error::BodyTooLarge);
@@ -481,7 +530,7 @@ async fn forward(
     // first, so the usual request pays no header lookup.
     let upgrade = req
         .extensions_mut()
-        .remove::<downstream::OnUpgrade>()
+        .remove::<OnUpgrade>()
         .and_then(|on| Some((headers::upgrade_requested(&req)?, on)));
     let version = req.version();
     let headers = req.headers_mut();
@@ -540,9 +589,16 @@ async fn forward(
             match timer.limit(deadline, sent).await {
                 Some(r) => r,
                 None => (
-                    Err(Error::UpstreamTimeout {
-                        addr: endpoint.addr,
-                        phase: "request",
+                    // A client still sending its body is the slow one (408), not the
+                    // upstream waiting for it.
+                    Err(match &record.bytes_in {
+                        Some(count) if !crate::body::body_ended(count) => {
+                            Error::DownstreamTimeout { phase: "request" }
+                        }
+                        _ => Error::UpstreamTimeout {
+                            addr: endpoint.addr,
+                            phase: "request",
+                        },
                     }),
                     // A retry that timed out was on another endpoint; the record names the
                     // first (the rare case of a retry is in the log line's reason).
@@ -623,11 +679,7 @@ async fn forward(
 
 /// Copies bytes both ways between an upgraded client connection and the upstream
 /// connection that answered `101` until either side closes (a WebSocket).
-async fn tunnel(
-    downstream: downstream::OnUpgrade,
-    upstream: Box<client::Connection>,
-    addr: SocketAddr,
-) {
+async fn tunnel(downstream: OnUpgrade, upstream: Box<client::Connection>, addr: SocketAddr) {
     let Some(mut client) = downstream.connection().await else {
         tracing::debug!(upstream = %addr, "upgrade failed: the client connection ended");
         return;
@@ -703,14 +755,14 @@ async fn send_once(
     pool: &EndpointPool,
 ) -> Result<Response<UpstreamBody>, Error> {
     match client::send(conn, req, reused).await {
-        Ok(resp) => Ok(resp),
-        Err(SendError::Failed(e)) => Err(e),
+        Ok(sent) => Ok(answered(sent)),
+        Err(SendError::Failed(e)) => Err(e.into()),
         Err(SendError::Stale(req)) => {
             let resend = async {
                 let conn = pool.connect().await?;
                 match client::send(conn, req, false).await {
-                    Ok(resp) => Ok(resp),
-                    Err(SendError::Failed(e)) => Err(e),
+                    Ok(sent) => Ok(answered(sent)),
+                    Err(SendError::Failed(e)) => Err(e.into()),
                     Err(SendError::Stale(_)) => Err(Error::UpstreamBroken {
                         addr: pool.addr(),
                         reason: "connection closed before a response".to_string(),
@@ -721,6 +773,15 @@ async fn send_once(
             Box::pin(resend).await
         }
     }
+}
+
+/// The response; a request sent whole already gives its containers to the thread's next
+/// request.
+fn answered((resp, sent): client::Sent<RequestBody>) -> Response<UpstreamBody> {
+    if let Some(req) = sent {
+        recycle::give_request(req);
+    }
+    resp
 }
 
 /// The endpoint to retry a failed connect on, if the request may be retried: the

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use bytes::{Bytes, BytesMut};
 
 use http::header::Entry;
-use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE, VIA};
+use http::header::{UPGRADE, VIA};
 use http::{HeaderMap, HeaderName, HeaderValue, Version};
 
 /// `X-Forwarded-For`.
@@ -16,38 +16,8 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// `X-Request-Id`.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
-/// Removes the hop-by-hop headers: the fixed list of RFC 9110 §7.6.1 and every header the
-/// `Connection` header names.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass comparing names (standard names compare as enum
-    // tags) is cheaper than hashing each of the six names to look it up.
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
-    }
-    if headers.contains_key(CONNECTION) {
-        // Collected first because the map cannot be changed while its values are borrowed;
-        // this allocation happens only when a client sends `Connection`.
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-        headers.remove(CONNECTION);
-    }
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(TE);
-    headers.remove(TRANSFER_ENCODING);
-    headers.remove(UPGRADE);
-}
+pub use tailguard_http1::fields::{connection_has, remove_hop_by_hop};
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Upgrade`, with `upgrade` among the
 /// `Connection` tokens), if it does.
@@ -57,34 +27,6 @@ pub fn upgrade_requested<B>(req: &http::Request<B>) -> Option<HeaderValue> {
     }
     let protocol = req.headers().get(UPGRADE)?;
     connection_has(req.headers(), "upgrade").then(|| protocol.clone())
-}
-
-/// Whether `token` is among the `Connection` header's comma-separated tokens (any case).
-pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get_all(CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-}
-
-/// Whether `name` is one of RFC 9110 §7.6.1's fixed hop-by-hop fields.
-pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
-    is_hop_by_hop_name(name.as_str().as_bytes())
-}
-
-/// [`is_hop_by_hop`] for a name as received (any case): a length test, then at most two
-/// case-insensitive compares.
-pub(crate) fn is_hop_by_hop_name(name: &[u8]) -> bool {
-    let is = |hop: &str| name.eq_ignore_ascii_case(hop.as_bytes());
-    match name.len() {
-        2 => is("te"),
-        7 => is("upgrade"),
-        10 => is("connection") || is("keep-alive"),
-        16 => is("proxy-connection"),
-        17 => is("transfer-encoding"),
-        _ => false,
-    }
 }
 
 /// The `Via` entry this gateway adds for a message received with `version`.
@@ -171,23 +113,6 @@ pub fn request_id(headers: &mut HeaderMap) -> &HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn removes_fixed_and_connection_named_headers() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, X-Secret"),
-        );
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("upgrade", HeaderValue::from_static("websocket"));
-        h.insert("x-kept", HeaderValue::from_static("1"));
-        remove_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-kept"));
-    }
 
     #[test]
     fn appends_forwarded_for() {

@@ -23,7 +23,7 @@ use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 15] = [
+const ERROR_KINDS: [&str; 18] = [
     "config",
     "read",
     "bind",
@@ -32,6 +32,9 @@ const ERROR_KINDS: [&str; 15] = [
     "body_too_large",
     "bad_request",
     "connect_unsupported",
+    "uri_too_long",
+    "version_unsupported",
+    "downstream_timeout",
     "downstream_body",
     "overloaded",
     "upstream_connect",

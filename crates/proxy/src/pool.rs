@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use crate::client::Connection;
 use crate::error::Error;
 use crate::metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
+use tailguard_http1::client::Connection;
 
 /// Idle connections one serving thread keeps per endpoint (nginx's `keepalive` is the same
 /// cap, per worker); a connection released beyond it is closed.
@@ -132,7 +132,7 @@ impl EndpointPool {
         Ok(Connection::new(
             stream,
             addr,
-            OpenConnection::new(&self.metrics),
+            Box::new(OpenConnection::new(&self.metrics)),
         ))
     }
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use http::{HeaderValue, Method, Uri, Version};
 
 use crate::admission::AdmitGuard;
-use crate::client::Connection;
 use crate::gateway::{Held, Snapshot};
+use tailguard_http1::client::Connection;
 
 /// Everything about one request that metrics and the access log need. Filled in as the
 /// request goes (head, route, upstream exchange, response), read once in [`finish`].
@@ -91,7 +91,7 @@ impl RequestRecord {
     pub fn bytes_in(&self) -> u64 {
         self.bytes_in
             .as_ref()
-            .map_or(0, |b| b.load(Ordering::Relaxed))
+            .map_or(0, |b| b.load(Ordering::Relaxed) & !crate::body::BODY_ENDED)
     }
 }
 

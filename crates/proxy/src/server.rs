@@ -20,11 +20,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::access_log::AccessLogs;
 use crate::body::{IncomingBody, RequestBody};
 use crate::config::{Config, Limits, Timeouts};
-use crate::downstream::{self, Reader};
 use crate::drain::{Drain, Watch};
 use crate::error::Error;
-use crate::gateway::{self, ConnCtx, Gateway};
-use crate::timer::LazyTimer;
+use crate::gateway::{self, ConnCtx, Gateway, Http1Handler};
+use tailguard_http1::server::{self as downstream, Reader};
+use tailguard_http1::timer::LazyTimer;
 
 /// Backlog of each listening socket: connections over the limit wait here.
 const BACKLOG: u32 = 4096;
@@ -102,7 +102,7 @@ struct Settings {
     tls: Option<Arc<TlsAcceptor>>,
     /// HTTP/2 settings from `[limits]` (header size).
     http2: Arc<Http2>,
-    /// HTTP/1.1 settings from `[limits]` and `[timeouts]` (idle).
+    /// HTTP/1.1 settings from `[limits]` and `[timeouts]` (idle, header, body).
     http1: downstream::Limits,
     access_log: AccessLog,
 }
@@ -131,6 +131,8 @@ fn http1(limits: &Limits, timeouts: &Timeouts) -> downstream::Limits {
         header_bytes: limits.header_bytes,
         body_bytes: limits.body_bytes,
         idle: millis(timeouts.idle_ms),
+        header: millis(timeouts.header_ms),
+        body: millis(timeouts.body_ms),
     }
 }
 
@@ -750,7 +752,7 @@ async fn serve_connection(
         let served = downstream::serve(
             reader,
             Box::new(write),
-            Arc::clone(&ctx),
+            Http1Handler(Arc::clone(&ctx)),
             settings.http1,
             &mut shutdown,
             true,
@@ -782,7 +784,7 @@ async fn serve_connection(
     let _ = downstream::serve(
         reader,
         Box::new(write),
-        ctx,
+        Http1Handler(ctx),
         settings.http1,
         &mut shutdown,
         false,

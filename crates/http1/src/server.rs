@@ -48,22 +48,17 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
-use http::{
-    HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version,
-};
+use http::header::{CONTENT_LENGTH, DATE};
+use http::{Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::oneshot;
 
-use crate::body::{IncomingBody, RequestBody, ResponseBody};
-use crate::drain::Watch;
-use crate::error::Error;
-use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
-use crate::gateway::{self, ConnCtx};
-use crate::headers;
+use crate::client::RawFields;
+use crate::error::{BodyError, RequestError};
+use crate::framing::{self, Framing, Step, chunk_size_line, step};
 use crate::recycle;
+use crate::request::{self, Meta};
 use crate::timer::{LazyTimer, WaitTimeout};
 
 /// A request body left unread after its response is discarded, up to this much, to keep
@@ -78,24 +73,78 @@ const LINGER_BYTES: usize = 4 * 1024 * 1024;
 const COPY_BYTES: usize = 16 * 1024;
 
 /// A readable half of a downstream connection (plain TCP or TLS).
-pub(crate) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 /// A writable half of a downstream connection.
-pub(crate) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// What an HTTP/1.1 connection is served with: from the listener's config at accept.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    /// The request head's size limit (`limits.header_bytes`): over it, `431`.
-    pub(crate) header_bytes: usize,
+pub struct Limits {
+    /// The request head's size limit (`limits.header_bytes`): over it, `431` (`414` when
+    /// the request line alone is over it).
+    pub header_bytes: usize,
     /// `limits.body_bytes`: a declared body over it gets no `100 Continue`.
-    pub(crate) body_bytes: u64,
-    /// `timeouts.idle_ms`: how long a connection may wait for (the rest of) a request head.
-    pub(crate) idle: Option<Duration>,
+    pub body_bytes: u64,
+    /// `timeouts.idle_ms`: how long a connection may wait, between requests, for the first
+    /// byte of the next one, and for a write to be taken.
+    pub idle: Option<Duration>,
+    /// `timeouts.header_ms`: how long a request head may take, from a new connection's
+    /// accept (or a later request's first byte) to its end; then `408` and close.
+    pub header: Option<Duration>,
+    /// `timeouts.body_ms`: the longest wait for the next bytes of a request body; then the
+    /// body fails with [`BodyError::Timeout`].
+    pub body: Option<Duration>,
+}
+
+/// What the gateway does with the requests of a connection: the small interface between the
+/// HTTP/1.1 engine and everything above it (routing, metrics, the access log).
+pub trait Handler {
+    /// The body type of the handler's requests (which carries an [`H1Body`]).
+    type Body;
+    /// The body type of its responses.
+    type ResponseBody: OutgoingBody;
+
+    /// An empty request (`GET /`, HTTP/1.1, no fields, an empty body) with room for at least
+    /// `fields` fields: the engine fills it from the parsed head. A handler recycles these.
+    fn new_request(&self, fields: usize) -> Box<Request<Self::Body>>;
+
+    /// Makes `body` the request's body.
+    fn attach_body(&self, req: &mut Request<Self::Body>, body: H1Body);
+
+    /// Serves one request from its head to the response head. `timer` is the connection's,
+    /// kept across its requests, for the handler's own request timeout.
+    fn serve(
+        &self,
+        req: Box<Request<Self::Body>>,
+        timer: &mut LazyTimer,
+    ) -> impl Future<Output = Response<Self::ResponseBody>>;
+
+    /// A head was refused before it reached [`Handler::serve`] (logged and counted there):
+    /// the status and the short text the connection answers with before it closes.
+    fn refused(&self, err: RequestError) -> (StatusCode, &'static str);
+}
+
+/// A response body the connection writes, which may carry the upstream's field lines as
+/// they came ([`RawFields`]) instead of in its response's map.
+pub trait OutgoingBody: Body<Data = Bytes> + Unpin {
+    /// The upstream response's fields as it sent them, when they were kept as lines (then
+    /// the response's map holds only what the gateway added).
+    fn raw_fields(&self) -> Option<&RawFields> {
+        None
+    }
+}
+
+/// The server's drain, as a connection sees it.
+pub trait Shutdown {
+    /// Ready once the server drains; registers the task to be woken then.
+    fn poll_draining(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    /// Whether the server drains.
+    fn is_draining(&self) -> bool;
 }
 
 /// The reading side of a connection, with its buffer: held by the connection between
 /// requests, and lent to a request's body while that streams.
-pub(crate) struct Reader {
+pub struct Reader {
     io: ReadHalf,
     buf: BytesMut,
     read_size: usize,
@@ -103,17 +152,29 @@ pub(crate) struct Reader {
     framing: Framing,
     /// Reading the body failed (malformed, cut short): the connection cannot go on.
     broken: bool,
+    /// `timeouts.body_ms`, for each wait for more of a request body.
+    body_wait: WaitTimeout,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("buffered", &self.buf.len())
+            .field("framing", &self.framing)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Reader {
     /// A reader whose first bytes (read while the protocol was sniffed) are `buf`.
-    pub(crate) fn new(io: ReadHalf, buf: BytesMut) -> Box<Reader> {
+    pub fn new(io: ReadHalf, buf: BytesMut) -> Box<Reader> {
         Box::new(Reader {
             io,
             buf,
             read_size: framing::MIN_READ,
             framing: Framing::Done,
             broken: false,
+            body_wait: WaitTimeout::default(),
         })
     }
 
@@ -123,38 +184,54 @@ impl Reader {
     }
 
     /// The next frame of the current request's body.
-    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, String>>> {
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         loop {
             if matches!(self.framing, Framing::Done) {
                 return Poll::Ready(None);
             }
             match step(&mut self.framing, &mut self.buf) {
-                Ok(Step::Frame(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Ok(Step::Frame(frame)) => {
+                    self.body_wait.restart();
+                    return Poll::Ready(Some(Ok(frame)));
+                }
                 Ok(Step::Again) => continue,
                 Ok(Step::NeedMore) => {}
-                Err(reason) => return Poll::Ready(Some(Err(self.fail(reason)))),
+                Err(reason) => return Poll::Ready(Some(Err(self.fail(BodyError::Broken(reason))))),
             }
-            match ready!(self.poll_fill(cx)) {
+            let filled = match self.poll_fill(cx) {
+                Poll::Ready(filled) => filled,
+                Poll::Pending => {
+                    if self.body_wait.poll_expired(cx) {
+                        return Poll::Ready(Some(Err(self.fail(BodyError::Timeout))));
+                    }
+                    return Poll::Pending;
+                }
+            };
+            match filled {
                 Ok(0) => {
                     let reason = "connection closed before the end of the request body";
-                    return Poll::Ready(Some(Err(self.fail(reason.to_string()))));
+                    return Poll::Ready(Some(
+                        Err(self.fail(BodyError::Broken(reason.to_string()))),
+                    ));
                 }
-                Ok(_) => {}
-                Err(e) => return Poll::Ready(Some(Err(self.fail(e.to_string())))),
+                Ok(_) => self.body_wait.restart(),
+                Err(e) => {
+                    return Poll::Ready(Some(Err(self.fail(BodyError::Broken(e.to_string())))));
+                }
             }
         }
     }
 
-    fn fail(&mut self, reason: String) -> String {
+    fn fail(&mut self, err: BodyError) -> BodyError {
         self.broken = true;
         self.framing = Framing::Done;
-        reason
+        err
     }
 }
 
 /// A request body read from its HTTP/1.1 connection as the gateway polls it; at its end
 /// (or when dropped) the reader goes back to the connection for the next request.
-pub(crate) struct H1Body {
+pub struct H1Body {
     reader: Option<Box<Reader>>,
     back: Option<oneshot::Sender<Box<Reader>>>,
 }
@@ -183,12 +260,12 @@ impl Drop for H1Body {
 
 impl Body for H1Body {
     type Data = Bytes;
-    type Error = String;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, String>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         let Some(reader) = this.reader.as_mut() else {
             return Poll::Ready(None);
@@ -220,11 +297,11 @@ impl Body for H1Body {
 /// `101` head has been written to it. Found in the request's extensions.
 /// (Shared and clonable, as request extensions must be; only an upgrade request pays.)
 #[derive(Debug, Clone)]
-pub(crate) struct OnUpgrade(Arc<std::sync::Mutex<Option<oneshot::Receiver<Joined>>>>);
+pub struct OnUpgrade(Arc<std::sync::Mutex<Option<oneshot::Receiver<Joined>>>>);
 
 impl OnUpgrade {
     /// The upgraded connection, or `None` if the connection ended instead.
-    pub(crate) async fn connection(self) -> Option<Joined> {
+    pub async fn connection(self) -> Option<Joined> {
         let receiver = self
             .0
             .lock()
@@ -237,7 +314,7 @@ impl OnUpgrade {
 /// A connection made whole again from its halves, with the bytes already read from it put
 /// back in front: the downstream side of a tunnel after a `101`, or an h2c connection
 /// found by its preface.
-pub(crate) struct Joined {
+pub struct Joined {
     prelude: Bytes,
     reader: ReadHalf,
     writer: WriteHalf,
@@ -285,32 +362,10 @@ impl AsyncWrite for Joined {
     }
 }
 
-/// A request head refused before the gateway saw it.
-#[derive(Debug)]
-enum Refused {
-    /// Malformed: `400`.
-    Bad(&'static str),
-    /// Over `limits.header_bytes` or [`MAX_HEADERS`] lines: `431`.
-    TooLarge,
-}
-
-/// What the connection learned from a request head, beyond the request itself.
-#[derive(Debug, Clone, Copy)]
-struct Meta {
-    version: Version,
-    /// The client takes another request after this one.
-    keep_alive: bool,
-    head_request: bool,
-    expect_continue: bool,
-    /// The declared body length, if any.
-    declared: Option<u64>,
-    upgrade: bool,
-}
-
 /// What waiting for the next request head gave.
-enum Next {
-    Request(Box<Request<RequestBody>>, Meta),
-    Refused(Refused),
+enum Next<B> {
+    Request(Box<Request<B>>, Meta),
+    Refused(RequestError),
     /// The client closed, went idle past the timeout, or the server is shutting down.
     Close,
     /// The connection opened with the HTTP/2 preface.
@@ -320,24 +375,18 @@ enum Next {
 /// What an h2c client sends first (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Framing headers a head carried, noted while its fields are copied.
-const SEEN_CONTENT_LENGTH: u8 = 1;
-const SEEN_TRANSFER_ENCODING: u8 = 2;
-const SEEN_CONNECTION: u8 = 4;
-const SEEN_EXPECT: u8 = 8;
-const SEEN_UPGRADE: u8 = 16;
-
 /// Serves requests on one HTTP/1.1 connection until it closes; `shutdown` says when the
 /// server drains. With `sniff_h2`, a connection that opens with the HTTP/2 preface is
 /// given back whole instead, for the HTTP/2 server.
-pub(crate) async fn serve(
-    reader: Box<Reader>,
+pub async fn serve<H: Handler, S: Shutdown>(
+    mut reader: Box<Reader>,
     writer: WriteHalf,
-    ctx: Arc<ConnCtx>,
+    handler: H,
     limits: Limits,
-    shutdown: &mut Watch,
+    shutdown: &mut S,
     sniff_h2: bool,
 ) -> Option<Joined> {
+    reader.body_wait.set_limit(limits.body);
     let mut conn = Connection {
         sniff_h2,
         reader: Some(reader),
@@ -346,32 +395,39 @@ pub(crate) async fn serve(
         limits,
         shutdown,
         idle: WaitTimeout::new(limits.idle),
+        head_wait: WaitTimeout::new(limits.header),
+        first: true,
         request_timer: LazyTimer::new(),
-        ctx,
+        handler,
     };
     conn.run().await
 }
 
 /// One HTTP/1.1 connection's state, kept across its requests.
-struct Connection<'a> {
+struct Connection<'a, H, S> {
     /// `None` while a request body has it.
     reader: Option<Box<Reader>>,
     writer: WriteHalf,
     /// The response head (and a small first body frame) being written; reused.
     out: Vec<u8>,
     limits: Limits,
-    shutdown: &'a mut Watch,
-    /// `timeouts.idle_ms`, for the wait for a request head and for each write the client
-    /// does not take.
+    shutdown: &'a mut S,
+    /// `timeouts.idle_ms`, for the wait for the next request's first byte and for each
+    /// write the client does not take.
     idle: WaitTimeout,
+    /// `timeouts.header_ms`, for the wait for the rest of a request head once it has begun
+    /// (or, on a new connection, from the start).
+    head_wait: WaitTimeout,
+    /// No request has been read yet: the head's time counts from the accept.
+    first: bool,
     /// The requests' timeout timer (`timeouts.request_ms`), kept across requests.
     request_timer: LazyTimer,
-    ctx: Arc<ConnCtx>,
+    handler: H,
     /// Until the first head: look for the HTTP/2 preface.
     sniff_h2: bool,
 }
 
-impl Connection<'_> {
+impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
     async fn run(&mut self) -> Option<Joined> {
         loop {
             let (mut req, meta) = match self.next_head().await {
@@ -400,13 +456,14 @@ impl Connection<'_> {
             let mut lent = None;
             if let Some(reader) = self.reader.take_if(|r| !matches!(r.framing, Framing::Done)) {
                 let (back, returned) = oneshot::channel();
-                *req.body_mut() = RequestBody::unlimited(IncomingBody::Http1(H1Body {
+                let body = H1Body {
                     reader: Some(reader),
                     back: Some(back),
-                }));
+                };
+                self.handler.attach_body(&mut req, body);
                 lent = Some(returned);
             }
-            let upgrade = meta.upgrade.then(|| {
+            let upgrade = meta.websocket.then(|| {
                 let (tx, rx) = oneshot::channel();
                 req.extensions_mut()
                     .insert(OnUpgrade(Arc::new(std::sync::Mutex::new(Some(rx)))));
@@ -428,7 +485,7 @@ impl Connection<'_> {
                     meta.keep_alive = false;
                 }
             }
-            let Ok(resp) = gateway::serve(&self.ctx, req, &mut self.request_timer).await;
+            let resp = self.handler.serve(req, &mut self.request_timer).await;
             match self.respond(resp, meta, upgrade, lent).await {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {
@@ -437,10 +494,8 @@ impl Connection<'_> {
                 }
                 // The tunnel owns the connection now.
                 Ok(Written::Upgraded) => return None,
-                Err(e) => {
-                    tracing::debug!(remote = %self.ctx.remote, "connection ended: {e}");
-                    return None;
-                }
+                // The client went away or stopped reading: nothing to tell it.
+                Err(_) => return None,
             }
         }
     }
@@ -449,7 +504,7 @@ impl Connection<'_> {
     /// the body as it streams. Says whether the connection can take another request.
     async fn respond(
         &mut self,
-        resp: Response<ResponseBody>,
+        resp: Response<H::ResponseBody>,
         meta: Meta,
         upgrade: Option<oneshot::Sender<Joined>>,
         mut lent: Option<oneshot::Receiver<Box<Reader>>>,
@@ -571,7 +626,7 @@ impl Connection<'_> {
 
     /// Streams the response body after the head in `out`: every frame that is ready joins
     /// the pending bytes, which go out when the body has nothing more at once.
-    async fn stream_body(&mut self, body: &mut ResponseBody, chunked: bool) -> io::Result<()> {
+    async fn stream_body(&mut self, body: &mut H::ResponseBody, chunked: bool) -> io::Result<()> {
         let mut trailers = None;
         let mut ended = body.is_end_stream();
         while !ended {
@@ -582,15 +637,16 @@ impl Connection<'_> {
                     // Nothing more for now: what is pending goes out (a stream's events are
                     // not held back), then wait.
                     self.send_out().await?;
-                    body.frame().await
+                    poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
                 }
             };
             match frame {
                 None => ended = true,
-                Some(Err(e)) => {
+                Some(Err(_)) => {
                     // Nothing can tell the client mid-body: the connection closes (a chunked
-                    // body without its last chunk, or a short one, reads as cut).
-                    return Err(io::Error::other(e.to_string()));
+                    // body without its last chunk, or a short one, reads as cut). The body
+                    // logged its own failure.
+                    return Err(io::Error::other("the response body failed"));
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => self.queue(data, chunked).await?,
@@ -695,23 +751,9 @@ impl Connection<'_> {
         tokio::time::timeout(LINGER, discard).await.unwrap_or(false)
     }
 
-    /// Answers a head refused before the gateway saw it, logs it, and closes.
-    async fn refuse(&mut self, refused: Refused) {
-        let err = match refused {
-            Refused::Bad(reason) => Error::BadRequest(reason),
-            Refused::TooLarge => Error::HeadersTooLarge,
-        };
-        let status = err.status();
-        tracing::info!(
-            target: "tailguard::request",
-            status = status.as_u16(),
-            kind = err.kind(),
-            blame = err.blame().as_str(),
-            retryable = false,
-            remote = %self.ctx.remote,
-            "{err}"
-        );
-        let reason = err.reason();
+    /// Answers a head refused before the handler saw it (the handler logs it), and closes.
+    async fn refuse(&mut self, refused: RequestError) {
+        let (status, reason) = self.handler.refused(refused);
         let out = &mut self.out;
         out.clear();
         status_line(out, status);
@@ -762,19 +804,26 @@ impl Connection<'_> {
     }
 
     /// Waits for the next whole request head, reading as needed; parses it into a request.
-    async fn next_head(&mut self) -> Next {
+    async fn next_head(&mut self) -> Next<H::Body> {
         let Connection {
             reader,
             idle,
+            head_wait,
+            first,
             shutdown,
             limits,
             sniff_h2,
+            handler,
             ..
         } = self;
         let Some(reader) = reader.as_mut() else {
             return Next::Close;
         };
         idle.restart();
+        head_wait.restart();
+        // A new connection's first head is timed from the accept; a later one from its
+        // first byte (before it, the connection is idle).
+        let from_accept = std::mem::take(first);
         poll_fn(|cx| {
             loop {
                 if *sniff_h2 {
@@ -788,7 +837,10 @@ impl Connection<'_> {
                     }
                 }
                 if !reader.buf.is_empty() && !*sniff_h2 {
-                    match parse_request(&mut reader.buf, limits.header_bytes) {
+                    let parsed = request::parse(&mut reader.buf, limits.header_bytes, |n| {
+                        handler.new_request(n)
+                    });
+                    match parsed {
                         Ok(Some((req, meta, framing))) => {
                             reader.framing = framing;
                             return Poll::Ready(Next::Request(req, meta));
@@ -803,11 +855,22 @@ impl Connection<'_> {
                     Poll::Pending => break,
                 }
             }
+            let waiting = reader.buf.is_empty();
             // Idle between requests: a draining server closes the connection at once.
-            if reader.buf.is_empty() && shutdown.poll_draining(cx).is_ready() {
+            if waiting && shutdown.poll_draining(cx).is_ready() {
                 return Poll::Ready(Next::Close);
             }
-            if idle.poll_expired(cx) {
+            // The head's own clock (nginx's `client_header_timeout`): a client that began a
+            // head and does not finish it is told so; one that sent nothing (a new
+            // connection's) is closed without a word, as an idle one is.
+            if (from_accept || !waiting) && head_wait.poll_expired(cx) {
+                return Poll::Ready(if waiting || *sniff_h2 {
+                    Next::Close
+                } else {
+                    Next::Refused(RequestError::HeadTimeout)
+                });
+            }
+            if (waiting || limits.header.is_none()) && idle.poll_expired(cx) {
                 // As hyper and nginx do: a head that does not arrive in time gets no answer,
                 // the connection just closes.
                 return Poll::Ready(Next::Close);
@@ -947,188 +1010,4 @@ mod date {
             assert!(skew.as_secs() <= 5, "{text} is {skew:?} from now");
         }
     }
-}
-
-/// A parsed request head: the request (its body still empty), what the connection needs to
-/// know of it, and where its body ends.
-type Parsed = (Box<Request<RequestBody>>, Meta, Framing);
-
-/// Parses a whole request head from the front of `buf` (consuming it), or `None` for more
-/// bytes. The request's body is empty until the connection lends it the
-/// reader; the returned framing says where its body ends.
-fn parse_request(buf: &mut BytesMut, limit: usize) -> Result<Option<Parsed>, Refused> {
-    // Most heads have a handful of fields: parsed with room for 16 first (the slots are
-    // initialised on every call), and only a head with more pays for the full 100.
-    match parse_with::<16>(buf, limit) {
-        Err(Refused::TooLarge) if buf.len() <= limit => parse_with::<MAX_HEADERS>(buf, limit),
-        other => other,
-    }
-}
-
-fn parse_with<const N: usize>(buf: &mut BytesMut, limit: usize) -> Result<Option<Parsed>, Refused> {
-    let mut slots = [httparse::EMPTY_HEADER; N];
-    let mut parsed = httparse::Request::new(&mut slots);
-    let len = match parsed.parse(buf) {
-        Ok(httparse::Status::Complete(len)) if len > limit => return Err(Refused::TooLarge),
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if buf.len() > limit => return Err(Refused::TooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(Refused::TooLarge),
-        Err(_) => return Err(Refused::Bad("malformed request head")),
-    };
-    let method = Method::from_bytes(parsed.method.unwrap_or_default().as_bytes())
-        .map_err(|_| Refused::Bad("invalid method"))?;
-    let version = if parsed.version == Some(0) {
-        Version::HTTP_10
-    } else {
-        Version::HTTP_11
-    };
-    // Offsets first (the parsed slices borrow `buf`), then the head becomes shared bytes and
-    // the target and each value a slice of it: no copy.
-    let base = buf.as_ptr() as usize;
-    let span = |s: &[u8]| {
-        let start = s.as_ptr() as usize - base;
-        (start as u32, (start + s.len()) as u32)
-    };
-    let target = span(parsed.path.unwrap_or_default().as_bytes());
-    let mut spans = [((0u32, 0u32), (0u32, 0u32)); N];
-    let count = parsed.headers.len();
-    for (slot, h) in spans.iter_mut().zip(parsed.headers.iter()) {
-        *slot = (span(h.name.as_bytes()), span(h.value));
-    }
-    let head = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target.0 as usize..target.1 as usize))
-        .map_err(|_| Refused::Bad("invalid request target"))?;
-    // A request box and header map that served an earlier request (`recycle`), with room
-    // for the headers the gateway adds (forwarding, request id, host) without a regrow.
-    let mut req = recycle::request(count + 5);
-    let headers = req.headers_mut();
-    let mut seen = 0u8;
-    let mut hosts = 0u32;
-    for &((n0, n1), (v0, v1)) in &spans[..count] {
-        let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
-            .map_err(|_| Refused::Bad("invalid header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
-            .map_err(|_| Refused::Bad("invalid header value"))?;
-        if name == HOST {
-            hosts += 1;
-        } else if name == CONTENT_LENGTH {
-            seen |= SEEN_CONTENT_LENGTH;
-        } else if name == TRANSFER_ENCODING {
-            seen |= SEEN_TRANSFER_ENCODING;
-        } else if name == CONNECTION {
-            seen |= SEEN_CONNECTION;
-        } else if name == EXPECT {
-            seen |= SEEN_EXPECT;
-        } else if name == UPGRADE {
-            seen |= SEEN_UPGRADE;
-        }
-        headers.append(name, value);
-    }
-    // RFC 9112 §3.2: exactly one Host in HTTP/1.1 (1.0 may have none).
-    if hosts > 1 || (hosts == 0 && version == Version::HTTP_11) {
-        return Err(Refused::Bad(
-            "an HTTP/1.1 request needs exactly one Host header",
-        ));
-    }
-    // RFC 9112 §3.2.2: an absolute-form target's authority replaces the Host header (which
-    // routing already prefers), so the upstream sees the host the request was routed by.
-    if let Some(authority) = uri.authority() {
-        let host = HeaderValue::from_str(authority.as_str())
-            .map_err(|_| Refused::Bad("invalid request target"))?;
-        headers.insert(HOST, host);
-    }
-    let (framing, declared) = request_framing(headers, seen, version)?;
-    let keep_alive = if seen & SEEN_CONNECTION == 0 {
-        version == Version::HTTP_11
-    } else if version == Version::HTTP_11 {
-        !headers::connection_has(headers, "close")
-    } else {
-        headers::connection_has(headers, "keep-alive")
-    };
-    let expect_continue = seen & SEEN_EXPECT != 0
-        && version == Version::HTTP_11
-        && headers
-            .get(EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let upgrade = seen & SEEN_UPGRADE != 0
-        && seen & SEEN_CONNECTION != 0
-        && version == Version::HTTP_11
-        && headers::connection_has(headers, "upgrade");
-    let meta = Meta {
-        version,
-        keep_alive,
-        head_request: method == Method::HEAD,
-        expect_continue,
-        declared,
-        upgrade,
-    };
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.version_mut() = version;
-    Ok(Some((req, meta, framing)))
-}
-
-/// RFC 9112 §6.1-6.3 for a request: chunked when the last transfer coding is chunked, else
-/// `Content-Length`, else no body. Anything ambiguous is refused.
-fn request_framing(
-    headers: &HeaderMap,
-    seen: u8,
-    version: Version,
-) -> Result<(Framing, Option<u64>), Refused> {
-    if seen & SEEN_TRANSFER_ENCODING != 0 {
-        if version == Version::HTTP_10 {
-            return Err(Refused::Bad("transfer-encoding in an HTTP/1.0 request"));
-        }
-        if seen & SEEN_CONTENT_LENGTH != 0 {
-            return Err(Refused::Bad(
-                "both transfer-encoding and content-length in a request",
-            ));
-        }
-        // Only `chunked`, once: a coding the gateway cannot decode or re-encode upstream
-        // (it re-frames the body) is refused rather than passed on wrong.
-        let mut codings = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|c| !c.is_empty());
-        return match (codings.next(), codings.next()) {
-            (Some(c), None) if c.eq_ignore_ascii_case(b"chunked") => {
-                Ok((Framing::Chunked(Chunk::Size), None))
-            }
-            _ => Err(Refused::Bad("unsupported transfer-encoding")),
-        };
-    }
-    if seen & SEEN_CONTENT_LENGTH == 0 {
-        return Ok((Framing::Done, None));
-    }
-    let mut length: Option<u64> = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let n =
-                parse_length(part.trim_ascii()).ok_or(Refused::Bad("invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Refused::Bad("conflicting content-length values"));
-            }
-            length = Some(n);
-        }
-    }
-    match length {
-        Some(0) => Ok((Framing::Done, Some(0))),
-        Some(n) => Ok((Framing::Length(n), Some(n))),
-        None => Err(Refused::Bad("invalid content-length")),
-    }
-}
-
-/// A `Content-Length` value: decimal digits only, at most 18 of them.
-fn parse_length(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(
-        digits
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')),
-    )
 }

@@ -28,7 +28,7 @@
 //!
 //! Once the head has arrived, `timeouts.read_ms` bounds each wait for more of the body
 //! (between two reads, not in total, as nginx's `proxy_read_timeout`): an upstream that
-//! stalls mid-body fails the body with [`Error::UpstreamTimeout`] (phase `body`) and loses
+//! stalls mid-body fails the body with [`UpstreamError::Timeout`] and loses
 //! its connection, instead of holding the request forever. The timer is created and armed
 //! only when a read would block; a body whose bytes are already there reads no clock.
 //!
@@ -45,19 +45,21 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
+use http::header::UPGRADE;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::body::RequestBody;
-use crate::error::Error;
+use crate::error::UpstreamError;
+use crate::fields;
 use crate::framing::{self, Chunk, Framing, MAX_HEADERS, Step, chunk_size_line, step};
-use crate::headers;
-use crate::metrics::OpenConnection;
 use crate::recycle;
 use crate::timer::WaitTimeout;
+
+/// What the caller keeps with a connection for as long as it lives (a metric guard that
+/// counts it open): dropped with it.
+pub type Guard = Box<dyn std::any::Any + Send + Sync>;
 
 /// A response head (or trailer section) larger than this is refused as broken.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -65,7 +67,7 @@ const TOO_LARGE: &str = "response head larger than 64 KiB";
 
 /// One keep-alive connection to an upstream endpoint.
 #[derive(Debug)]
-pub(crate) struct Connection {
+pub struct Connection {
     stream: TcpStream,
     addr: SocketAddr,
     /// Bytes read and not yet consumed; empty between exchanges.
@@ -73,31 +75,27 @@ pub(crate) struct Connection {
     /// The request head being written; kept to reuse its allocation.
     head_buf: Vec<u8>,
     read_size: usize,
-    _open: OpenConnection,
+    guard: Guard,
 }
 
 impl Connection {
-    /// Wraps a connected socket, counted open by `open` until dropped.
+    /// Wraps a connected socket, with the caller's `guard` (dropped with the connection).
     /// Boxed once here, so that handing it between pool, request and body moves a pointer.
-    pub(crate) fn new(
-        stream: TcpStream,
-        addr: SocketAddr,
-        open: OpenConnection,
-    ) -> Box<Connection> {
+    pub fn new(stream: TcpStream, addr: SocketAddr, guard: Guard) -> Box<Connection> {
         Box::new(Connection {
             stream,
             addr,
             read_buf: BytesMut::new(),
             head_buf: Vec::with_capacity(512),
             read_size: framing::MIN_READ,
-            _open: open,
+            guard,
         })
     }
 
     /// Whether an idle connection can take a request: the upstream has not closed it nor
     /// sent anything unasked. Costs no syscall unless the socket was reported readable since
     /// its last read (tokio keeps the readiness; an idle connection has none).
-    pub(crate) fn is_idle_usable(&self) -> bool {
+    pub fn is_idle_usable(&self) -> bool {
         if !self.read_buf.is_empty() {
             return false;
         }
@@ -106,12 +104,17 @@ impl Connection {
     }
 
     /// The socket and whatever the upstream sent after the head of its `101`: for a tunnel.
-    pub(crate) fn into_upgraded(self) -> (TcpStream, Bytes, OpenConnection) {
-        (self.stream, self.read_buf.freeze(), self._open)
+    pub fn into_upgraded(self) -> (TcpStream, Bytes, Guard) {
+        (self.stream, self.read_buf.freeze(), self.guard)
     }
 
-    fn broken(&self, reason: impl std::fmt::Display) -> Error {
-        Error::UpstreamBroken {
+    /// The endpoint's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn broken<E>(&self, reason: impl std::fmt::Display) -> UpstreamError<E> {
+        UpstreamError::Broken {
             addr: self.addr,
             reason: reason.to_string(),
         }
@@ -130,47 +133,45 @@ impl Connection {
 
 /// Why a request got no response.
 #[derive(Debug)]
-pub(crate) enum SendError {
+pub enum SendError<B: Body> {
     /// A reused connection turned out closed before the upstream answered anything, and
     /// the request (idempotent, bodiless, so unchanged by the attempt) may go again on a new
     /// connection: the keep-alive race every proxy meets when an upstream closes an idle
     /// connection as a request is written on it.
-    Stale(Box<Request<RequestBody>>),
+    Stale(Box<Request<B>>),
     /// Anything else; the connection is gone.
-    Failed(Error),
+    Failed(UpstreamError<B::Error>),
 }
+
+/// A response head received, and the request back if it was sent whole already (a bodiless
+/// one), for its containers to serve the caller's next request.
+pub type Sent<B> = (Response<UpstreamBody<B>>, Option<Box<Request<B>>>);
 
 /// Sends `req` on `conn` and waits for the response head. `reused` says whether the
 /// connection served a request before (only then is a closed connection [`SendError::Stale`]).
 /// The response body streams from the connection and gives it back at its end
 /// ([`UpstreamBody::take_reusable`]).
-pub(crate) async fn send(
+pub async fn send<B>(
     mut conn: Box<Connection>,
-    req: Box<Request<RequestBody>>,
+    req: Box<Request<B>>,
     reused: bool,
-) -> Result<Response<UpstreamBody>, SendError> {
+) -> Result<Sent<B>, SendError<B>>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     let has_body = !req.body().is_end_stream();
-    // Only a body, or a method that expects one, needs the declared length looked up.
-    let declared = if has_body || expects_body(req.method()) {
-        req.headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    } else {
-        None
-    };
+    // The framing is the gateway's, from the body it will send: never a peer's field.
     let framing = if has_body {
-        if declared.is_some() {
-            RequestFraming::Declared
-        } else {
-            RequestFraming::Chunked
+        match req.body().size_hint().exact() {
+            Some(n) => RequestFraming::Length(n),
+            None => RequestFraming::Chunked,
         }
-    } else if declared.is_none() && expects_body(req.method()) {
-        RequestFraming::EmptyWithLength
+    } else if expects_body(req.method()) {
+        RequestFraming::Length(0)
     } else {
-        RequestFraming::Declared
+        RequestFraming::None
     };
-    write_head(&mut conn.head_buf, &req, framing);
+    let upgrade = write_head(&mut conn.head_buf, &req, framing);
     let head_request = req.method() == Method::HEAD;
 
     // A bodiless request is kept whole until an answer starts, for a resend on a stale
@@ -197,13 +198,11 @@ pub(crate) async fn send(
         Err(e) => Err(HeadError::Closed(e)),
     };
     match (head, unsent.take()) {
-        (Ok(head), unsent) => {
-            // Sent and answered: the request's containers serve the thread's next request.
-            if let Some(req) = unsent {
-                recycle::give_request(req);
-            }
-            Ok(respond(conn, head, writer))
-        }
+        (Ok(head), _) if head.status == StatusCode::SWITCHING_PROTOCOLS && !upgrade => Err(
+            SendError::Failed(conn.broken("101 to a request that asked for no upgrade")),
+        ),
+        // Sent and answered: the request's containers can serve the caller's next request.
+        (Ok(head), unsent) => Ok((respond(conn, head, writer), unsent)),
         (Err(HeadError::Closed(e)), Some(req)) => Err(if reused && req.method().is_idempotent() {
             SendError::Stale(req)
         } else {
@@ -222,18 +221,21 @@ fn expects_body(method: &Method) -> bool {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RequestFraming {
-    /// The headers say it all: the client's `Content-Length`, or no body.
-    Declared,
-    /// No body and no length: `Content-Length: 0` is added.
-    EmptyWithLength,
+    /// No body, and a method that needs no length.
+    None,
+    /// `Content-Length` (`0` for a method that expects a body and has none).
+    Length(u64),
     /// A body of unknown length (HTTP/2 without `content-length`, or chunked from an
     /// HTTP/1.1 client): sent chunked.
     Chunked,
 }
 
-/// The request head on the wire: origin form, HTTP/1.1, the headers as they are (the
-/// gateway already removed hop-by-hop ones and set `Host`), plus the framing header.
-fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) {
+/// The request head on the wire, built from the parsed message by one rule: origin form,
+/// HTTP/1.1, the fields as the gateway left them less every hop-by-hop and framing field
+/// (whatever a peer sent of those never crosses), then exactly one framing field chosen from
+/// the body, and `Upgrade` only for a WebSocket the gateway tunnels (never `h2c`). Says
+/// whether the request asks for that upgrade.
+fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) -> bool {
     buf.clear();
     buf.extend_from_slice(req.method().as_str().as_bytes());
     buf.push(b' ');
@@ -244,15 +246,28 @@ fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) {
         target.as_bytes()
     });
     buf.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut websocket = false;
     for (name, value) in req.headers() {
+        if fields::is_hop_by_hop(name) || fields::is_framing(name) {
+            websocket |= name == UPGRADE && value.as_bytes().eq_ignore_ascii_case(b"websocket");
+            continue;
+        }
         framing::push_field(buf, name, value);
     }
+    if websocket {
+        buf.extend_from_slice(b"connection: upgrade\r\nupgrade: websocket\r\n");
+    }
     match framing {
-        RequestFraming::Declared => {}
-        RequestFraming::EmptyWithLength => buf.extend_from_slice(b"content-length: 0\r\n"),
+        RequestFraming::None => {}
+        RequestFraming::Length(n) => {
+            buf.extend_from_slice(b"content-length: ");
+            buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            buf.extend_from_slice(b"\r\n");
+        }
         RequestFraming::Chunked => buf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
     buf.extend_from_slice(b"\r\n");
+    websocket
 }
 
 /// A parsed response head, and how its body is framed.
@@ -277,14 +292,14 @@ enum Fields {
 /// A response's field lines as the upstream sent them (names and values validated by the
 /// parser), with what the downstream writer needs to know of them.
 #[derive(Debug)]
-pub(crate) struct RawFields {
+pub struct RawFields {
     /// The field lines between the status line and the head's empty line, each ending in
     /// CRLF (or a bare LF, which the parser accepts).
     lines: Bytes,
     /// A `Content-Length` field is among them.
-    pub(crate) has_length: bool,
+    pub has_length: bool,
     /// A `Date` field is among them.
-    pub(crate) has_date: bool,
+    pub has_date: bool,
 }
 
 impl RawFields {
@@ -294,14 +309,14 @@ impl RawFields {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let colon = line.iter().position(|&b| b == b':')?;
             let name = &line[..colon];
-            (!headers::is_hop_by_hop_name(name)).then(|| (name, line[colon + 1..].trim_ascii()))
+            (!fields::is_hop_by_hop_name(name)).then(|| (name, line[colon + 1..].trim_ascii()))
         })
     }
 
     /// Appends the end-to-end fields as head lines, as the upstream wrote them: runs of lines
     /// that need no change (usually the whole section) are copied in one piece; a hop-by-hop
     /// line is left out, and a line ending in a bare LF gets its CRLF.
-    pub(crate) fn write_to(&self, out: &mut Vec<u8>) {
+    pub fn write_to(&self, out: &mut Vec<u8>) {
         let bytes = &self.lines[..];
         // Start of the lines not yet copied, and of the line looked at.
         let (mut run, mut at) = (0, 0);
@@ -314,7 +329,7 @@ impl RawFields {
             let content = line.strip_suffix(b"\n").unwrap_or(line);
             let crlf = content.ends_with(b"\r");
             let name_end = content.iter().position(|&b| b == b':').unwrap_or(0);
-            let hop_by_hop = headers::is_hop_by_hop_name(&content[..name_end]);
+            let hop_by_hop = fields::is_hop_by_hop_name(&content[..name_end]);
             if hop_by_hop || !crlf {
                 out.extend_from_slice(&bytes[run..at]);
                 if !hop_by_hop {
@@ -329,7 +344,7 @@ impl RawFields {
     }
 
     /// Appends the end-to-end fields to `map` (for a downstream that needs a map: HTTP/2).
-    pub(crate) fn append_to(&self, map: &mut HeaderMap) {
+    pub fn append_to(&self, map: &mut HeaderMap) {
         for (name, value) in self.end_to_end() {
             // The parser validated both, so neither conversion fails in practice.
             if let (Ok(name), Ok(value)) = (
@@ -343,19 +358,19 @@ impl RawFields {
 }
 
 #[derive(Debug)]
-enum HeadError {
+enum HeadError<E> {
     /// The upstream closed (or reset) the connection before a whole head arrived.
     Closed(io::Error),
-    Failed(Error),
+    Failed(UpstreamError<E>),
 }
 
 /// Reads the response head, sending the request body (if any) meanwhile. Interim 1xx
 /// responses other than `101` are skipped.
-async fn read_head(
+async fn read_head<B: Body<Data = Bytes> + Unpin>(
     conn: &mut Connection,
-    writer: &mut Option<Box<BodyWriter>>,
+    writer: &mut Option<Box<BodyWriter<B>>>,
     head_request: bool,
-) -> Result<Head, HeadError> {
+) -> Result<Head, HeadError<B::Error>> {
     let mut write_failed: Option<io::Error> = None;
     poll_fn(|cx| {
         loop {
@@ -363,7 +378,7 @@ async fn read_head(
                 match w.poll_send(cx, &mut conn.stream) {
                     Poll::Ready(Ok(())) => *writer = None,
                     Poll::Ready(Err(WriteError::Body(e))) => {
-                        return Poll::Ready(Err(HeadError::Failed(e)));
+                        return Poll::Ready(Err(HeadError::Failed(UpstreamError::RequestBody(e))));
                     }
                     Poll::Ready(Err(WriteError::Io(e))) => {
                         // The upstream stopped reading: it may have answered already (an
@@ -631,11 +646,11 @@ fn response_framing(
     })
 }
 
-fn respond(
+fn respond<B: Body>(
     conn: Box<Connection>,
     head: Head,
-    writer: Option<Box<BodyWriter>>,
-) -> Response<UpstreamBody> {
+    writer: Option<Box<BodyWriter<B>>>,
+) -> Response<UpstreamBody<B>> {
     let (headers, raw) = match head.fields {
         // A recycled map for the fields the gateway adds (`Via`).
         Fields::Raw(raw) => (recycle::header_map(1), Some(raw)),
@@ -660,10 +675,10 @@ fn respond(
 /// it also finishes sending the request body if the upstream answered before taking all of
 /// it.
 #[derive(Debug)]
-pub(crate) struct UpstreamBody {
+pub struct UpstreamBody<B: Body> {
     conn: Option<Box<Connection>>,
     framing: Framing,
-    writer: Option<Box<BodyWriter>>,
+    writer: Option<Box<BodyWriter<B>>>,
     keep_alive: bool,
     read_timeout: WaitTimeout,
     /// The response's own fields when they were kept as lines (else they are in the
@@ -671,27 +686,27 @@ pub(crate) struct UpstreamBody {
     raw: Option<RawFields>,
 }
 
-impl UpstreamBody {
+impl<B: Body> UpstreamBody<B> {
     /// The response's fields as the upstream sent them, if they were kept as lines.
-    pub(crate) fn raw_fields(&self) -> Option<&RawFields> {
+    pub fn raw_fields(&self) -> Option<&RawFields> {
         self.raw.as_ref()
     }
 
     /// Moves fields kept as lines into `map`, for a downstream that needs them there.
-    pub(crate) fn fields_into(&mut self, map: &mut HeaderMap) {
+    pub fn fields_into(&mut self, map: &mut HeaderMap) {
         if let Some(raw) = self.raw.take() {
             raw.append_to(map);
         }
     }
 
     /// Bounds each wait for more body bytes by `limit` (`timeouts.read_ms`; `None`: none).
-    pub(crate) fn set_read_timeout(&mut self, limit: Option<Duration>) {
+    pub fn set_read_timeout(&mut self, limit: Option<Duration>) {
         self.read_timeout.set_limit(limit);
     }
 
     /// The connection, if this exchange left it fit for another: called when the body has
     /// been read to its end.
-    pub(crate) fn take_reusable(&mut self) -> Option<Box<Connection>> {
+    pub fn take_reusable(&mut self) -> Option<Box<Connection>> {
         let fit = matches!(self.framing, Framing::Done)
             && self.keep_alive
             && self.writer.is_none()
@@ -700,12 +715,12 @@ impl UpstreamBody {
     }
 
     /// The connection after a `101 Switching Protocols`: the tunnel's upstream side.
-    pub(crate) fn take_upgraded(&mut self) -> Option<Box<Connection>> {
+    pub fn take_upgraded(&mut self) -> Option<Box<Connection>> {
         self.writer = None;
         self.conn.take()
     }
 
-    fn fail(&mut self, err: Error) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+    fn fail(&mut self, err: UpstreamError<B::Error>) -> Polled<B> {
         self.conn = None;
         self.framing = Framing::Done;
         self.writer = None;
@@ -714,14 +729,14 @@ impl UpstreamBody {
     }
 }
 
-impl Body for UpstreamBody {
+impl<B: Body<Data = Bytes> + Unpin> Body for UpstreamBody<B> {
     type Data = Bytes;
-    type Error = Error;
+    type Error = UpstreamError<B::Error>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         loop {
             if matches!(this.framing, Framing::Done) {
@@ -733,7 +748,9 @@ impl Body for UpstreamBody {
             if let Some(w) = &mut this.writer {
                 match w.poll_send(cx, &mut conn.stream) {
                     Poll::Ready(Ok(())) => this.writer = None,
-                    Poll::Ready(Err(WriteError::Body(e))) => return this.fail(e),
+                    Poll::Ready(Err(WriteError::Body(e))) => {
+                        return this.fail(UpstreamError::RequestBody(e));
+                    }
                     Poll::Ready(Err(WriteError::Io(_))) => {
                         // The upstream no longer reads the request; its response goes on.
                         this.writer = None;
@@ -756,10 +773,7 @@ impl Body for UpstreamBody {
                 Poll::Pending => {
                     if this.read_timeout.poll_expired(cx) {
                         // Closed, never pooled: the rest of the body may still arrive.
-                        let err = Error::UpstreamTimeout {
-                            addr: conn.addr,
-                            phase: "body",
-                        };
+                        let err = UpstreamError::Timeout { addr: conn.addr };
                         return this.fail(err);
                     }
                     return Poll::Pending;
@@ -797,10 +811,13 @@ impl Body for UpstreamBody {
     }
 }
 
+/// What polling an [`UpstreamBody`] gives.
+type Polled<B> = Poll<Option<Result<Frame<Bytes>, UpstreamError<<B as Body>::Error>>>>;
+
 #[derive(Debug)]
-enum WriteError {
+enum WriteError<E> {
     /// The downstream body failed (too large, client went away): the downstream's fault.
-    Body(Error),
+    Body(E),
     /// Writing to the upstream failed.
     Io(io::Error),
 }
@@ -808,9 +825,9 @@ enum WriteError {
 /// Streams the request head and body to the upstream: length-delimited as declared, or
 /// chunked. Segments go out with one vectored write where they can.
 #[derive(Debug)]
-struct BodyWriter {
+struct BodyWriter<B> {
     /// The request whose body is sent (its head was written into `pending`).
-    req: Box<Request<RequestBody>>,
+    req: Box<Request<B>>,
     chunked: bool,
     /// Taken from the body (or the head), not yet written, front first.
     pending: VecDeque<Bytes>,
@@ -823,8 +840,8 @@ struct BodyWriter {
     first: bool,
 }
 
-impl BodyWriter {
-    fn new(head: Bytes, req: Box<Request<RequestBody>>, chunked: bool) -> BodyWriter {
+impl<B: Body<Data = Bytes> + Unpin> BodyWriter<B> {
+    fn new(head: Bytes, req: Box<Request<B>>, chunked: bool) -> BodyWriter<B> {
         let mut pending = VecDeque::with_capacity(4);
         pending.push_back(head);
         BodyWriter {
@@ -841,7 +858,7 @@ impl BodyWriter {
         &mut self,
         cx: &mut Context<'_>,
         stream: &mut TcpStream,
-    ) -> Poll<Result<(), WriteError>> {
+    ) -> Poll<Result<(), WriteError<B::Error>>> {
         loop {
             if self.first {
                 self.first = false;
@@ -874,7 +891,7 @@ impl BodyWriter {
     }
 
     /// Queues what one poll of the body gave.
-    fn take(&mut self, frame: Option<Result<Frame<Bytes>, Error>>) -> Result<(), Error> {
+    fn take(&mut self, frame: Option<Result<Frame<Bytes>, B::Error>>) -> Result<(), B::Error> {
         match frame {
             Some(Ok(frame)) => {
                 match frame.into_data() {
@@ -1070,15 +1087,14 @@ mod tests {
         let client = TcpStream::connect(addr).await.expect("connect");
         let (mut server, _) = listener.accept().await.expect("accept");
         server.write_all(answer).await.expect("answer");
-        let metrics = crate::metrics::GatewayMetrics::register(&tailguard_metrics::Registry::new())
-            .expect("metrics");
-        let conn = Connection::new(client, addr, OpenConnection::new(metrics.pool()));
+        let conn = Connection::new(client, addr, Box::new(()));
         (conn, server)
     }
 
-    fn get() -> Box<Request<RequestBody>> {
-        let body = RequestBody::unlimited(crate::body::IncomingBody::Empty);
-        Box::new(Request::get("/").body(body).expect("request"))
+    type Empty = http_body_util::Empty<Bytes>;
+
+    fn get() -> Box<Request<Empty>> {
+        Box::new(Request::get("/").body(Empty::new()).expect("request"))
     }
 
     async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -1090,9 +1106,9 @@ mod tests {
     /// Sends a request to an upstream that answers `wire` (whose body starts with `hello`),
     /// sets a 50 ms read timeout on the response body, and reads its first frame, asserted
     /// to be that `hello`. The upstream's socket is returned, to keep the connection open.
-    async fn hello_with_read_timeout(wire: &'static [u8]) -> (UpstreamBody, TcpStream) {
+    async fn hello_with_read_timeout(wire: &'static [u8]) -> (UpstreamBody<Empty>, TcpStream) {
         let (conn, server) = answered(wire).await;
-        let resp = within(send(conn, get(), false)).await.expect("response");
+        let (resp, _) = within(send(conn, get(), false)).await.expect("response");
         let mut body = resp.into_body();
         body.set_read_timeout(Some(Duration::from_millis(50)));
         let frame = within(http_body_util::BodyExt::frame(&mut body)).await;
@@ -1125,7 +1141,7 @@ mod tests {
         // The upstream keeps the connection open and sends nothing more.
         let next = within(http_body_util::BodyExt::frame(&mut body)).await;
         match next {
-            Some(Err(Error::UpstreamTimeout { phase, .. })) => assert_eq!(phase, "body"),
+            Some(Err(UpstreamError::Timeout { .. })) => {}
             other => panic!("expected a body timeout, got {other:?}"),
         }
         assert!(body.is_end_stream());
@@ -1146,7 +1162,42 @@ mod tests {
             buf,
             b"POST /a?b=1 HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
         );
-        write_head(&mut buf, &req, RequestFraming::EmptyWithLength);
+        write_head(&mut buf, &req, RequestFraming::Length(0));
         assert!(buf.ends_with(b"content-length: 0\r\n\r\n"));
+    }
+
+    #[test]
+    fn a_peers_framing_and_hop_by_hop_fields_never_reach_the_head_and_only_websocket_upgrades() {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/")
+            .header("host", "x")
+            .header("content-length", "5, 5")
+            .header("transfer-encoding", "chunked")
+            .header("connection", "upgrade, http2-settings")
+            .header("upgrade", "h2c")
+            .header("te", "trailers")
+            .header("x-kept", "1")
+            .body(())
+            .expect("request");
+        let mut buf = Vec::new();
+        let upgrade = write_head(&mut buf, &req, RequestFraming::Length(5));
+        assert!(!upgrade);
+        assert_eq!(
+            String::from_utf8_lossy(&buf),
+            "POST / HTTP/1.1\r\nhost: x\r\nx-kept: 1\r\ncontent-length: 5\r\n\r\n"
+        );
+        let ws = Request::builder()
+            .uri("/chat")
+            .header("host", "x")
+            .header("upgrade", "websocket")
+            .header("connection", "upgrade")
+            .body(())
+            .expect("request");
+        assert!(write_head(&mut buf, &ws, RequestFraming::None));
+        assert_eq!(
+            String::from_utf8_lossy(&buf),
+            "GET /chat HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+        );
     }
 }

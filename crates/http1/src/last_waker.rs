@@ -6,25 +6,25 @@ use std::task::{Context, Waker};
 
 /// The last waker a wait registered, if it is still registered.
 #[derive(Debug, Default)]
-pub(crate) struct LastWaker(Option<Waker>);
+pub struct LastWaker(Option<Waker>);
 
 impl LastWaker {
     /// Whether `cx`'s waker wakes the same task as the one registered.
-    pub(crate) fn is_current(&self, cx: &Context<'_>) -> bool {
+    pub fn is_current(&self, cx: &Context<'_>) -> bool {
         self.0
             .as_ref()
             .is_some_and(|registered| registered.will_wake(cx.waker()))
     }
 
     /// Notes that `cx`'s waker is now registered (cloned only when it changed).
-    pub(crate) fn remember(&mut self, cx: &Context<'_>) {
+    pub fn remember(&mut self, cx: &Context<'_>) {
         if !self.is_current(cx) {
             self.0 = Some(cx.waker().clone());
         }
     }
 
     /// Notes that no waker is registered any more.
-    pub(crate) fn forget(&mut self) {
+    pub fn forget(&mut self) {
         self.0 = None;
     }
 }

@@ -15,12 +15,12 @@ use tokio::io::AsyncRead;
 
 /// Read sizes: start small (most messages are a few hundred bytes), grow while reads fill
 /// the buffer (a large body), shrink back when they stop.
-pub(crate) const MIN_READ: usize = 8 * 1024;
+pub const MIN_READ: usize = 8 * 1024;
 const MAX_READ: usize = 128 * 1024;
 
 /// Reads more bytes into `buf`, sized by how full the last reads came back (`read_size`,
 /// adjusted here); `Ok(0)` is the peer's end of stream.
-pub(crate) fn poll_fill<R: AsyncRead + Unpin + ?Sized>(
+pub fn poll_fill<R: AsyncRead + Unpin + ?Sized>(
     io: &mut R,
     cx: &mut Context<'_>,
     buf: &mut BytesMut,
@@ -40,7 +40,7 @@ pub(crate) fn poll_fill<R: AsyncRead + Unpin + ?Sized>(
 }
 
 /// Header lines a head (or trailer section) may have (hyper's default as well).
-pub(crate) const MAX_HEADERS: usize = 100;
+pub const MAX_HEADERS: usize = 100;
 /// A trailer section larger than this is refused as broken.
 const MAX_TRAILER_BYTES: usize = 64 * 1024;
 /// A chunk-size line (with extensions) longer than this is refused as broken.
@@ -48,16 +48,20 @@ const MAX_CHUNK_LINE: usize = 4 * 1024;
 
 /// How much of a message body is left.
 #[derive(Debug)]
-pub(crate) enum Framing {
+pub enum Framing {
+    /// This many bytes are left.
     Length(u64),
+    /// Chunked, the parser where it is.
     Chunked(Chunk),
+    /// Until the peer closes (a response without length).
     UntilClose,
+    /// The body has ended (or there is none).
     Done,
 }
 
 /// Where a chunked body's parser is.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Chunk {
+pub enum Chunk {
     /// Before a chunk-size line.
     Size,
     /// Inside a chunk's data, this many bytes left.
@@ -70,7 +74,8 @@ pub(crate) enum Chunk {
 
 /// What one parsing step over the buffered bytes gave.
 #[derive(Debug)]
-pub(crate) enum Step {
+pub enum Step {
+    /// A data or trailers frame.
     Frame(Frame<Bytes>),
     /// State moved on without a frame; step again.
     Again,
@@ -79,7 +84,7 @@ pub(crate) enum Step {
 }
 
 /// Takes the next frame of the body out of `buf` if it holds one.
-pub(crate) fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
+pub fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
     match framing {
         Framing::Done => Ok(Step::Again),
         Framing::UntilClose => {
@@ -202,7 +207,7 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, String> {
 
 /// One field line, `name: value\r\n`, as heads and trailer sections carry it.
 #[inline]
-pub(crate) fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+pub fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     out.extend_from_slice(name.as_str().as_bytes());
     out.extend_from_slice(b": ");
     out.extend_from_slice(value.as_bytes());
@@ -212,10 +217,10 @@ pub(crate) fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderVal
 /// The end of a chunked body: the last chunk, the trailer fields that may be forwarded, and
 /// the final empty line. Fields that frame, route or control the connection are not
 /// forwarded in a trailer section (RFC 9110 §6.5.1: they must be known before the content).
-pub(crate) fn push_last_chunk(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
+pub fn push_last_chunk(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
     out.extend_from_slice(b"0\r\n");
     for (name, value) in trailers.into_iter().flatten() {
-        if !crate::headers::is_hop_by_hop(name) && name != CONTENT_LENGTH && name != HOST {
+        if !crate::fields::is_hop_by_hop(name) && name != CONTENT_LENGTH && name != HOST {
             push_field(out, name, value);
         }
     }
@@ -223,7 +228,7 @@ pub(crate) fn push_last_chunk(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
 }
 
 /// A chunk's size line, `<hex>\r\n`, without the formatting machinery of `format!`.
-pub(crate) fn chunk_size_line(len: usize) -> Bytes {
+pub fn chunk_size_line(len: usize) -> Bytes {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut line = [0u8; 18];
     let mut at = 16;

@@ -23,15 +23,22 @@ use crate::last_waker::LastWaker;
 
 /// One reusable timer (see the module doc).
 #[derive(Debug)]
-pub(crate) struct LazyTimer {
+pub struct LazyTimer {
     sleep: Pin<Box<Sleep>>,
     /// The waker the pending timer was last polled with: while the timer has not fired and
     /// the waiting task's waker is this one, the timer will wake it without another poll.
     armed_for: LastWaker,
 }
 
+impl Default for LazyTimer {
+    fn default() -> LazyTimer {
+        LazyTimer::new()
+    }
+}
+
 impl LazyTimer {
-    pub(crate) fn new() -> LazyTimer {
+    /// A timer not yet set for any deadline.
+    pub fn new() -> LazyTimer {
         LazyTimer {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed_for: LastWaker::default(),
@@ -40,7 +47,7 @@ impl LazyTimer {
 
     /// Whether `deadline` has passed; if not, the task is woken when it does (or, once,
     /// earlier, when the timer still set for an earlier deadline fires and is moved).
-    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
+    pub fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
         // Set later than this deadline (a reload shortened the timeout): pulled in.
         if self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
@@ -64,11 +71,7 @@ impl LazyTimer {
     }
 
     /// Runs `fut` until `deadline`; `None` if the deadline came first.
-    pub(crate) async fn limit<F: Future>(
-        &mut self,
-        deadline: Instant,
-        fut: F,
-    ) -> Option<F::Output> {
+    pub async fn limit<F: Future>(&mut self, deadline: Instant, fut: F) -> Option<F::Output> {
         let mut fut = pin!(fut);
         poll_fn(|cx| {
             if let Poll::Ready(out) = fut.as_mut().poll(cx) {
@@ -87,7 +90,7 @@ impl LazyTimer {
 /// a body), counted from when the wait first blocks: a wait that never blocks reads no clock
 /// and makes no timer, and the timer is made by the first wait that does.
 #[derive(Debug, Default)]
-pub(crate) struct WaitTimeout {
+pub struct WaitTimeout {
     /// `None`: waits are not limited.
     limit: Option<Duration>,
     pub(crate) timer: Option<LazyTimer>,
@@ -96,26 +99,28 @@ pub(crate) struct WaitTimeout {
 }
 
 impl WaitTimeout {
-    pub(crate) fn new(limit: Option<Duration>) -> WaitTimeout {
+    /// A limit of `limit` on each wait (`None`: none).
+    pub fn new(limit: Option<Duration>) -> WaitTimeout {
         WaitTimeout {
             limit,
             ..WaitTimeout::default()
         }
     }
 
-    pub(crate) fn set_limit(&mut self, limit: Option<Duration>) {
+    /// Changes the limit for the waits to come.
+    pub fn set_limit(&mut self, limit: Option<Duration>) {
         self.limit = limit;
     }
 
     /// A new wait begins (or the current one made progress): its clock starts again when it
     /// next blocks.
-    pub(crate) fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.deadline = None;
     }
 
     /// Whether the current wait has lasted the limit. Call only when the wait is pending;
     /// the first call of a wait starts its clock.
-    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+    pub fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(limit) = self.limit else {
             return false;
         };
