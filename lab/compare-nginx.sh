@@ -12,15 +12,20 @@
 #      $ROUNDS times, interleaved;
 #   3. the ratios tailguard/nginx per round and their median (target: throughput >= 1.0,
 #      P99 <= 1.0).
+# BASELINE=<another tailguard binary> adds it as a third proxy ("baseline") to every round,
+# interleaved with the other two, and prints tailguard/baseline ratios as well: a change's
+# cost measured in the same rounds as nginx. WRK_THREADS (default 1) sets wrk's threads.
 # Every process of the benchmark runs at nice $NICE (default -10, when root) so builds and
 # tests running beside it on a shared machine take CPU from neither proxy.
 # Raw outputs go to $OUT (default: a temp dir); the summary is printed.
-#   DURATION=10s CONNECTIONS=50 ROUNDS=3 lab/compare-nginx.sh
+#   DURATION=10s CONNECTIONS=50 ROUNDS=3 [WRK_THREADS=2] [BASELINE=old/tailguard] lab/compare-nginx.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${DURATION:-10s}
 conns=${CONNECTIONS:-50}
 rounds=${ROUNDS:-3}
+wrk_threads=${WRK_THREADS:-1}
+baseline=${BASELINE:-}
 out=${OUT:-$(mktemp -d /tmp/compare-nginx.XXXXXX)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -39,7 +44,7 @@ if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
 old_group_nice=$(sed -n 's/.*nice //p' /proc/self/autogroup 2>/dev/null || true)
 if [ -n "$old_group_nice" ] && [ "$(id -u)" -eq 0 ]; then echo "${NICE:--10}" > /proc/self/autogroup 2>/dev/null || true; fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up_port=$(free_port); tg_port=$(free_port); ng_port=$(free_port)
+up_port=$(free_port); tg_port=$(free_port); ng_port=$(free_port); bl_port=$(free_port)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -72,30 +77,40 @@ RUST_LOG=warn "${prio[@]}" taskset -c 0 "$exe" run --listen "127.0.0.1:$tg_port"
 tg_pid=$!
 pids+=($!)
 wait_port "$tg_port"
+proxies=(nginx tailguard)
+if [ -n "$baseline" ]; then
+  RUST_LOG=warn "${prio[@]}" taskset -c 0 "$baseline" run --listen "127.0.0.1:$bl_port" --threads 1 \
+    --upstream "demo=127.0.0.1:$up_port" > "$out/baseline.log" 2>&1 &
+  bl_pid=$!
+  pids+=($!)
+  wait_port "$bl_port"
+  proxies+=(baseline)
+fi
 
 {
   echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "$("$exe" --version); $(nginx -v 2>&1); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); $(oha --version)"
+  if [ -n "$baseline" ]; then echo "baseline: $baseline ($("$baseline" --version))"; fi
 } > "$out/machine.txt"
 
 # CPU ticks used so far by the given processes (all their threads): "user system".
 cpu_of() { local u=0 s=0; for p in "$@"; do read -r pu ps < <(awk '{print $14, $15}' "/proc/$p/stat"); u=$((u + pu)); s=$((s + ps)); done; echo "$u $s"; }
 ng_pids=("$ng_master" $(pgrep -P "$ng_master"))
-declare -A procs=([nginx]="${ng_pids[*]}" [tailguard]="$tg_pid")
-declare -A url=([nginx]="http://127.0.0.1:$ng_port/" [tailguard]="http://127.0.0.1:$tg_port/")
-for p in nginx tailguard; do
-  "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d2s "${url[$p]}" > /dev/null   # warm up pools and caches
+declare -A procs=([nginx]="${ng_pids[*]}" [tailguard]="$tg_pid" [baseline]="${bl_pid:-}")
+declare -A url=([nginx]="http://127.0.0.1:$ng_port/" [tailguard]="http://127.0.0.1:$tg_port/" [baseline]="http://127.0.0.1:$bl_port/")
+for p in "${proxies[@]}"; do
+  "${prio[@]}" taskset -c 1 wrk -t"$wrk_threads" -c"$conns" -d2s "${url[$p]}" > /dev/null   # warm up pools and caches
 done
-# Rounds, the two proxies interleaved (nginx first in odd rounds, tailguard first in even
-# ones): on a shared host the speed of the machine drifts by more than the difference
-# being measured, and a ratio taken inside one round cancels most of that drift.
-order() { if [ $(($1 % 2)) -eq 1 ]; then echo nginx tailguard; else echo tailguard nginx; fi; }
+# Rounds, the proxies interleaved (each round starts one proxy further down the list): on
+# a shared host the speed of the machine drifts by more than the difference being
+# measured, and a ratio taken inside one round cancels most of that drift.
+order() { local n=${#proxies[@]} i; for i in $(seq 0 $((n - 1))); do echo "${proxies[$(( ($1 - 1 + i) % n ))]}"; done; }
 for r in $(seq "$rounds"); do
   for p in $(order "$r"); do
     echo "== round $r: wrk max: $p" >&2
     read -r u0 s0 < <(cpu_of ${procs[$p]})
-    "${prio[@]}" taskset -c 1 wrk -t1 -c"$conns" -d"$dur" --latency "${url[$p]}" > "$out/wrk-$p-$r.txt"
+    "${prio[@]}" taskset -c 1 wrk -t"$wrk_threads" -c"$conns" -d"$dur" --latency "${url[$p]}" > "$out/wrk-$p-$r.txt"
     read -r u1 s1 < <(cpu_of ${procs[$p]})
     echo "$((u1 - u0)) $((s1 - s0))" > "$out/wrk-$p-$r.ticks"
   done
@@ -114,10 +129,11 @@ for r in $(seq "$rounds"); do
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/machine.txt"
 
-PRIO="${prio[*]:-none}" python3 - "$out" "$rate" "$dur" "$conns" "$rounds" > "$out/summary.md" <<'PY'
+PRIO="${prio[*]:-none}" PROXIES="${proxies[*]}" WRK_THREADS="$wrk_threads" python3 - "$out" "$rate" "$dur" "$conns" "$rounds" > "$out/summary.md" <<'PY'
 import json, os, re, statistics, sys
 out, rate, dur, conns, rounds = sys.argv[1:]
 rounds = int(rounds)
+proxies = os.environ["PROXIES"].split()
 def wrk(p, r):
     t = open(f"{out}/wrk-{p}-{r}.txt").read()
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
@@ -138,31 +154,41 @@ def oha(p, r):
     total = sum(codes.values()) + sum(d.get("errorDistribution", {}).values())
     return ms, d["summary"]["requestsPerSec"], ok, total
 print(open(f"{out}/machine.txt").read().rstrip())
-print(f"proxy: 1 worker on core 0; wrk/oha and the upstream on core 1; {conns} connections, {dur} per run; nice {os.environ.get('PRIO', 'default')}")
-print(f"{rounds} rounds, nginx and tailguard interleaved; fixed rate = half of nginx's median max")
+print(f"proxy: 1 worker on core 0; wrk (-t{os.environ['WRK_THREADS']})/oha and the upstream on core 1; {conns} connections, {dur} per run; nice {os.environ.get('PRIO', 'default')}")
+print(f"{rounds} rounds, {', '.join(proxies)} interleaved; fixed rate = half of nginx's median max")
 print()
 print(f"| round | proxy | wrk max req/s | proxy CPU us/req (user + sys) | oha -q {rate}: P50 ms | P99 ms | P99.9 ms | P100 ms | achieved req/s | 200s/total |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 ratios = []
+base_ratios = []
+def ratio_of(t, n):
+    (t_rps, _, _, t_us), (t_ms, *_) = t
+    (n_rps, _, _, n_us), (n_ms, *_) = n
+    return (t_rps / n_rps, t_us[0] / n_us[0], t_ms["p50"] / n_ms["p50"], t_ms["p99"] / n_ms["p99"],
+            t_ms["p99.9"] / n_ms["p99.9"], t_ms["p100"] / n_ms["p100"])
 for r in range(1, rounds + 1):
-    rows = {p: (wrk(p, r), oha(p, r)) for p in ("nginx", "tailguard")}
+    rows = {p: (wrk(p, r), oha(p, r)) for p in proxies}
     for p, ((rps, non2xx, sock, us), (ms, ach, ok, total)) in rows.items():
         print(f"| {r} | {p} | {rps:.0f} | {us[0]:.1f} ({us[1]:.1f} + {us[2]:.1f}) | {ms['p50']:.3f} | {ms['p99']:.3f} | {ms['p99.9']:.3f} | {ms['p100']:.3f} | {ach:.0f} | {ok}/{total} |")
         if non2xx or sock != "none":
             print(f"warning: round {r}: {p}: wrk saw {non2xx} non-2xx responses, socket errors: {sock}", file=sys.stderr)
-    (n_rps, _, _, n_us), (n_ms, *_) = rows["nginx"]
-    (t_rps, _, _, t_us), (t_ms, *_) = rows["tailguard"]
-    ratio = (t_rps / n_rps, t_us[0] / n_us[0], t_ms["p50"] / n_ms["p50"], t_ms["p99"] / n_ms["p99"],
-             t_ms["p99.9"] / n_ms["p99.9"], t_ms["p100"] / n_ms["p100"])
+    ratio = ratio_of(rows["tailguard"], rows["nginx"])
     ratios.append(ratio)
     print(f"| {r} | ratio tailguard/nginx | {ratio[0]:.2f} | {ratio[1]:.2f} | {ratio[2]:.2f} | {ratio[3]:.2f} | {ratio[4]:.2f} | {ratio[5]:.2f} | | |")
+    if "baseline" in rows:
+        b = ratio_of(rows["tailguard"], rows["baseline"])
+        base_ratios.append(b)
+        print(f"| {r} | ratio tailguard/baseline | {b[0]:.3f} | {b[1]:.3f} | {b[2]:.2f} | {b[3]:.2f} | {b[4]:.2f} | {b[5]:.2f} | | |")
 med = [statistics.median(col) for col in zip(*ratios)]
 print(f"| all | **median ratio** | **{med[0]:.2f}** | **{med[1]:.2f}** | {med[2]:.2f} | **{med[3]:.2f}** | {med[4]:.2f} | {med[5]:.2f} | | |")
+if base_ratios:
+    m = [statistics.median(col) for col in zip(*base_ratios)]
+    print(f"| all | **median ratio tailguard/baseline** | **{m[0]:.3f}** | **{m[1]:.3f}** | {m[2]:.2f} | **{m[3]:.2f}** | {m[4]:.2f} | {m[5]:.2f} | | |")
 # Each proxy's best round (most req/s, least CPU per request, lowest percentiles): on a
 # shared host noise only ever slows a run down, so the best of several rounds is the
 # closest to each proxy's own cost, whichever rounds the neighbours were busy in.
 best = {}
-for p in ("nginx", "tailguard"):
+for p in proxies:
     w = [wrk(p, r) for r in range(1, rounds + 1)]
     o = [oha(p, r) for r in range(1, rounds + 1)]
     best[p] = (max(x[0] for x in w), min(x[3][0] for x in w),
@@ -171,6 +197,9 @@ for p in ("nginx", "tailguard"):
     print(f"| best | {p} | {b[0]:.0f} | {b[1]:.1f} | {b[2]:.3f} | {b[3]:.3f} | {b[4]:.3f} | {b[5]:.3f} | | |")
 r = [t / n for t, n in zip(best["tailguard"], best["nginx"])]
 print(f"| best | **ratio of the best rounds** | **{r[0]:.2f}** | **{r[1]:.2f}** | {r[2]:.2f} | **{r[3]:.2f}** | {r[4]:.2f} | {r[5]:.2f} | | |")
+if "baseline" in best:
+    r = [t / b for t, b in zip(best["tailguard"], best["baseline"])]
+    print(f"| best | **ratio of the best rounds, tailguard/baseline** | **{r[0]:.3f}** | **{r[1]:.3f}** | {r[2]:.2f} | **{r[3]:.2f}** | {r[4]:.2f} | {r[5]:.2f} | | |")
 print(f"raw outputs: {out}")
 PY
 cat "$out/summary.md"

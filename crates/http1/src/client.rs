@@ -298,6 +298,9 @@ pub struct RawFields {
     lines: Bytes,
     /// A `Content-Length` field is among them.
     pub has_length: bool,
+    /// It is the one framing field, once, a plain number: the line is what the downstream
+    /// would write itself, so it may be copied as it is.
+    pub length_exact: bool,
     /// A `Date` field is among them.
     pub has_date: bool,
 }
@@ -315,8 +318,10 @@ impl RawFields {
 
     /// Appends the end-to-end fields as head lines, as the upstream wrote them: runs of lines
     /// that need no change (usually the whole section) are copied in one piece; a hop-by-hop
-    /// line is left out, and a line ending in a bare LF gets its CRLF.
-    pub fn write_to(&self, out: &mut Vec<u8>) {
+    /// line is left out, and a line ending in a bare LF gets its CRLF. `Content-Length` lines
+    /// are left out too unless `keep_length` (the downstream frames the body itself; a
+    /// response without a body keeps the length it announces).
+    pub fn write_to(&self, out: &mut Vec<u8>, keep_length: bool) {
         let bytes = &self.lines[..];
         // Start of the lines not yet copied, and of the line looked at.
         let (mut run, mut at) = (0, 0);
@@ -329,7 +334,9 @@ impl RawFields {
             let content = line.strip_suffix(b"\n").unwrap_or(line);
             let crlf = content.ends_with(b"\r");
             let name_end = content.iter().position(|&b| b == b':').unwrap_or(0);
-            let hop_by_hop = fields::is_hop_by_hop_name(&content[..name_end]);
+            let name = &content[..name_end];
+            let hop_by_hop = fields::is_hop_by_hop_name(name)
+                || (!keep_length && name.eq_ignore_ascii_case(b"content-length"));
             if hop_by_hop || !crlf {
                 out.extend_from_slice(&bytes[run..at]);
                 if !hop_by_hop {
@@ -475,6 +482,8 @@ struct FramingFields {
     chunked_last: Option<bool>,
     /// A `Content-Length` field is present.
     content_length: bool,
+    /// More than one `Content-Length` field, or a list in one.
+    length_repeated: bool,
     /// Its value (one number, however many fields and comma-separated copies carry it), or
     /// why it is invalid.
     length: Result<Option<u64>, &'static str>,
@@ -489,11 +498,13 @@ impl FramingFields {
             close: false,
             chunked_last: None,
             content_length: false,
+            length_repeated: false,
             length: Ok(None),
             date: false,
         };
         for (name, value) in fields {
             if name.eq_ignore_ascii_case(b"content-length") {
+                f.length_repeated |= f.content_length || value.contains(&b',');
                 f.content_length = true;
                 for part in value.split(|&b| b == b',') {
                     let n = std::str::from_utf8(part.trim_ascii())
@@ -572,6 +583,10 @@ fn parse_with<const N: usize>(
             fields: Fields::Raw(RawFields {
                 lines: lines.freeze(),
                 has_length: found.content_length,
+                length_exact: found.content_length
+                    && !found.length_repeated
+                    && found.chunked_last.is_none()
+                    && matches!(found.length, Ok(Some(_))),
                 has_date: found.date,
             }),
             framing,
@@ -1014,10 +1029,11 @@ mod tests {
                 b"A: 1\r\nKeep-Alive: timeout=5\r\nB: 2\nC:  3 \r\nTRANSFER-ENCODING: chunked\r\n",
             ),
             has_length: false,
+            length_exact: false,
             has_date: false,
         };
         let mut out = Vec::new();
-        raw.write_to(&mut out);
+        raw.write_to(&mut out, true);
         assert_eq!(String::from_utf8_lossy(&out), "A: 1\r\nB: 2\r\nC:  3 \r\n");
         let mut map = HeaderMap::new();
         raw.append_to(&mut map);

@@ -518,12 +518,17 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
             || status == StatusCode::NOT_MODIFIED;
         // One pass over the few names (standard ones compare as enum tags) instead of two
         // hashed lookups; fields kept as lines say it themselves.
+        // The body is framed by what it is, never by a length the upstream wrote: its
+        // `Content-Length` crosses only where it is a plain number that says what the body
+        // is, or where there is no body to frame (HEAD, 304).
         let raw = body.raw_fields();
-        let (mut has_length, mut has_date) =
-            raw.map_or((false, false), |raw| (raw.has_length, raw.has_date));
+        let keep_length = bodiless || raw.is_some_and(|raw| raw.length_exact);
+        let (mut has_length, mut has_date) = raw.map_or((false, false), |raw| {
+            (raw.has_length && keep_length, raw.has_date)
+        });
         for name in parts.headers.keys() {
             if name == CONTENT_LENGTH {
-                has_length = true;
+                has_length |= bodiless;
             } else if name == DATE {
                 has_date = true;
             }
@@ -571,10 +576,12 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
         out.clear();
         status_line(out, status);
         if let Some(raw) = raw {
-            raw.write_to(out);
+            raw.write_to(out, keep_length);
         }
         for (name, value) in &parts.headers {
-            framing::push_field(out, name, value);
+            if bodiless || name != CONTENT_LENGTH {
+                framing::push_field(out, name, value);
+            }
         }
         if let Some(n) = add_length {
             out.extend_from_slice(b"content-length: ");

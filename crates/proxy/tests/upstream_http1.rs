@@ -422,27 +422,12 @@ async fn a_request_body_of_unknown_length_goes_upstream_chunked() {
 /// for at most 10 s (a stalled body must end long before: `read_ms` is 300 ms here, and the
 /// default of 60 s would fail this). Returns the response head and the raw body bytes.
 async fn get_raw_until_closed(url: &str) -> (String, Vec<u8>) {
-    let addr = url.trim_start_matches("http://");
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nhost: stall.test\r\n\r\n")
-        .await
-        .expect("request");
-    let mut raw = Vec::new();
     tokio::time::timeout(
         std::time::Duration::from_secs(10),
-        stream.read_to_end(&mut raw),
+        get_raw_until_closed_after(url, ""),
     )
     .await
     .expect("the gateway closed the connection within 10 s of a stalled body")
-    .expect("read");
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| i + 4)
-        .unwrap_or_else(|| panic!("a whole head: {:?}", String::from_utf8_lossy(&raw)));
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    (head, raw[end..].to_vec())
 }
 
 /// Decodes a chunked body: its data, and whether the last (zero) chunk arrived.
@@ -548,4 +533,68 @@ async fn a_body_that_trickles_with_gaps_shorter_than_read_ms_arrives_whole() {
     let (_server, url) = support::start(support::proxy_to(&[addr], "[timeouts]\nread_ms = 400\n"));
     let (status, body) = send(&http1_client(), &url, Method::GET).await;
     assert_eq!((status, body.as_slice()), (200, &b"0011223344"[..]));
+}
+
+#[tokio::test]
+async fn a_response_is_framed_by_its_body_never_by_a_length_the_upstream_wrote() {
+    // Content-Length beside chunked (the body is 10 bytes, chunked), and a list of equal
+    // lengths: copied as written, either would frame the client's next read wrongly or
+    // ambiguously. The client gets exactly one framing field, the gateway's own.
+    let cases: [(&[u8], &str); 3] = [
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\na\r\n0123456789\r\n0\r\n\r\n",
+            "0123456789",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\nconnection: close\r\n\r\nhello",
+            "hello",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\nx-a: 1\r\n\r\nhello",
+            "hello",
+        ),
+    ];
+    for (wire, body) in cases {
+        let upstream = Scripted::start(move |_| Answer {
+            close: true,
+            ..answer(wire)
+        })
+        .await;
+        let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+        let (head, raw) = within(get_raw_until_closed_after(&url, "connection: close\r\n")).await;
+        let lengths = head.matches("content-length:").count();
+        let chunked = head.matches("transfer-encoding:").count();
+        assert_eq!(lengths + chunked, 1, "one framing field: {head}");
+        let got = if chunked == 1 {
+            let (data, done) = dechunk(&raw);
+            assert!(done, "{head}");
+            data
+        } else {
+            assert!(
+                head.contains(&format!("content-length: {}\r\n", body.len())),
+                "{head}"
+            );
+            raw
+        };
+        assert_eq!(String::from_utf8_lossy(&got), body, "{head}");
+    }
+}
+
+/// [`get_raw_until_closed`] with extra request fields.
+async fn get_raw_until_closed_after(url: &str, fields: &str) -> (String, Vec<u8>) {
+    let addr = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET / HTTP/1.1\r\nhost: frame.test\r\n{fields}\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read");
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4)
+        .unwrap_or_else(|| panic!("a whole head: {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    (head, raw[end..].to_vec())
 }
