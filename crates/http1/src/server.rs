@@ -566,10 +566,13 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                         _ => true,
                     }
             });
+        // A `408` says the client was too slow: the connection closes with it (RFC 9110
+        // §15.5.9), rather than wait longer for the rest of a body to discard.
         let keep = meta.keep_alive
             && body_settled
             && framing != Out::Close
             && !status.is_informational()
+            && status != StatusCode::REQUEST_TIMEOUT
             && !self.shutdown.is_draining();
 
         let out = &mut self.out;

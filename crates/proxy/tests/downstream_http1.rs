@@ -1852,3 +1852,76 @@ async fn a_coding_before_chunked_that_is_not_understood_is_refused() {
     .await;
     assert!(upstream.seen().is_empty());
 }
+
+// ---------------------------------------------------------------------------------------
+// Slow clients: each gets 408, blamed on the client, and its connection closes.
+
+#[tokio::test]
+async fn a_head_slower_than_header_ms_gets_408_even_while_bytes_trickle() {
+    // Slowloris sends a byte now and then: idle_ms (between reads) never fires, the head's
+    // own clock does.
+    let upstream = RawUpstream::echo_line().await;
+    let server = gateway_to(upstream.addr, "[timeouts]\nheader_ms = 400\n");
+    within(async {
+        let mut c = Client::to(&server).await;
+        let started = std::time::Instant::now();
+        c.send(b"GET /slow HTTP/1.1\r\n").await;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            c.send_lenient(b"X-A: b\r\n").await;
+        }
+        let resp = c.response().await;
+        assert_eq!(resp.status, 408, "{}", resp.line);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        c.assert_closed("a 408").await;
+    })
+    .await;
+    assert!(
+        upstream.seen().is_empty(),
+        "a partial head reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn a_request_body_that_stalls_longer_than_body_ms_gets_408() {
+    let upstream = RawUpstream::echo_line().await;
+    let server = gateway_to(upstream.addr, "[timeouts]\nbody_ms = 300\n");
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(b"POST /stall HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 10\r\n\r\nabc")
+            .await;
+        let resp = c.response().await;
+        assert_eq!(resp.status, 408, "{}", resp.line);
+        assert_eq!(resp.body, b"request timed out\n");
+        c.assert_closed("a 408").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_body_still_trickling_when_request_ms_runs_out_is_the_clients_408_not_a_504() {
+    let upstream = RawUpstream::echo_line().await;
+    let server = gateway_to(
+        upstream.addr,
+        "[timeouts]\nrequest_ms = 500\nbody_ms = 300\n",
+    );
+    within(async {
+        let mut c = Client::to(&server).await;
+        c.send(b"POST /trickle HTTP/1.1\r\nHost: gw.test\r\nContent-Length: 100\r\n\r\n")
+            .await;
+        // A byte every 100 ms: never a stall of body_ms, but slower than request_ms (the
+        // writing stops soon after, so that the answer is read before the lingering close).
+        let writer = async {
+            for _ in 0..8 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                c.send_lenient(b"x").await;
+            }
+            c
+        };
+        let mut c = writer.await;
+        let resp = c.response().await;
+        assert_eq!(resp.status, 408, "{}", resp.line);
+        c.assert_closed("a 408").await;
+    })
+    .await;
+}
