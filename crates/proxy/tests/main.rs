@@ -4,6 +4,7 @@ mod config;
 mod downstream_http1;
 mod errors;
 mod forwarding;
+mod h2spec;
 mod lifecycle;
 mod listeners;
 mod overload;
