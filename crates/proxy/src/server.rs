@@ -797,7 +797,8 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = ctx.remote;
-    let service = service_fn(move |req: Request<Incoming>| {
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        one_content_length(req.headers_mut());
         let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
         let ctx = Arc::clone(&ctx);
         // An HTTP/2 stream is a task of hyper's, with a timer of its own.
@@ -815,5 +816,18 @@ where
     };
     if let Err(e) = result {
         tracing::debug!(%remote, "connection ended: {e}");
+    }
+}
+
+/// Collapses repeated `content-length` fields of an HTTP/2 request into one. `h2` accepts
+/// repeats only when they agree (RFC 9110 §8.6 allows that or a rejection), but forwarded as
+/// they are they become repeated HTTP/1.1 lines, which an upstream may refuse (nginx answers
+/// 400) or, if it is lax, read its own way. One lookup; the rare repeat pays the rewrite.
+fn one_content_length(headers: &mut http::HeaderMap) {
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    if let (Some(first), Some(_)) = (values.next(), values.next()) {
+        let first = first.clone();
+        // `insert` replaces every value of the name.
+        headers.insert(http::header::CONTENT_LENGTH, first);
     }
 }

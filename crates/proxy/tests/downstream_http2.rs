@@ -330,11 +330,10 @@ async fn te_trailers_is_accepted_and_not_forwarded() {
 }
 
 #[tokio::test]
-#[ignore = "gap: both content-length lines go upstream (client.rs write_head writes every \
-            value; nothing collapses them)"]
 async fn two_equal_content_lengths_are_forwarded_as_one() {
     // `h2` accepts repeated equal values (RFC 9110 §8.6 allows either that or a rejection);
-    // an HTTP/1.1 upstream may refuse two `Content-Length` lines, so one goes out.
+    // an HTTP/1.1 upstream may refuse two `Content-Length` lines, so one goes out
+    // (`server.rs`, `one_content_length`).
     let got = forwarded(&concat(&[
         post(
             1,
