@@ -2,8 +2,10 @@
 
 mod config;
 mod downstream_http1;
+mod downstream_http2;
 mod errors;
 mod forwarding;
+mod h2spec;
 mod lifecycle;
 mod listeners;
 mod overload;

@@ -12,8 +12,10 @@
 //! | `/delay/MS` | waits MS milliseconds, then the default answer |
 //! | anything else | the default answer: [`UpstreamBuilder`]'s status, body and delay |
 //!
-//! Clients: [`http1_client`], [`h2c_client`], [`tls_get`]; certificates: [`TestCert`]; a free
-//! port named before the gateway binds it: [`reserve_port`].
+//! Clients: [`http1_client`], [`h2c_client`], [`tls_get`], and [`h2_frames`] for HTTP/2 frames
+//! written byte by byte; certificates: [`TestCert`]; a free port named before the gateway
+//! binds it: [`reserve_port`]. [`RecordingUpstream`] records every byte it receives, per
+//! connection, for tests of what may never reach an upstream.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -24,6 +26,11 @@
 //! assert_eq!(upstream.connections(), 1);
 //! # });
 //! ```
+
+pub mod h2_frames;
+mod recording;
+
+pub use recording::{ConnectionLog, RecordedRequest, RecordingUpstream, parse_request};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
