@@ -1,6 +1,7 @@
 //! Integration tests of the gateway: real listeners, upstreams and clients on 127.0.0.1:0.
 
 mod config;
+mod conformance;
 mod downstream_http1;
 mod downstream_http2;
 mod errors;

@@ -67,7 +67,10 @@ pub(crate) async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
 }
 
 /// Reads more bytes into `buf`; false at EOF or on an error (a reset counts as closed).
-pub(crate) async fn read_more(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+pub(crate) async fn read_more(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+) -> bool {
     use tokio::io::AsyncReadExt as _;
     let mut chunk = [0u8; 16 * 1024];
     match stream.read(&mut chunk).await {
