@@ -114,7 +114,12 @@ pub fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
                         Ok(Step::NeedMore)
                     };
                 };
-                let size = parse_chunk_size(&buf[..end])?;
+                // CRLF only: a bare LF ending a chunk line is where lenient and strict parsers
+                // part ways (Kettle 2025), so it is refused, not guessed at.
+                let Some(line) = buf[..end].strip_suffix(b"\r") else {
+                    return Err("chunk-size line not ended by CRLF".to_string());
+                };
+                let size = parse_chunk_size(line)?;
                 buf.advance(end + 1);
                 *chunk = if size == 0 {
                     Chunk::Trailers
@@ -139,8 +144,6 @@ pub fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
             Chunk::DataEnd => {
                 if buf.starts_with(b"\r\n") {
                     buf.advance(2);
-                } else if buf.starts_with(b"\n") {
-                    buf.advance(1);
                 } else if buf.len() >= 2 || (buf.len() == 1 && buf[0] != b'\r') {
                     return Err("chunk data not followed by CRLF".to_string());
                 } else {
@@ -181,28 +184,90 @@ pub fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
     }
 }
 
-/// The hex size of a chunk-size line (`1a;ext=1\r`), ignoring extensions.
+/// The hex size of a chunk-size line without its CRLF (`1a;ext=1`), its extensions checked
+/// against RFC 9112 §7.1.1 and ignored: `chunk-size *( BWS ";" BWS name [ BWS "=" BWS
+/// ( token / quoted-string ) ] )`. Whitespace is allowed only where that grammar has it,
+/// never around a bare size.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, String> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let digits = line
-        .split(|&b| b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
-        return Err("invalid chunk size".to_string());
+    let invalid = || "invalid chunk size".to_string();
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return Err(invalid());
     }
-    let mut size = 0u64;
-    for &d in digits {
+    let size = line[..digits].iter().fold(0u64, |size, &d| {
         let v = match d {
             b'0'..=b'9' => d - b'0',
             b'a'..=b'f' => d - b'a' + 10,
-            b'A'..=b'F' => d - b'A' + 10,
-            _ => return Err("invalid chunk size".to_string()),
+            _ => d - b'A' + 10,
         };
-        size = size * 16 + u64::from(v);
+        size * 16 + u64::from(v)
+    });
+    if !extensions_valid(&line[digits..]) {
+        return Err("invalid chunk extension".to_string());
     }
     Ok(size)
+}
+
+/// Whether `rest` is a well-formed (possibly empty) list of chunk extensions.
+fn extensions_valid(mut rest: &[u8]) -> bool {
+    let bws = |s: &[u8]| -> usize { s.iter().take_while(|&&b| b == b' ' || b == b'\t').count() };
+    let token = |s: &[u8]| -> usize { s.iter().take_while(|&&b| is_tchar(b)).count() };
+    while !rest.is_empty() {
+        rest = &rest[bws(rest)..];
+        let Some(after) = rest.strip_prefix(b";") else {
+            return false;
+        };
+        rest = &after[bws(after)..];
+        let name = token(rest);
+        if name == 0 {
+            return false;
+        }
+        rest = &rest[name..];
+        let ws = bws(rest);
+        if rest[ws..].first() != Some(&b'=') {
+            continue;
+        }
+        rest = &rest[ws + 1..];
+        rest = &rest[bws(rest)..];
+        if let Some(quoted) = rest.strip_prefix(b"\"") {
+            let Some(len) = quoted_string_len(quoted) else {
+                return false;
+            };
+            rest = &quoted[len..];
+        } else {
+            let value = token(rest);
+            if value == 0 {
+                return false;
+            }
+            rest = &rest[value..];
+        }
+    }
+    true
+}
+
+/// The length of a quoted-string's rest after its opening quote, through its closing quote
+/// (RFC 9110 §5.6.4: qdtext or quoted-pair), or `None` if it does not close.
+fn quoted_string_len(s: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'"' => return Some(i + 1),
+            b'\\'
+                if s.get(i + 1)
+                    .is_some_and(|&b| b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80) =>
+            {
+                i += 2
+            }
+            b'\t' | b' ' | 0x21 | 0x23..=0x5b | 0x5d..=0x7e | 0x80..=0xff => i += 1,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// RFC 9110 §5.6.2's tchar.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// One field line, `name: value\r\n`, as heads and trailer sections carry it.
@@ -300,15 +365,52 @@ mod tests {
         ] {
             let line = chunk_size_line(len);
             assert_eq!(&line[..], format!("{len:x}\r\n").as_bytes());
-            assert_eq!(parse_chunk_size(&line[..line.len() - 1]), Ok(len as u64));
+            assert_eq!(parse_chunk_size(&line[..line.len() - 2]), Ok(len as u64));
         }
     }
 
     #[test]
     fn bad_chunk_sizes_are_errors() {
-        for line in [&b"zz\r"[..], b"", b"1234567890abcdef0\r", b";ext\r"] {
-            assert!(parse_chunk_size(line).is_err(), "{line:?}");
+        for line in [
+            &b"zz"[..],
+            b"",
+            b"1234567890abcdef0",
+            b";ext",
+            b" 5",
+            b"5 ",
+            b"0x5",
+            b"-5",
+            b"5;",
+            b"5;a=",
+            b"5;a=\"b",
+            b"5;a b",
+            b"5\r",
+            b"5;a=\"\x01\"",
+        ] {
+            assert!(
+                parse_chunk_size(line).is_err(),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
         }
-        assert_eq!(parse_chunk_size(b"fF ; x=y\r"), Ok(255));
+        assert_eq!(parse_chunk_size(b"fF ; x=y"), Ok(255));
+        assert_eq!(parse_chunk_size(b"5;a;b=c ;d = \"q \\\" r\""), Ok(5));
+    }
+
+    #[test]
+    fn chunk_lines_end_in_crlf_only() {
+        for wire in [&b"5\nhello\r\n0\r\n\r\n"[..], b"5\r\nhello\n0\r\n\r\n"] {
+            let mut framing = Framing::Chunked(Chunk::Size);
+            let mut buf = BytesMut::from(wire);
+            let failed = loop {
+                match step(&mut framing, &mut buf) {
+                    Err(_) => break true,
+                    Ok(Step::NeedMore) => break false,
+                    Ok(_) if matches!(framing, Framing::Done) => break false,
+                    Ok(_) => {}
+                }
+            };
+            assert!(failed, "{}", String::from_utf8_lossy(wire));
+        }
     }
 }

@@ -247,6 +247,14 @@ fn version_token(buf: &[u8]) -> Option<(usize, u8, u8)> {
 /// asterisk-form for `OPTIONS`. Authority-form belongs to `CONNECT`, refused before this.
 fn target_uri(method: &Method, target: Bytes) -> Result<Uri, RequestError> {
     const BAD: RequestError = RequestError::Malformed("invalid request target");
+    // Visible ASCII only, and no fragment (RFC 9112 §3.2: a target has none; RFC 3986 §2):
+    // a byte the upstream may decode or cut differently is refused, not passed on.
+    if !target
+        .iter()
+        .all(|&b| (0x21..0x7f).contains(&b) && b != b'#')
+    {
+        return Err(BAD);
+    }
     if target.as_ref() == b"*" {
         return if *method == Method::OPTIONS {
             Uri::from_maybe_shared(target).map_err(|_| BAD)

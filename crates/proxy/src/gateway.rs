@@ -358,10 +358,15 @@ pub(crate) async fn serve(
     );
     held.snapshot().metrics.gateway.request_started();
     // Matched once: admission (the route's group and class) and forwarding both use it.
-    let route =
-        held.snapshot()
-            .router
-            .find(host_of(&req), req.uri().path(), req.method(), req.headers());
+    // `OPTIONS *` asks about the server as a whole: routed as its root would be.
+    let path = match req.uri().path() {
+        "*" => "/",
+        path => path,
+    };
+    let route = held
+        .snapshot()
+        .router
+        .find(host_of(&req), path, req.method(), req.headers());
     let mut admitted = match admission::admit(held.snapshot(), route) {
         Ok(guard) => guard,
         Err(refused) => {
