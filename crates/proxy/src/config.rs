@@ -315,6 +315,9 @@ pub struct Config {
     pub metrics: tailguard_metrics::MetricsConfig,
     /// Overload protection (`[overload]`).
     pub overload: tailguard_overload::OverloadConfig,
+    /// Peers whose `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are kept (the gateway's
+    /// own values appended); from anyone else they are dropped (`trusted_proxies`).
+    pub trusted_proxies: Vec<crate::cidr::Cidr>,
     /// Where each listener's address came from, for errors found after parsing (a reload
     /// that cannot bind): its line and column in the file, or the `--listen` override.
     listen_origins: Vec<ListenOrigin>,
@@ -363,6 +366,34 @@ impl Diags<'_> {
             err.message().trim_end().replace('\n', " "),
         );
     }
+}
+
+/// A list of networks (`["10.0.0.0/8", "::1"]`), each error at its element.
+fn cidrs(
+    diags: &mut Diags<'_>,
+    field: &str,
+    value: &Spanned<DeValue<'_>>,
+) -> Vec<crate::cidr::Cidr> {
+    let Some(items) = value.get_ref().as_array() else {
+        diags.push(
+            Some(value.span()),
+            field,
+            "expected a list of CIDRs, like [\"10.0.0.0/8\", \"::1\"]",
+        );
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let parsed = match item.get_ref().as_str() {
+            Some(text) => text.parse(),
+            None => Err("expected a string, like \"10.0.0.0/8\"".to_string()),
+        };
+        match parsed {
+            Ok(cidr) => out.push(cidr),
+            Err(message) => diags.push(Some(item.span()), format!("{field}[{i}]"), message),
+        }
+    }
+    out
 }
 
 /// 1-based line and column (in characters) of a byte offset.
@@ -416,6 +447,7 @@ impl Config {
         let mut access_log = tailguard_access_log::Config::default();
         let mut metrics = tailguard_metrics::MetricsConfig::default();
         let mut overload = tailguard_overload::OverloadConfig::default();
+        let mut trusted_proxies = Vec::new();
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -469,11 +501,13 @@ impl Config {
                         overload = o;
                     }
                 }
+                "trusted_proxies" => trusted_proxies = cidrs(&mut diags, "trusted_proxies", value),
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
-                     `timeouts`, `limits`, `access_log`, `metrics`, `overload`",
+                     `timeouts`, `limits`, `access_log`, `metrics`, `overload`, \
+                     `trusted_proxies`",
                 ),
             }
         }
@@ -496,6 +530,7 @@ impl Config {
             access_log,
             metrics,
             overload,
+            trusted_proxies,
         };
         for (field, message) in config.metrics.check() {
             diags.push(None, field, message);

@@ -221,6 +221,17 @@ impl Gateway {
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
     }
+
+    /// Whether a peer at `ip` is a trusted proxy under the current config (asked once per
+    /// connection: a reload applies to the connections accepted after it).
+    pub fn is_trusted(&self, ip: std::net::IpAddr) -> bool {
+        let snapshot = self.current.load();
+        snapshot
+            .config
+            .trusted_proxies
+            .iter()
+            .any(|net| net.contains(ip))
+    }
 }
 
 /// Per downstream connection: the snapshot it started with, so a request touches only this
@@ -230,8 +241,8 @@ pub(crate) struct ConnCtx {
     pub(crate) gateway: Arc<Gateway>,
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) remote: SocketAddr,
-    /// `remote`'s IP as an `X-Forwarded-For` element, formatted once per connection.
-    pub(crate) remote_ip: HeaderValue,
+    /// What the forwarding fields say of the client, made once per connection.
+    pub(crate) client: headers::Client,
     pub(crate) tls: bool,
     /// The listener's access log (a handle per connection, not per request).
     pub(crate) access_log: tailguard_access_log::AccessLog,
@@ -562,7 +573,7 @@ async fn forward(
     if !conn.access_log.is_off() {
         record.request_id = Some(id.clone());
     }
-    headers::add_forwarding(headers, &conn.remote_ip, conn.tls, version);
+    headers::add_forwarding(headers, &conn.client, version);
     // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req

@@ -7,13 +7,15 @@ use std::net::IpAddr;
 use bytes::{Bytes, BytesMut};
 
 use http::header::Entry;
-use http::header::{UPGRADE, VIA};
+use http::header::{FORWARDED, UPGRADE, VIA};
 use http::{HeaderMap, HeaderName, HeaderValue, Version};
 
 /// `X-Forwarded-For`.
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Real-IP` (nginx's convention: the client's address, one value).
+pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// `X-Request-Id`.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -38,37 +40,91 @@ pub fn via_value(version: Version) -> HeaderValue {
     })
 }
 
-/// Adds `X-Forwarded-For` (appending the client to any list already there),
-/// `X-Forwarded-Proto` (replacing it: only this hop knows the scheme it was reached by) and
-/// `Via` (appending). `client` is the client's address as a header value
-/// ([`client_address`]).
-pub fn add_forwarding(headers: &mut HeaderMap, client: &HeaderValue, tls: bool, version: Version) {
-    // Through the entry: the name is hashed once for the lookup and the insert.
-    match headers.entry(&X_FORWARDED_FOR) {
-        Entry::Occupied(mut prior) => {
-            // One buffer, handed to the header value without a second copy: earlier hops'
-            // values (joined, whatever number of header lines they came in), then this
-            // client.
-            let mut xff = Vec::with_capacity(64);
-            for value in prior.iter() {
-                xff.extend_from_slice(value.as_bytes());
-                xff.extend_from_slice(b", ");
-            }
-            xff.extend_from_slice(client.as_bytes());
-            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
-                prior.insert(v);
-            }
+/// What the gateway says of a downstream connection's client in the forwarding fields,
+/// made once per connection: its address as an `X-Forwarded-For` / `X-Real-IP` value, its
+/// RFC 7239 `Forwarded` element, and whether the peer is a trusted proxy (`trusted_proxies`)
+/// whose own forwarding fields are kept.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The peer's IP (`127.0.0.1`, `::1`).
+    pub ip: HeaderValue,
+    /// `for=127.0.0.1;proto=http` (`for="[::1]"` for IPv6, as RFC 7239 §6 quotes it).
+    pub forwarded: HeaderValue,
+    /// The peer is in `trusted_proxies`.
+    pub trusted: bool,
+    /// Reached over TLS.
+    pub tls: bool,
+}
+
+impl Client {
+    /// The fields for a connection from `ip`, over TLS or not, from a trusted peer or not.
+    pub fn new(ip: IpAddr, tls: bool, trusted: bool) -> Client {
+        let proto = if tls { "https" } else { "http" };
+        let forwarded = match ip {
+            IpAddr::V4(v4) => format!("for={v4};proto={proto}"),
+            IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto={proto}"),
+        };
+        Client {
+            ip: client_address(ip),
+            forwarded: HeaderValue::from_str(&forwarded)
+                .expect("an address and a scheme are a valid header value"),
+            trusted,
+            tls,
         }
-        // The common case: the connection's address, formatted once per connection.
-        Entry::Vacant(slot) => {
-            slot.insert(client.clone());
+    }
+}
+
+/// Writes the forwarding fields. From a trusted peer the client's `X-Forwarded-For` and
+/// `Forwarded` are kept with this hop's element appended, and its `X-Real-IP` kept (else
+/// set); from any other peer all three are the gateway's alone (a client could otherwise
+/// tell upstreams any address it likes), and `Forwarded` is written only where the client
+/// sent one (so the common request pays nothing for it). `X-Forwarded-Proto` is replaced
+/// (only this hop knows the scheme it was reached by) and `Via` appended.
+pub fn add_forwarding(headers: &mut HeaderMap, client: &Client, version: Version) {
+    if client.trusted {
+        // Through the entry: the name is hashed once for the lookup and the insert.
+        append_element(headers.entry(&X_FORWARDED_FOR), &client.ip, true);
+        append_element(headers.entry(FORWARDED), &client.forwarded, false);
+        headers
+            .entry(&X_REAL_IP)
+            .or_insert_with(|| client.ip.clone());
+    } else {
+        headers.insert(&X_FORWARDED_FOR, client.ip.clone());
+        headers.insert(&X_REAL_IP, client.ip.clone());
+        if let Entry::Occupied(mut sent) = headers.entry(FORWARDED) {
+            sent.insert(client.forwarded.clone());
         }
     }
     headers.insert(
         &X_FORWARDED_PROTO,
-        HeaderValue::from_static(if tls { "https" } else { "http" }),
+        HeaderValue::from_static(if client.tls { "https" } else { "http" }),
     );
     headers.append(VIA, via_value(version));
+}
+
+/// Appends `element` to a list field: after the values already there (joined into one line,
+/// whatever number of lines they came in), or alone, if `or_alone`, when there are none.
+fn append_element(entry: Entry<'_, HeaderValue>, element: &HeaderValue, or_alone: bool) {
+    match entry {
+        Entry::Occupied(mut prior) => {
+            // One buffer, handed to the header value without a second copy.
+            let mut list = Vec::with_capacity(64);
+            for value in prior.iter() {
+                list.extend_from_slice(value.as_bytes());
+                list.extend_from_slice(b", ");
+            }
+            list.extend_from_slice(element.as_bytes());
+            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(list)) {
+                prior.insert(v);
+            }
+        }
+        // The common case: the connection's value, made once per connection.
+        Entry::Vacant(slot) => {
+            if or_alone {
+                slot.insert(element.clone());
+            }
+        }
+    }
 }
 
 /// A client's IP address as an `X-Forwarded-For` element, made once per connection.
@@ -114,20 +170,41 @@ pub fn request_id(headers: &mut HeaderMap) -> &HeaderValue {
 mod tests {
     use super::*;
 
-    #[test]
-    fn appends_forwarded_for() {
+    fn sent() -> HeaderMap {
         let mut h = HeaderMap::new();
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
-        add_forwarding(
-            &mut h,
-            &client_address("127.0.0.1".parse().expect("ip")),
-            true,
-            Version::HTTP_11,
-        );
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 127.0.0.1");
+        h.append("forwarded", HeaderValue::from_static("for=10.0.0.1"));
+        h.append("x-real-ip", HeaderValue::from_static("10.0.0.1"));
+        h.append("x-forwarded-proto", HeaderValue::from_static("http"));
+        h
+    }
+
+    #[test]
+    fn a_trusted_peers_fields_are_kept_with_this_hop_appended() {
+        let mut h = sent();
+        let client = Client::new("::1".parse().expect("ip"), true, true);
+        add_forwarding(&mut h, &client, Version::HTTP_11);
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, ::1");
+        assert_eq!(h["forwarded"], "for=10.0.0.1, for=\"[::1]\";proto=https");
+        assert_eq!(h["x-real-ip"], "10.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "https");
         assert_eq!(h["via"], "1.1 tailguard");
+    }
+
+    #[test]
+    fn an_untrusted_peers_fields_are_replaced_and_forwarded_only_written_where_sent() {
+        let client = Client::new("127.0.0.1".parse().expect("ip"), false, false);
+        let mut h = sent();
+        add_forwarding(&mut h, &client, Version::HTTP_11);
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+        assert_eq!(h["forwarded"], "for=127.0.0.1;proto=http");
+        assert_eq!(h["x-real-ip"], "127.0.0.1");
+        let mut plain = HeaderMap::new();
+        add_forwarding(&mut plain, &client, Version::HTTP_11);
+        assert!(!plain.contains_key("forwarded"));
+        assert_eq!(plain["x-real-ip"], "127.0.0.1");
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub mod admission;
 pub mod balance;
 pub mod body;
 pub mod builtin;
+pub mod cidr;
 pub mod config;
 pub(crate) mod drain;
 pub mod error;

@@ -721,7 +721,11 @@ impl Acceptor {
                 snapshot: gateway.snapshot(),
                 gateway: Arc::clone(&gateway),
                 remote,
-                remote_ip: crate::headers::client_address(remote.ip()),
+                client: crate::headers::Client::new(
+                    remote.ip(),
+                    settings.tls.is_some(),
+                    gateway.is_trusted(remote.ip()),
+                ),
                 tls: settings.tls.is_some(),
                 access_log: settings.access_log.clone(),
             });

@@ -154,3 +154,19 @@ fn read_ms_parses_defaults_to_a_minute_and_a_misspelling_next_to_it_is_an_error(
     let errs = errors(&format!("{listener}[timeouts]\nread_ms = \"1s\"\n"));
     assert!(errs[0].contains("timeouts"), "{errs:#?}");
 }
+
+#[test]
+fn trusted_proxies_are_networks_and_each_bad_one_is_reported_where_it_is() {
+    let errs = errors(
+        "trusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\", \"::1\", \"nope\", 7]\n\
+         [[listeners]]\naddress = \"127.0.0.1:0\"\n",
+    );
+    assert_eq!(
+        errs,
+        [
+            "gw.toml:1:34: trusted_proxies[1]: invalid CIDR \"10.0.0.0/33\": the prefix length must be 0-32",
+            "gw.toml:1:56: trusted_proxies[3]: invalid CIDR \"nope\": not an IP address",
+            "gw.toml:1:64: trusted_proxies[4]: expected a string, like \"10.0.0.0/8\"",
+        ]
+    );
+}

@@ -21,7 +21,14 @@ fn echoed_headers(body: &str) -> HashMap<String, String> {
 #[tokio::test]
 async fn forwarding_headers_added_and_hop_by_hop_removed() {
     let upstream = Upstream::start().await;
-    let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
+    // The test's client is a trusted proxy: its X-Forwarded-For is kept and appended to
+    // (from anyone else it is dropped: the conformance suite's client_address group).
+    let (_server, url) = support::start(support::config(&format!(
+        "trusted_proxies = [\"127.0.0.1/32\"]\n\n[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
+         [[routes]]\nid = \"all\"\nupstream = \"up\"\n",
+        upstream.addr
+    )));
     let client = http1_client();
     let req = Request::get(format!("{url}/echo/x?q=1"))
         .header("host", "api.example.com")
