@@ -436,6 +436,16 @@ async fn read_head<B: Body<Data = Bytes> + Unpin>(
     .await
 }
 
+/// The response-head parser as the client runs it, for the fuzz targets: the status, how
+/// the body is framed and whether the connection may be reused, or `None` for more bytes.
+#[doc(hidden)]
+pub fn parse_response_head(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<(StatusCode, Framing, bool)>, String> {
+    Ok(parse_head(buf, head_request)?.map(|head| (head.status, head.framing, head.keep_alive)))
+}
+
 /// Parses a whole response head from the front of `buf` (consuming it) or returns `None`
 /// for more bytes. Interim 1xx heads are consumed and skipped.
 fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Head>, String> {

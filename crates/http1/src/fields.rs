@@ -7,6 +7,7 @@ use http::{HeaderMap, HeaderName};
 
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
 /// Removes the hop-by-hop fields: the fixed list of RFC 9110 §7.6.1 and every field the
 /// `Connection` field names (a name that frames or routes the message, `Content-Length`,
@@ -34,6 +35,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
     headers.remove(&KEEP_ALIVE);
     headers.remove(&PROXY_CONNECTION);
+    headers.remove(&HTTP2_SETTINGS);
     headers.remove(TE);
     headers.remove(TRANSFER_ENCODING);
     headers.remove(UPGRADE);
@@ -48,7 +50,8 @@ pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
-/// Whether `name` is one of RFC 9110 §7.6.1's fixed hop-by-hop fields.
+/// Whether `name` is one of RFC 9110 §7.6.1's fixed hop-by-hop fields, or `HTTP2-Settings`
+/// (connection-specific by its definition, RFC 7540 §3.2.1, and half of an h2c upgrade).
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     is_hop_by_hop_name(name.as_str().as_bytes())
 }
@@ -61,6 +64,7 @@ pub fn is_hop_by_hop_name(name: &[u8]) -> bool {
         2 => is("te"),
         7 => is("upgrade"),
         10 => is("connection") || is("keep-alive"),
+        14 => is("http2-settings"),
         16 => is("proxy-connection"),
         17 => is("transfer-encoding"),
         _ => false,

@@ -156,6 +156,10 @@ pub fn step(framing: &mut Framing, buf: &mut BytesMut) -> Result<Step, String> {
                 let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
                 match httparse::parse_headers(buf, &mut slots) {
                     Ok(httparse::Status::Complete((len, fields))) => {
+                        // CRLF only, as for the chunk lines (httparse takes a bare LF).
+                        if (0..len).any(|i| buf[i] == b'\n' && (i == 0 || buf[i - 1] != b'\r')) {
+                            return Err("trailer section line not ended by CRLF".to_string());
+                        }
                         let mut trailers = HeaderMap::new();
                         for f in fields {
                             if let (Ok(name), Ok(value)) = (
