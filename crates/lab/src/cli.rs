@@ -195,6 +195,13 @@ pub struct UpstreamArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Serve at most N requests at once (a database-bound service's pool); the others wait
+    /// in arrival order.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Milliseconds each request holds its worker (a sleep, not CPU); needs --workers.
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub delay_ms: f64,
 }
 
 /// Runs `tailguard load`.
@@ -323,10 +330,19 @@ pub fn upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
         ("--latency", args.latency),
         ("--jitter", args.jitter),
         ("--cpu-ms", args.cpu_ms),
+        ("--delay-ms", args.delay_ms),
     ] {
         if !(v >= 0.0 && v.is_finite()) {
             anyhow::bail!("{name} must be a non-negative number of milliseconds");
         }
+    }
+    if args.workers == Some(0) {
+        anyhow::bail!("--workers must be at least 1");
+    }
+    if args.delay_ms > 0.0 && args.workers.is_none() {
+        anyhow::bail!(
+            "--delay-ms is how long a request holds one of --workers N; without a worker limit use --latency"
+        );
     }
     let config = crate::upstream::UpstreamConfig {
         body_bytes: args.body_bytes,
@@ -334,6 +350,8 @@ pub fn upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
         jitter: Duration::from_secs_f64(args.jitter / 1e3),
         cpu_ns: (args.cpu_ms * 1e6) as u64,
         error_rate: args.error_rate,
+        workers: args.workers,
+        hold: Duration::from_secs_f64(args.delay_ms / 1e3),
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();

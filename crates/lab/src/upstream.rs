@@ -1,5 +1,6 @@
 //! The built-in upstream: an HTTP/1.1 and h2c server with a fixed body, optional delay,
-//! optional CPU burn per request on the thread CPU clock, and an optional 5xx rate.
+//! optional CPU burn per request on the thread CPU clock, an optional pool of workers that
+//! serve requests in arrival order, and an optional 5xx rate.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// What every response of the upstream does.
 #[derive(Debug, Clone, Default)]
@@ -27,17 +29,27 @@ pub struct UpstreamConfig {
     pub cpu_ns: u64,
     /// Probability (0..=1) of answering 500 instead of 200.
     pub error_rate: f64,
+    /// At most this many requests are served at once; the others wait in arrival order.
+    /// `None`: no limit.
+    pub workers: Option<usize>,
+    /// How long a request holds its worker (a sleep, not CPU: a database-bound service),
+    /// before its CPU burn, if any.
+    pub hold: Duration,
 }
 
 struct Shared {
     config: UpstreamConfig,
     body: Bytes,
+    /// The workers: tokio's semaphore is fair, so waiting requests get a worker in the order
+    /// they asked for one, as in a thread pool's queue or a database's connection pool.
+    workers: Option<Semaphore>,
 }
 
 /// Serves `listener` until the task is dropped or the process ends.
 pub async fn serve(listener: TcpListener, config: UpstreamConfig) -> std::io::Result<()> {
     let shared = Arc::new(Shared {
         body: Bytes::from(vec![b'x'; config.body_bytes]),
+        workers: config.workers.map(|n| Semaphore::new(n.max(1))),
         config,
     });
     let builder = auto::Builder::new(TokioExecutor::new());
@@ -74,6 +86,20 @@ async fn handle(
     }
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
+    }
+    // Held until the response is built. hyper drops the future of a request whose connection
+    // closed, and with it the request's place in the queue.
+    let _worker = match &shared.workers {
+        Some(workers) => Some(
+            workers
+                .acquire()
+                .await
+                .expect("the semaphore is never closed"),
+        ),
+        None => None,
+    };
+    if !c.hold.is_zero() {
+        tokio::time::sleep(c.hold).await;
     }
     if c.cpu_ns > 0 {
         // Burns on the serving thread on purpose: the point is to occupy this core the way

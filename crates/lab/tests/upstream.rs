@@ -100,3 +100,90 @@ fn burn_cpu_consumes_thread_cpu_time() {
     tailguard_lab::clock::burn_cpu(5_000_000);
     assert!(tailguard_lab::clock::thread_cpu_ns() - before >= 5_000_000);
 }
+
+/// Sends one GET per `starts` entry, each on its own connection opened beforehand, the i-th
+/// written `starts[i]` after a common start; returns each one's completion time from that start.
+async fn timed_gets(addr: std::net::SocketAddr, starts: &[Duration]) -> Vec<Duration> {
+    let mut senders = Vec::new();
+    for _ in starts {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        senders.push(s);
+    }
+    let t0 = tokio::time::Instant::now();
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .zip(starts.iter().copied())
+        .map(|(mut s, at)| {
+            tokio::spawn(async move {
+                tokio::time::sleep_until(t0 + at).await;
+                let req = Request::builder()
+                    .uri(format!("http://{addr}/"))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let resp = s.send_request(req).await.unwrap();
+                assert_eq!(resp.status(), 200);
+                resp.into_body().collect().await.unwrap();
+                t0.elapsed()
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    done
+}
+
+#[test]
+fn two_workers_of_50ms_answer_six_requests_in_three_waves() {
+    let server = support::upstream(UpstreamConfig {
+        workers: Some(2),
+        hold: Duration::from_millis(50),
+        ..UpstreamConfig::default()
+    });
+    let mut done = block_on(timed_gets(server.addr, &[Duration::ZERO; 6]));
+    done.sort();
+    let ms: Vec<u128> = done.iter().map(Duration::as_millis).collect();
+    // Wave k (0, 1, 2) cannot finish before (k + 1) x 50 ms: only two requests hold a worker
+    // at a time. And it finishes well before the next wave would (the machine may be busy,
+    // hence 40 ms of slack, not 1 ms): a request never waits for more than its place.
+    for (i, t) in ms.iter().enumerate() {
+        let wave = i as u128 / 2;
+        assert!(
+            *t >= 50 * (wave + 1) && *t < 50 * (wave + 1) + 40,
+            "request {i} done at {t} ms: {ms:?}"
+        );
+    }
+}
+
+#[test]
+fn waiting_requests_get_a_worker_in_arrival_order() {
+    let server = support::upstream(UpstreamConfig {
+        workers: Some(1),
+        hold: Duration::from_millis(30),
+        ..UpstreamConfig::default()
+    });
+    // Written 5 ms apart while the one worker is busy: each must wait for all earlier ones.
+    let starts: Vec<Duration> = (0..5).map(|i| Duration::from_millis(5 * i)).collect();
+    let done = block_on(timed_gets(server.addr, &starts));
+    assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
+    assert!(done[4] >= Duration::from_millis(150), "{done:?}");
+}
+
+#[test]
+fn the_worker_hold_is_a_sleep_not_cpu() {
+    // 20 requests of 50 ms each on 20 workers take ~50 ms of wall time on one runtime thread:
+    // they sleep side by side; a CPU hold would take a second.
+    let server = support::upstream(UpstreamConfig {
+        workers: Some(20),
+        hold: Duration::from_millis(50),
+        ..UpstreamConfig::default()
+    });
+    let done = block_on(timed_gets(server.addr, &[Duration::ZERO; 20]));
+    let last = done.iter().max().unwrap();
+    assert!(*last < Duration::from_millis(400), "{done:?}");
+}
