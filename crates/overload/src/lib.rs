@@ -7,8 +7,10 @@
 //!   [`CpuReader`] (own cgroup v2/v1, else `/proc/self/stat`), smooths it with a
 //!   [`CpuSampler`], and calls [`Shedder::tick`] every 100 ms bucket. The request path only
 //!   calls [`Controller::admit`] (a few atomic loads) and finishes the returned [`Permit`].
-//! - **Layer 2, upstream protection.** A [`Breaker`] per (upstream, route), [`P2c`] balancing
-//!   over peak-EWMA latency, and a [`RetryBudget`].
+//! - **Layer 2, upstream protection.** An [`UpstreamLimit`] per upstream (a concurrency
+//!   limit learned from response times alone, for an upstream whose load the CPU signal
+//!   cannot see), a [`Breaker`] per (upstream, route), [`P2c`] balancing over peak-EWMA
+//!   latency, and a [`RetryBudget`].
 //!
 //! [`ShedderLayer`] and [`BreakerLayer`] wrap any tower `Service` over `http` requests, so an
 //! axum or hyper service gets the same protection without the gateway. All logic runs on an
@@ -50,6 +52,7 @@ mod config;
 pub mod cpu;
 mod error;
 mod layer;
+mod limit;
 mod metrics;
 mod retry;
 mod sampler;
@@ -68,6 +71,7 @@ pub use layer::{
     BreakerFuture, BreakerLayer, BreakerService, NoopBreaker, NoopShedder, Overloaded, Shed,
     ShedFuture, ShedderLayer, ShedderService, Trip, overloaded_response,
 };
+pub use limit::{LimitConfig, LimitPermit, LimitSnapshot, OwnedLimitPermit, UpstreamLimit};
 pub use metrics::OverloadMetrics;
 pub use retry::RetryBudget;
 pub use sampler::{CpuGauge, CpuSampler, CpuSource, SamplerHandle, Smoothing};

@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::Error;
+use crate::limit::{LimitConfig, UpstreamLimit};
 use crate::clock::as_nanos;
 
 /// Priority class of a request or route. Higher classes keep being admitted longer.
@@ -990,6 +991,7 @@ pub struct Shedder {
 struct ShedderInner {
     cfg: ShedderConfig,
     groups: Mutex<Vec<Arc<Controller>>>,
+    limits: Mutex<Vec<Arc<UpstreamLimit>>>,
     cores: AtomicF64,
     cpu: AtomicU32,
 }
@@ -1001,6 +1003,7 @@ impl Shedder {
         let inner = ShedderInner {
             cfg,
             groups: Mutex::new(Vec::new()),
+            limits: Mutex::new(Vec::new()),
             cores: AtomicF64::default(),
             cpu: AtomicU32::new(0),
         };
@@ -1029,6 +1032,29 @@ impl Shedder {
         g.set_cores(self.inner.cores.get());
         groups.push(Arc::clone(&g));
         g
+    }
+
+    /// The concurrency limit of upstream `name`, created on first use with `cfg` and ticked
+    /// with the groups (a reload keeps an upstream's limit by name; a changed `cfg` makes a
+    /// new one). Keep the `Arc`; never look it up per request.
+    pub fn upstream_limit(&self, name: &str, cfg: &LimitConfig) -> Result<Arc<UpstreamLimit>, Error> {
+        let mut limits = self.inner.limits.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = limits.iter().find(|l| l.name() == name && l.config() == cfg) {
+            return Ok(Arc::clone(l));
+        }
+        let l = Arc::new(UpstreamLimit::new(name, cfg.clone())?);
+        limits.retain(|old| old.name() != name);
+        limits.push(Arc::clone(&l));
+        Ok(l)
+    }
+
+    /// All upstream limits (for metrics).
+    pub fn upstream_limits(&self) -> Vec<Arc<UpstreamLimit>> {
+        self.inner
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// All groups (for metrics).
@@ -1068,6 +1094,9 @@ impl Shedder {
         self.inner.cpu.store(cpu, Ordering::Relaxed);
         for g in self.groups() {
             g.tick(now, cpu);
+        }
+        for l in self.upstream_limits() {
+            l.tick(now);
         }
     }
 }

@@ -11,3 +11,4 @@ mod metrics;
 mod props;
 mod scripted;
 mod sim;
+mod sim_remote;

@@ -419,6 +419,7 @@ macro_rules! scenarios {
             let mut files: Vec<String> = std::fs::read_dir(dir)
                 .unwrap()
                 .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|name| name.ends_with(".toml"))
                 .collect();
             files.sort();
             let mut known: Vec<String> =
