@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::breaker::BreakerConfig;
+use crate::limit::LimitConfig;
 use crate::sampler::Smoothing;
 use crate::shedder::{Class, Mode, ShedderConfig};
 
@@ -45,6 +46,7 @@ impl OverloadMode {
 /// mode = "adaptive"        # off | adaptive | gozero
 /// threshold = 0.9          # CPU share of the allowed cores that counts as overloaded
 /// breaker = true           # adaptive breaker per (upstream, route)
+/// upstream_limit = true    # latency-driven concurrency limit per upstream (adaptive)
 /// [overload.classes]       # priority class per route id (default: normal)
 /// checkout = "high"
 /// reports = "low"
@@ -60,6 +62,8 @@ pub struct OverloadConfig {
     pub cool_off_ms: u64,
     /// Run the adaptive breaker per (upstream, route) when shedding is on.
     pub breaker: bool,
+    /// Run the latency-driven concurrency limit of each upstream (`adaptive` mode only).
+    pub upstream_limit: bool,
     /// Priority class per route id.
     pub classes: BTreeMap<String, Class>,
 }
@@ -71,6 +75,7 @@ impl Default for OverloadConfig {
             threshold: 0.9,
             cool_off_ms: 1000,
             breaker: true,
+            upstream_limit: true,
             classes: BTreeMap::new(),
         }
     }
@@ -127,6 +132,12 @@ impl OverloadConfig {
         }
     }
 
+    /// The configuration of each upstream's concurrency limit, `None` unless `adaptive`
+    /// with `upstream_limit` on (go-zero has none: `gozero` stays go-zero).
+    pub fn limit_config(&self) -> Option<LimitConfig> {
+        (self.mode == OverloadMode::Adaptive && self.upstream_limit).then(LimitConfig::default)
+    }
+
     /// The shedding mode of the built shedder.
     pub fn shedder_mode(&self) -> Option<Mode> {
         self.shedder_config().map(|c| c.mode)
@@ -148,6 +159,17 @@ mod tests {
         assert_eq!(c.class_of("other"), Class::Normal);
         assert_eq!(c.shedder_config().unwrap().threshold, 850);
         assert!(c.breaker_config().is_some());
+        assert!(c.limit_config().is_some());
+        let gozero = OverloadConfig {
+            mode: OverloadMode::Gozero,
+            ..c.clone()
+        };
+        assert!(gozero.limit_config().is_none(), "gozero stays go-zero");
+        let without = OverloadConfig {
+            upstream_limit: false,
+            ..c
+        };
+        assert!(without.limit_config().is_none());
     }
 
     #[test]

@@ -258,6 +258,8 @@ pub struct LimitSnapshot {
     pub sample_rtt: Option<Duration>,
     /// A probe is running.
     pub probing: bool,
+    /// The limiter sees an overload and enforces `L` (not `cold_factor · L`).
+    pub overloaded: bool,
     /// Requests rejected so far, by class index ([`Class::index`]).
     pub rejected: [u64; 4],
     /// Probes completed so far.
@@ -283,6 +285,7 @@ pub struct UpstreamLimit {
     sample_us: AtomicU64,
     min_rtt_us: AtomicU64,
     probes: AtomicU64,
+    overloaded: std::sync::atomic::AtomicBool,
     control: Mutex<Control>,
 }
 
@@ -302,12 +305,9 @@ impl UpstreamLimit {
         let limit = cfg.initial;
         // The probe schedule's jitter needs no quality, only a different phase per
         // upstream and per process: seed from the name and the address of a local.
-        let seed = name
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-            })
-            ^ (&limit as *const f64 as u64);
+        let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        }) ^ (&limit as *const f64 as u64);
         Ok(Self {
             name: name.to_string(),
             inflight: Padded::default(),
@@ -322,6 +322,7 @@ impl UpstreamLimit {
             sample_us: AtomicU64::new(0),
             min_rtt_us: AtomicU64::new(0),
             probes: AtomicU64::new(0),
+            overloaded: std::sync::atomic::AtomicBool::new(false),
             control: Mutex::new(Control {
                 limit,
                 min_rtt_us: None,
@@ -470,10 +471,7 @@ impl UpstreamLimit {
         // second), an onset of 3x or more does the second within a tick or two.
         c.ring[c.ring_at] = (arrivals, (n + probe_n) as u64);
         c.ring_at = (c.ring_at + 1) % RING;
-        let (sum_arrivals, sum_done) = c
-            .ring
-            .iter()
-            .fold((0, 0), |(a, d), &(x, y)| (a + x, d + y));
+        let (sum_arrivals, sum_done) = c.ring.iter().fold((0, 0), |(a, d), &(x, y)| (a + x, d + y));
         let was_hot = c.hot_until.is_some_and(|t| now <= t);
         if new_rejected > 0
             || (sum_arrivals >= 10
@@ -482,6 +480,7 @@ impl UpstreamLimit {
             c.hot_until = Some(now + self.cfg.hot_hold);
         }
         let hot = c.hot_until.is_some_and(|t| now <= t);
+        self.overloaded.store(hot, Ordering::Relaxed);
         if hot && !was_hot && c.probe.is_none() {
             // Little's law from what the upstream just completed: the concurrency it served
             // without a queue, with the same tolerance and allowance as the gradient. An
@@ -597,6 +596,7 @@ impl UpstreamLimit {
             min_rtt: us(self.min_rtt_us.load(Ordering::Relaxed)),
             sample_rtt: us(self.sample_us.load(Ordering::Relaxed)),
             probing: self.gate.0.1.load(Ordering::Relaxed) % 2 == 1,
+            overloaded: self.overloaded.load(Ordering::Relaxed),
             rejected: std::array::from_fn(|i| self.rejected.0[i].load(Ordering::Relaxed)),
             probes: self.probes.load(Ordering::Relaxed),
         }
@@ -677,7 +677,10 @@ mod tests {
             assert!(b >= last, "{us}");
             last = b;
             let mid = value_of(b);
-            assert!((mid - us as f64).abs() <= us as f64 / 8.0 + 1.0, "{us} -> {mid}");
+            assert!(
+                (mid - us as f64).abs() <= us as f64 / 8.0 + 1.0,
+                "{us} -> {mid}"
+            );
         }
         assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
     }
@@ -685,7 +688,9 @@ mod tests {
     #[test]
     fn quantiles_of_a_drained_window() {
         let h = Histogram::default();
-        for us in [1000u64, 1000, 1000, 2000, 4000, 8000, 8000, 8000, 8000, 100_000] {
+        for us in [
+            1000u64, 1000, 1000, 2000, 4000, 8000, 8000, 8000, 8000, 100_000,
+        ] {
             h.record(Duration::from_micros(us));
         }
         let mut counts = [0; BUCKETS];
@@ -700,7 +705,13 @@ mod tests {
 
     /// Serves `per_tick` requests per 100 ms tick with response time `rtt(in_flight)`,
     /// each admitted, recorded and released within the tick.
-    fn run(l: &UpstreamLimit, from: u64, ticks: u64, offered: usize, rtt: impl Fn(usize) -> u64) -> u64 {
+    fn run(
+        l: &UpstreamLimit,
+        from: u64,
+        ticks: u64,
+        offered: usize,
+        rtt: impl Fn(usize) -> u64,
+    ) -> u64 {
         let mut rejected = 0;
         for t in 0..ticks {
             let now = ms((from + t) * 100);
@@ -763,7 +774,9 @@ mod tests {
         let l = UpstreamLimit::new("p", cfg).unwrap();
         l.set_probe_concurrency(2);
         // Overload with a queue: the first rejection starts a probe at the next tick.
-        let held: Vec<_> = (0..20).map(|_| l.acquire(ms(0), Class::Normal).unwrap()).collect();
+        let held: Vec<_> = (0..20)
+            .map(|_| l.acquire(ms(0), Class::Normal).unwrap())
+            .collect();
         assert!(l.acquire(ms(0), Class::Normal).is_err());
         l.tick(ms(100));
         assert!(l.snapshot().probing);

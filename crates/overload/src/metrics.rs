@@ -47,6 +47,11 @@ struct Families {
     hot: Family<Gauge>,
     admitted: Family<FloatCounter>,
     shed: Family<FloatCounter>,
+    upstream_limit: Family<FloatGauge>,
+    upstream_inflight: Family<Gauge>,
+    upstream_limited: Family<FloatCounter>,
+    upstream_min_rtt: Family<FloatGauge>,
+    upstream_hot: Family<Gauge>,
     breaker_state: Family<Gauge>,
     breaker_ratio: Family<FloatGauge>,
     breaker_rejected: Family<FloatCounter>,
@@ -123,6 +128,31 @@ impl OverloadMetrics {
                 "tailguard_overload_shed",
                 "Requests shed per route group and priority class.",
                 &["group", "class"],
+            )?,
+            upstream_limit: registry.float_gauge(
+                "tailguard_upstream_limit",
+                "Concurrency limit per upstream admissions see now (normal class).",
+                &["upstream"],
+            )?,
+            upstream_inflight: registry.gauge(
+                "tailguard_upstream_inflight",
+                "Requests in flight per upstream, as its concurrency limit counts them.",
+                &["upstream"],
+            )?,
+            upstream_limited: registry.float_counter(
+                "tailguard_upstream_limited",
+                "Requests rejected by the upstream's concurrency limit, per priority class.",
+                &["upstream", "class"],
+            )?,
+            upstream_min_rtt: registry.float_gauge(
+                "tailguard_upstream_min_rtt_seconds",
+                "The upstream's no-queue response time, as its concurrency limit measured it.",
+                &["upstream"],
+            )?,
+            upstream_hot: registry.gauge(
+                "tailguard_upstream_overloaded",
+                "1 while the upstream's concurrency limit sees an overload and enforces L.",
+                &["upstream"],
             )?,
             breaker_state: registry.gauge(
                 "tailguard_breaker_state",
@@ -234,6 +264,32 @@ fn mirror(f: &Families, w: &mut Watched) {
             for class in Class::ALL {
                 if let Ok(h) = f.shed.get_or_create(&[s.name.as_str(), class.as_str()]) {
                     h.set(s.shed[class.index()] as f64);
+                }
+            }
+        }
+    }
+    for shedder in &w.shedders {
+        for l in shedder.upstream_limits() {
+            let s = l.snapshot();
+            let name = [l.name()];
+            if let Ok(h) = f.upstream_limit.get_or_create(&name) {
+                h.set(s.limit);
+            }
+            if let Ok(h) = f.upstream_inflight.get_or_create(&name) {
+                h.set(s.inflight);
+            }
+            if let Ok(h) = f.upstream_min_rtt.get_or_create(&name) {
+                h.set(s.min_rtt.map_or(0.0, |d| d.as_secs_f64()));
+            }
+            if let Ok(h) = f.upstream_hot.get_or_create(&name) {
+                h.set(i64::from(s.overloaded));
+            }
+            for class in Class::ALL {
+                if let Ok(h) = f
+                    .upstream_limited
+                    .get_or_create(&[l.name(), class.as_str()])
+                {
+                    h.set(s.rejected[class.index()] as f64);
                 }
             }
         }

@@ -39,8 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::Error;
-use crate::limit::{LimitConfig, UpstreamLimit};
 use crate::clock::as_nanos;
+use crate::limit::{LimitConfig, UpstreamLimit};
 
 /// Priority class of a request or route. Higher classes keep being admitted longer.
 #[derive(
@@ -1037,9 +1037,16 @@ impl Shedder {
     /// The concurrency limit of upstream `name`, created on first use with `cfg` and ticked
     /// with the groups (a reload keeps an upstream's limit by name; a changed `cfg` makes a
     /// new one). Keep the `Arc`; never look it up per request.
-    pub fn upstream_limit(&self, name: &str, cfg: &LimitConfig) -> Result<Arc<UpstreamLimit>, Error> {
+    pub fn upstream_limit(
+        &self,
+        name: &str,
+        cfg: &LimitConfig,
+    ) -> Result<Arc<UpstreamLimit>, Error> {
         let mut limits = self.inner.limits.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = limits.iter().find(|l| l.name() == name && l.config() == cfg) {
+        if let Some(l) = limits
+            .iter()
+            .find(|l| l.name() == name && l.config() == cfg)
+        {
             return Ok(Arc::clone(l));
         }
         let l = Arc::new(UpstreamLimit::new(name, cfg.clone())?);

@@ -322,7 +322,10 @@ fn check_range(errors: &mut Vec<String>, what: &str, got: f64, range: Option<[f6
 }
 
 fn run_file(name: &str) {
-    let path = format!("{}/tests/scenarios/remote/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/scenarios/remote/{name}.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let text = std::fs::read_to_string(&path).unwrap();
     let sc: Scenario = toml::from_str(&text).unwrap();
     let windows = run(&sc);
@@ -350,11 +353,31 @@ fn run_file(name: &str) {
             pct(&lat, 0.5) * 1e3,
             pct(&lat, 1.0) * 1e3,
         ));
-        check_range(&mut errors, &format!("{at} goodput %"), goodput, check.goodput_pct);
-        check_range(&mut errors, &format!("{at} reject %"), reject, check.reject_pct);
+        check_range(
+            &mut errors,
+            &format!("{at} goodput %"),
+            goodput,
+            check.goodput_pct,
+        );
+        check_range(
+            &mut errors,
+            &format!("{at} reject %"),
+            reject,
+            check.reject_pct,
+        );
         check_range(&mut errors, &format!("{at} P99 ms"), p99, check.p99_ms);
-        check_range(&mut errors, &format!("{at} first reject s"), first, check.first_reject_s);
-        check_range(&mut errors, &format!("{at} last reject s"), last, check.last_reject_s);
+        check_range(
+            &mut errors,
+            &format!("{at} first reject s"),
+            first,
+            check.first_reject_s,
+        );
+        check_range(
+            &mut errors,
+            &format!("{at} last reject s"),
+            last,
+            check.last_reject_s,
+        );
     }
     println!("{report}");
     assert!(errors.is_empty(), "{report}{}", errors.join("\n"));

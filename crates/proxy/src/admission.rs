@@ -16,6 +16,12 @@ impl AdmitGuard {
     pub fn served(&mut self) {
         self.admitted.served();
     }
+
+    /// The upstream did not answer within the request timeout: a response time for its
+    /// concurrency limit, not a pass.
+    pub fn timed_out(&mut self) {
+        self.admitted.timed_out();
+    }
 }
 
 /// Seam: admission. The overload shedder decides here (in-flight against its limit, CPU

@@ -118,10 +118,12 @@ impl Snapshot {
             .collect();
         let router = Router::new(routes);
         let names: Vec<Arc<str>> = upstreams.iter().map(|u| Arc::clone(&u.name)).collect();
+        let endpoint_counts: Vec<usize> = upstreams.iter().map(|u| u.endpoints.len()).collect();
         let overload = Overload::build(
             &config.overload,
             &router,
             &names,
+            &endpoint_counts,
             previous.map(|p| &p.overload),
             metrics.registry(),
         );
@@ -404,7 +406,18 @@ pub(crate) async fn serve(
                 ResponseBody::upstream(first, body, Some(finish)),
             ))
         }
-        Err(e) => Ok(error_response(e, record, held, Some(admitted))),
+        Err(e) => {
+            if matches!(
+                e,
+                Error::UpstreamTimeout {
+                    phase: "request",
+                    ..
+                }
+            ) {
+                admitted.timed_out();
+            }
+            Ok(error_response(e, record, held, Some(admitted)))
+        }
     }
 }
 

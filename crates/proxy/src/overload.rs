@@ -22,8 +22,8 @@ use http::{HeaderValue, Method, Response, header::CONNECTION};
 use tailguard_metrics::Registry;
 use tailguard_overload::{
     Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig, OverloadMetrics,
-    OverloadMode, OwnedBreakerPermit, OwnedPermit, P2c, P2cConfig, RetryBudget, SamplerHandle,
-    Shedder, failure_status,
+    OverloadMode, OwnedBreakerPermit, OwnedLimitPermit, OwnedPermit, P2c, P2cConfig, RetryBudget,
+    SamplerHandle, Shedder, UpstreamLimit, failure_status,
 };
 
 use crate::balance::{Balance, Outcome};
@@ -101,6 +101,8 @@ fn idempotent(method: &Method) -> bool {
 /// What a route needs on the request path, by route index.
 #[derive(Debug)]
 struct RouteGuard {
+    /// The concurrency limit of the route's upstream (shared by every route to it).
+    limit: Option<Arc<UpstreamLimit>>,
     group: Arc<Controller>,
     class: Class,
     breaker: Option<Arc<Breaker>>,
@@ -122,11 +124,13 @@ pub struct Overload {
 
 impl Overload {
     /// Builds the snapshot's overload state, keeping the previous snapshot's shedder,
-    /// sampler thread and breakers. `upstream_of(route)` names a route's upstream.
+    /// sampler thread, breakers and upstream limits. `upstream_names[i]` and
+    /// `endpoint_counts[i]` describe upstream `i`, which routes refer to by index.
     pub fn build(
         config: &OverloadConfig,
         router: &Router,
         upstream_names: &[Arc<str>],
+        endpoint_counts: &[usize],
         previous: Option<&Overload>,
         registry: &Registry,
     ) -> Overload {
@@ -198,6 +202,25 @@ impl Overload {
         {
             m.watch_shedder(&shedder, sampler.as_ref().map(|s| s.gauge()));
         }
+        let limit_config = config.limit_config();
+        let limits: Vec<Option<Arc<UpstreamLimit>>> = upstream_names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let cfg = limit_config.as_ref()?;
+                match shedder.upstream_limit(name, cfg) {
+                    Ok(l) => {
+                        // A probe lets about one request per endpoint through.
+                        l.set_probe_concurrency(endpoint_counts.get(i).copied().unwrap_or(1));
+                        Some(l)
+                    }
+                    Err(e) => {
+                        tracing::error!("overload: no concurrency limit for upstream {name}: {e}");
+                        None
+                    }
+                }
+            })
+            .collect();
         let breaker_config = config.breaker_config();
         let routes = router
             .routes()
@@ -220,6 +243,7 @@ impl Overload {
                         })
                 });
                 RouteGuard {
+                    limit: limits.get(r.upstream).cloned().flatten(),
                     group: shedder.group(&r.id),
                     class: config.class_of(&r.id),
                     breaker,
@@ -288,9 +312,21 @@ impl Overload {
         let Some(guard) = route.and_then(|r| self.routes.get(r)) else {
             return Ok(Admitted::default());
         };
-        match guard.group.admit_owned(MonotonicClock.now(), guard.class) {
+        let now = MonotonicClock.now();
+        // The upstream's limit first: it is the cheaper check, and a request it refuses
+        // never counts in the route group. One the group refuses after it drops its limit
+        // permit unrecorded: it was never sent.
+        let limit = match &guard.limit {
+            Some(l) => Some(
+                l.acquire_owned(now, guard.class)
+                    .map_err(|r| Refused { severe: r.severe })?,
+            ),
+            None => None,
+        };
+        match guard.group.admit_owned(now, guard.class) {
             Ok(permit) => Ok(Admitted {
                 permit: Some(permit),
+                limit,
                 served: false,
             }),
             Err(r) => Err(Refused { severe: r.severe }),
@@ -314,13 +350,28 @@ impl Overload {
 #[derive(Debug, Default)]
 pub struct Admitted {
     permit: Option<OwnedPermit>,
+    /// In flight at the upstream until this drops; its response time is recorded when the
+    /// response head arrives (a long body download is not the upstream's latency).
+    limit: Option<OwnedLimitPermit>,
     served: bool,
 }
 
 impl Admitted {
-    /// The upstream answered: the request counts as served, its RT ends when this drops.
+    /// The upstream answered: the request counts as served, its RT ends when this drops;
+    /// the upstream limit's response time ends now.
     pub fn served(&mut self) {
         self.served = true;
+        if let Some(l) = &mut self.limit {
+            l.record(MonotonicClock.now());
+        }
+    }
+
+    /// The upstream did not answer in time: no pass for the route group, but the time it
+    /// took is the upstream's response time as far as its limit can tell.
+    pub fn timed_out(&mut self) {
+        if let Some(l) = &mut self.limit {
+            l.record(MonotonicClock.now());
+        }
     }
 }
 
@@ -425,6 +476,7 @@ mod tests {
             &OverloadConfig::default(),
             &Router::default(),
             &names,
+            &vec![1; names.len()],
             previous,
             &Registry::new(),
         )

@@ -37,9 +37,10 @@ async fn requests_above_the_cap_are_shed_before_the_upstream_and_health_stays_up
         .delay(Duration::from_secs(3))
         .start()
         .await;
+    // The upstream's concurrency limit would refuse first (at 4 x 20): this is the cap's test.
     let (server, url) = start(proxy_to(
         &[upstream.addr],
-        "[overload]\nmode = \"adaptive\"\n",
+        "[overload]\nmode = \"adaptive\"\nupstream_limit = false\n",
     ));
     let snapshot = server.gateway().snapshot();
     let group = snapshot
@@ -250,4 +251,125 @@ fn overload_section_is_validated_and_the_flag_overrides_it() {
     assert_eq!(c.overload.mode, OverloadMode::Gozero);
     c.override_overload(OverloadMode::Off);
     assert_eq!(c.overload.shedder_config(), None);
+}
+
+/// Sends `rate` GETs per second to `url` for `secs`, open loop (each on its own task, sent at
+/// its time whatever earlier ones are doing), and returns each one's status.
+async fn open_loop(url: &str, rate: u64, secs: u64) -> Vec<u16> {
+    let client = http1_client();
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
+    let mut tasks = Vec::new();
+    for _ in 0..rate * secs {
+        tick.tick().await;
+        let (client, url) = (client.clone(), url.to_string());
+        tasks.push(tokio::spawn(async move {
+            match client.request(get_req(&url)).await {
+                Ok(resp) => {
+                    let retry = resp.headers().contains_key("retry-after");
+                    let status = resp.status().as_u16();
+                    assert!(status != 503 || retry, "a 503 without Retry-After");
+                    status
+                }
+                Err(_) => 0,
+            }
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_upstream_is_limited_by_its_response_times_and_another_is_not() {
+    // `slow`: one worker holding each request 20 ms (50 req/s), offered 5x. `fast`: the same
+    // offered rate, no queue. The gateway's CPU stays low: only response times can tell.
+    let slow = Upstream::builder()
+        .delay(Duration::from_millis(20))
+        .workers(1)
+        .start()
+        .await;
+    let fast = Upstream::start().await;
+    let (server, url) = start(crate::support::with_listener(&format!(
+        "[[upstreams]]\nname = \"slow\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
+         [[upstreams]]\nname = \"fast\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
+         [[routes]]\nid = \"slow\"\nupstream = \"slow\"\npath = {{ prefix = \"/slow\" }}\n\n\
+         [[routes]]\nid = \"fast\"\nupstream = \"fast\"\npath = {{ prefix = \"/fast\" }}\n\n\
+         [overload]\nmode = \"adaptive\"\n",
+        slow.addr, fast.addr
+    )));
+    let (slow_url, fast_url) = (format!("{url}/slow"), format!("{url}/fast"));
+    let (to_slow, to_fast) =
+        tokio::join!(open_loop(&slow_url, 250, 4), open_loop(&fast_url, 250, 4),);
+    let count = |s: &[u16], status| s.iter().filter(|&&x| x == status).count();
+    let (ok, limited) = (count(&to_slow, 200), count(&to_slow, 503));
+    assert_eq!(ok + limited, to_slow.len(), "{to_slow:?}");
+    assert!(
+        limited > to_slow.len() / 2,
+        "5x: most are refused ({ok} ok)"
+    );
+    assert_eq!(
+        slow.requests(),
+        ok,
+        "a refused request never reached the upstream"
+    );
+    assert_eq!(
+        count(&to_fast, 200),
+        to_fast.len(),
+        "the other upstream is untouched"
+    );
+
+    let limit = server
+        .gateway()
+        .snapshot()
+        .overload
+        .shedder()
+        .expect("adaptive")
+        .upstream_limits()
+        .into_iter()
+        .find(|l| l.name() == "slow")
+        .expect("the slow upstream has a limit")
+        .snapshot();
+    // A one-worker upstream: the limit keeps about one request waiting behind the worker,
+    // learned from a probe at one request in flight (20 ms, not the queue's time).
+    let min_rtt = limit.min_rtt.expect("measured");
+    assert!(
+        (Duration::from_millis(19)..Duration::from_millis(40)).contains(&min_rtt),
+        "{limit:?}"
+    );
+    assert!(limit.probes >= 1, "{limit:?}");
+    assert!(limit.rejected[1] as usize >= limited / 2, "{limit:?}");
+    let text = scrape(&server);
+    for line in [
+        "tailguard_upstream_limit{upstream=\"slow\"}",
+        "tailguard_upstream_limit{upstream=\"fast\"}",
+        "tailguard_upstream_min_rtt_seconds{upstream=\"slow\"}",
+        "tailguard_upstream_limited_total{upstream=\"slow\",class=\"normal\"}",
+        "tailguard_upstream_overloaded{upstream=\"slow\"}",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    assert!(
+        text.contains("tailguard_upstream_limited_total{upstream=\"fast\",class=\"normal\"} 0"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_limit_false_leaves_only_the_shedder() {
+    let up = Upstream::start().await;
+    let (server, _url) = start(proxy_to(
+        &[up.addr],
+        "[overload]\nmode = \"adaptive\"\nupstream_limit = false\n",
+    ));
+    let snapshot = server.gateway().snapshot();
+    assert!(
+        snapshot
+            .overload
+            .shedder()
+            .unwrap()
+            .upstream_limits()
+            .is_empty()
+    );
 }

@@ -61,6 +61,9 @@ pub struct UpstreamBuilder {
     status: u16,
     body: Bytes,
     delay: Duration,
+    /// At most this many default answers are being delayed at once, the rest wait in
+    /// arrival order (a service with a fixed pool of workers).
+    workers: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl UpstreamBuilder {
@@ -79,6 +82,13 @@ impl UpstreamBuilder {
     /// Delay before the default answer (none).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// Serve at most `n` default answers at once, each held for the delay; the others
+    /// queue in arrival order (a database-bound service: `n` workers of `delay` each).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(Arc::new(tokio::sync::Semaphore::new(n)));
         self
     }
 
@@ -140,6 +150,7 @@ impl Upstream {
             status: 200,
             body: Bytes::from_static(b"ok"),
             delay: Duration::ZERO,
+            workers: None,
         }
     }
 
@@ -213,6 +224,11 @@ async fn handle(
             answer(config.status, full(config.body.clone()))
         }
         _ => {
+            // The semaphore is fair: waiters get a worker in arrival order.
+            let _worker = match &config.workers {
+                Some(w) => Arc::clone(w).acquire_owned().await.ok(),
+                None => None,
+            };
             if !config.delay.is_zero() {
                 tokio::time::sleep(config.delay).await;
             }
