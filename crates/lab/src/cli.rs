@@ -96,6 +96,10 @@ pub struct OutputArgs {
     /// Legend label of this run on the plot.
     #[arg(long)]
     pub label: Option<String>,
+    /// Write the per-second timeline (offered, goodput, 503s, errors, admitted P50/P99) as
+    /// CSV here.
+    #[arg(long)]
+    pub timeline: Option<PathBuf>,
     /// Skip the detailed percentile spectrum in the printed report.
     #[arg(long)]
     pub brief: bool,
@@ -144,6 +148,8 @@ impl LoadArgs {
             progress: std::io::stdout().is_terminal(),
             pin: self.pin.clone(),
             nice: self.nice,
+            phases: Vec::new(),
+            watch: None,
         })
     }
 }
@@ -216,6 +222,10 @@ pub fn load(args: LoadArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.output.json {
         std::fs::write(path, report.to_json())
             .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if let Some(path) = &args.output.timeline {
+        std::fs::write(path, crate::timeline::csv(&report.timeline, &[]))
+            .with_context(|| format!("--timeline {}", path.display()))?;
     }
     if let Some(path) = &args.output.hgrm {
         std::fs::write(path, crate::hgrm::render(&report.latency))

@@ -33,6 +33,16 @@ impl Latency {
         }
     }
 
+    /// An empty distribution at 2 significant digits (1 % resolution) in a seventh of the
+    /// memory: for the per-second distributions of a timeline, a few hundred of them per run.
+    pub fn coarse() -> Self {
+        Self {
+            hist: Histogram::new_with_bounds(1, MAX_US, 2)
+                .expect("1..60e6 us at 2 digits is a valid histogram"),
+            saturated: 0,
+        }
+    }
+
     /// Records one latency in microseconds (0 is raised to 1; above 60 s saturates).
     pub fn record_us(&mut self, us: u64) {
         if us > MAX_US {
@@ -186,7 +196,11 @@ impl<'de> Deserialize<'de> for Latency {
         let hist: Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
             .deserialize(&mut std::io::Cursor::new(bytes))
             .map_err(|e| serde::de::Error::custom(format!("histogram does not decode: {e:?}")))?;
-        let mut latency = Latency::new();
+        let mut latency = if hist.sigfig() == 2 {
+            Latency::coarse()
+        } else {
+            Latency::new()
+        };
         latency
             .hist
             .add(&hist)

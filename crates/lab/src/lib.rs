@@ -5,7 +5,11 @@
 //! - [`schedule::Schedule`] fixes every request's intended send time before the run.
 //! - [`load::run`] sends on that schedule over keep-alive connections and records each
 //!   latency from its intended time into a [`latency::Latency`] (HdrHistogram, microseconds),
-//!   while [`scrape`] fetches a metrics endpoint on the same clock.
+//!   while [`scrape`] fetches a metrics endpoint on the same clock. A stepped load
+//!   ([`schedule::Phase`]) and several streams on one clock ([`load::run_streams`]) are the
+//!   same machinery.
+//! - [`timeline::Timeline`] counts every second (and every phase) of a run: offered, goodput,
+//!   503s, errors, admitted latency, and gauges the scraper read from the gateway.
 //! - [`report::Report`] holds the result: printed in wrk2's layout, saved as JSON, as `.hgrm`
 //!   ([`hgrm`]) and as an SVG percentile plot ([`plot`]).
 //! - [`upstream`] is the built-in target; [`scenario`] and [`runner`] start the upstream and
@@ -48,6 +52,7 @@ pub mod runner;
 pub mod scenario;
 pub mod schedule;
 pub mod scrape;
+pub mod timeline;
 pub mod upstream;
 
 pub use error::LabError;

@@ -31,8 +31,9 @@ use crate::LabError;
 use crate::clock::{from_ns, now_ns};
 use crate::latency::Latency;
 use crate::report::{Report, Scrape};
-use crate::schedule::Schedule;
-use crate::scrape::{ScrapeClock, ScrapeConfig};
+use crate::schedule::{Phase, Schedule};
+use crate::scrape::{ScrapeClock, ScrapeConfig, WatchConfig};
+use crate::timeline::Timeline;
 
 /// Everything a load run needs.
 #[derive(Debug, Clone)]
@@ -69,6 +70,11 @@ pub struct LoadConfig {
     pub pin: Vec<usize>,
     /// Nice value of the generator threads (negative: ahead of other work; needs root).
     pub nice: Option<i32>,
+    /// A stepped load: these rates one after the other, the last one until the end (empty:
+    /// `rate` throughout). The warmup runs at the first phase's rate.
+    pub phases: Vec<Phase>,
+    /// Gateway metrics to read every second into the report's timeline.
+    pub watch: Option<WatchConfig>,
 }
 
 impl LoadConfig {
@@ -91,6 +97,8 @@ impl LoadConfig {
             progress: false,
             pin: Vec::new(),
             nice: None,
+            phases: Vec::new(),
+            watch: None,
         }
     }
 }
@@ -180,6 +188,7 @@ struct ThreadStats {
     bytes: u64,
     queued: u64,
     max_queue: u64,
+    timeline: Timeline,
 }
 
 /// The FIFO between the dispatcher and the connections of one thread.
@@ -209,6 +218,7 @@ impl Shared {
         if intended >= self.measure_from {
             let mut s = self.stats.borrow_mut();
             s.sent += 1;
+            s.timeline.offered(intended - self.measure_from);
             if waiting > 0 {
                 s.queued += 1;
                 s.max_queue = s.max_queue.max(waiting);
@@ -236,20 +246,47 @@ impl Shared {
 
     fn error(&self, intended: u64, kind: &str) {
         if intended >= self.measure_from {
-            *self
-                .stats
-                .borrow_mut()
-                .errors
-                .entry(kind.to_string())
-                .or_default() += 1;
+            let mut s = self.stats.borrow_mut();
+            *s.errors.entry(kind.to_string()).or_default() += 1;
+            s.timeline.error(now_ns().saturating_sub(self.measure_from));
         }
     }
 }
 
 /// Runs the load and returns its report. Blocks the calling thread for the run.
 pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
-    if !(config.rate > 0.0 && config.rate.is_finite()) {
-        return Err(LabError::Config("--rate must be a positive number".into()));
+    let mut reports = run_streams(std::slice::from_ref(config))?;
+    Ok(reports.remove(0))
+}
+
+/// The measured window's requested rate: `rate`, or the phases' mean over the window.
+fn mean_rate(config: &LoadConfig) -> f64 {
+    if config.phases.is_empty() {
+        return config.rate;
+    }
+    let window = config.duration.as_secs_f64();
+    let t = Timeline::new(&config.phases, config.rate, window);
+    t.phases
+        .iter()
+        .map(|p| p.rate * (p.end_s.min(window) - p.start_s).max(0.0))
+        .sum::<f64>()
+        / window.max(1e-9)
+}
+
+fn validate(config: &LoadConfig) -> Result<(), LabError> {
+    if config.phases.is_empty() {
+        if !(config.rate > 0.0 && config.rate.is_finite()) {
+            return Err(LabError::Config("--rate must be a positive number".into()));
+        }
+    } else if config
+        .phases
+        .iter()
+        .any(|p| !(p.rate >= 0.0 && p.rate.is_finite()))
+        || config.phases.iter().all(|p| p.rate == 0.0)
+    {
+        return Err(LabError::Config(
+            "phase rates must be 0 or more, and one above 0".into(),
+        ));
     }
     if config.connections == 0 {
         return Err(LabError::Config("--connections must be at least 1".into()));
@@ -257,98 +294,139 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
     if config.duration.is_zero() {
         return Err(LabError::Config("--duration must be above 0".into()));
     }
-    let target = parse_target(&config.url)?;
-    let threads = config.threads.clamp(1, config.connections);
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::HOST,
-        HeaderValue::from_str(&target.authority)
-            .map_err(|_| LabError::Config("host is not a valid header value".into()))?,
-    );
-    for (name, value) in &config.headers {
-        headers.append(name.clone(), value.clone());
+    Ok(())
+}
+
+/// Runs several loads at once on one clock (one stream per config, e.g. one per upstream of
+/// a gateway) and returns one report per stream, in order. Every stream shares the first
+/// one's warmup and measured window, so their timelines line up second by second; the first
+/// one's scraper and watcher serve the whole run and their results land in its report.
+pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
+    let Some(first) = configs.first() else {
+        return Err(LabError::Config("no load to run".into()));
+    };
+    for config in configs {
+        validate(config)?;
     }
     let scrape_clock = Arc::new(ScrapeClock::default());
-    let progress = config.progress.then(|| Arc::new(Progress::default()));
+    let progress = first.progress.then(|| Arc::new(Progress::default()));
     let start_cell = Arc::new(OnceLock::<u64>::new());
-    let connected = Arc::new(Barrier::new(threads + 1));
-    let started = Arc::new(Barrier::new(threads + 1));
-    let warmup_ns = config.warmup.as_nanos() as u64;
-    let duration_ns = config.duration.as_nanos() as u64;
+    let lanes_of = |c: &LoadConfig| c.threads.clamp(1, c.connections);
+    let all_threads: usize = configs.iter().map(lanes_of).sum();
+    let connected = Arc::new(Barrier::new(all_threads + 1));
+    let started = Arc::new(Barrier::new(all_threads + 1));
+    let warmup_ns = first.warmup.as_nanos() as u64;
+    let duration_ns = first.duration.as_nanos() as u64;
+    let duration_s = first.duration.as_secs_f64();
 
-    let mut handles = Vec::new();
-    for lane in 0..threads {
-        let connections =
-            config.connections / threads + usize::from(lane < config.connections % threads);
-        let schedule = if config.poisson {
-            Schedule::poisson(config.rate, lane as u64, threads as u64, config.seed)
-        } else {
-            Schedule::constant(config.rate, lane as u64, threads as u64)
-        };
-        let template = Template {
-            method: config.method.clone(),
-            path: target.path.clone(),
-            headers: headers.clone(),
-            body: config.body.clone(),
-        };
-        let target = target.clone();
-        let (scrape_clock, progress) = (scrape_clock.clone(), progress.clone());
-        let (start_cell, connected, started) =
-            (start_cell.clone(), connected.clone(), started.clone());
-        let timeout = config.timeout;
-        let pin = config.pin.clone();
-        let nice = config.nice;
-        let handle = std::thread::Builder::new()
-            .name(format!("load-{lane}"))
-            .spawn(move || -> Result<ThreadStats, LabError> {
-                if !pin.is_empty()
-                    && let Err(e) = crate::procs::pin_current_thread(&pin)
-                {
-                    eprintln!(
-                        "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
-                    );
-                }
-                if let Some(n) = nice
-                    && let Err(e) = crate::procs::nice_current_thread(n)
-                {
-                    eprintln!("load: cannot set nice {n} on thread {lane}: {e}");
-                }
-                // The default 50 us timer slack would let every timerfd wake-up come late by
-                // up to that much, and the lateness would count as latency.
-                let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        // Still meet the other threads at both barriers, or they wait forever.
-                        connected.wait();
-                        started.wait();
-                        return Err(LabError::Io(e));
+    let mut handles: Vec<Vec<_>> = Vec::new();
+    for config in configs {
+        let target = parse_target(&config.url)?;
+        let threads = lanes_of(config);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::HOST,
+            HeaderValue::from_str(&target.authority)
+                .map_err(|_| LabError::Config("host is not a valid header value".into()))?,
+        );
+        for (name, value) in &config.headers {
+            headers.append(name.clone(), value.clone());
+        }
+        // The warmup runs at the first phase's rate, so the window opens on the first step.
+        let mut phases = config.phases.clone();
+        if phases.is_empty() {
+            phases.push(Phase {
+                rate: config.rate,
+                duration: Duration::MAX,
+            });
+        }
+        if !first.warmup.is_zero() {
+            phases.insert(
+                0,
+                Phase {
+                    rate: phases[0].rate,
+                    duration: first.warmup,
+                },
+            );
+        }
+        let mut stream_handles = Vec::new();
+        for lane in 0..threads {
+            let connections =
+                config.connections / threads + usize::from(lane < config.connections % threads);
+            let schedule = if config.poisson {
+                Schedule::stepped_poisson(&phases, lane as u64, threads as u64, config.seed)
+            } else {
+                Schedule::stepped(&phases, lane as u64, threads as u64)
+            };
+            let template = Template {
+                method: config.method.clone(),
+                path: target.path.clone(),
+                headers: headers.clone(),
+                body: config.body.clone(),
+            };
+            let timeline = Timeline::new(&config.phases, config.rate, duration_s);
+            let target = target.clone();
+            let (scrape_clock, progress) = (scrape_clock.clone(), progress.clone());
+            let (start_cell, connected, started) =
+                (start_cell.clone(), connected.clone(), started.clone());
+            let timeout = config.timeout;
+            let pin = config.pin.clone();
+            let nice = config.nice;
+            let handle = std::thread::Builder::new()
+                .name(format!("load-{lane}"))
+                .spawn(move || -> Result<ThreadStats, LabError> {
+                    if !pin.is_empty()
+                        && let Err(e) = crate::procs::pin_current_thread(&pin)
+                    {
+                        eprintln!(
+                            "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
+                        );
                     }
-                };
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&rt, async move {
-                    let setup = ThreadSetup {
-                        connections,
-                        schedule,
-                        template,
-                        target,
-                        scrape_clock,
-                        progress,
-                        start_cell,
-                        connected,
-                        started,
-                        warmup_ns,
-                        duration_ns,
-                        timeout,
+                    if let Some(n) = nice
+                        && let Err(e) = crate::procs::nice_current_thread(n)
+                    {
+                        eprintln!("load: cannot set nice {n} on thread {lane}: {e}");
+                    }
+                    // The default 50 us timer slack would let every timerfd wake-up come late
+                    // by up to that much, and the lateness would count as latency.
+                    let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            // Still meet the other threads at both barriers, or they wait
+                            // forever.
+                            connected.wait();
+                            started.wait();
+                            return Err(LabError::Io(e));
+                        }
                     };
-                    run_thread(setup).await
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&rt, async move {
+                        let setup = ThreadSetup {
+                            connections,
+                            schedule,
+                            template,
+                            target,
+                            scrape_clock,
+                            progress,
+                            start_cell,
+                            connected,
+                            started,
+                            warmup_ns,
+                            duration_ns,
+                            timeout,
+                            timeline,
+                        };
+                        run_thread(setup).await
+                    })
                 })
-            })
-            .map_err(LabError::Io)?;
-        handles.push(handle);
+                .map_err(LabError::Io)?;
+            stream_handles.push(handle);
+        }
+        handles.push(stream_handles);
     }
 
     connected.wait();
@@ -361,78 +439,98 @@ pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
     let measure_from = start + warmup_ns;
     let window_end = measure_from + duration_ns;
 
-    let scraper = config.scrape.clone().map(|sc| {
+    let scraper = first.scrape.clone().map(|sc| {
         let clock = scrape_clock.clone();
         std::thread::spawn(move || crate::scrape::run(sc, clock, start, measure_from, window_end))
     });
+    let watcher = first.watch.clone().map(|wc| {
+        std::thread::spawn(move || crate::scrape::watch(wc, start, measure_from, window_end))
+    });
 
+    let total_rate: f64 = configs.iter().map(mean_rate).sum();
     let mut last_print = now_ns();
-    while handles.iter().any(|h| !h.is_finished()) {
+    while handles.iter().flatten().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(50));
         if let Some(p) = &progress {
             let now = now_ns();
             if now - last_print >= 1_000_000_000 {
                 last_print = now;
-                print_progress(p, now.saturating_sub(start), config.rate);
+                print_progress(p, now.saturating_sub(start), total_rate);
             }
         }
     }
     if progress.is_some() {
         println!();
     }
-    let mut total = ThreadStats::default();
-    for h in handles {
-        let stats = h
-            .join()
-            .map_err(|_| LabError::Config("a generator thread panicked".into()))??;
-        total.latency.add(&stats.latency);
-        total.during_scrape.add(&stats.during_scrape);
-        total.latency_ok.add(&stats.latency_ok);
-        total.lag.add(&stats.lag);
-        total.from_release.add(&stats.from_release);
-        for (k, v) in stats.status {
-            *total.status.entry(k).or_default() += v;
-        }
-        for (k, v) in stats.errors {
-            *total.errors.entry(k).or_default() += v;
-        }
-        total.sent += stats.sent;
-        total.completed += stats.completed;
-        total.completed_in_window += stats.completed_in_window;
-        total.bytes += stats.bytes;
-        total.queued += stats.queued;
-        total.max_queue = total.max_queue.max(stats.max_queue);
-    }
-    let scrapes: Vec<Scrape> = match scraper {
+    let mut scrapes: Vec<Scrape> = match scraper {
         Some(h) => h.join().unwrap_or_default(),
         None => Vec::new(),
     };
-    let duration_s = config.duration.as_secs_f64();
-    Ok(Report {
-        url: config.url.clone(),
-        method: config.method.to_string(),
-        requested_rate: config.rate,
-        poisson: config.poisson,
-        seed: config.seed,
-        duration_s,
-        warmup_s: config.warmup.as_secs_f64(),
-        connections: config.connections,
-        threads,
-        sent: total.sent,
-        completed: total.completed,
-        achieved_rate: total.completed_in_window as f64 / duration_s,
-        bytes_read: total.bytes,
-        queued: total.queued,
-        max_queue: total.max_queue,
-        status: total.status,
-        errors: total.errors,
-        latency: total.latency,
-        latency_ok: total.latency_ok,
-        generator_lag: total.lag,
-        latency_from_release: total.from_release,
-        latency_during_scrape: total.during_scrape,
-        scrapes,
-    })
+    let readings = match watcher {
+        Some(h) => h.join().unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let mut reports = Vec::new();
+    for (config, stream_handles) in configs.iter().zip(handles) {
+        let threads = stream_handles.len();
+        let mut total = ThreadStats {
+            timeline: Timeline::new(&config.phases, config.rate, duration_s),
+            ..ThreadStats::default()
+        };
+        for h in stream_handles {
+            let stats = h
+                .join()
+                .map_err(|_| LabError::Config("a generator thread panicked".into()))??;
+            total.latency.add(&stats.latency);
+            total.during_scrape.add(&stats.during_scrape);
+            total.latency_ok.add(&stats.latency_ok);
+            total.lag.add(&stats.lag);
+            total.from_release.add(&stats.from_release);
+            for (k, v) in stats.status {
+                *total.status.entry(k).or_default() += v;
+            }
+            for (k, v) in stats.errors {
+                *total.errors.entry(k).or_default() += v;
+            }
+            total.sent += stats.sent;
+            total.completed += stats.completed;
+            total.completed_in_window += stats.completed_in_window;
+            total.bytes += stats.bytes;
+            total.queued += stats.queued;
+            total.max_queue = total.max_queue.max(stats.max_queue);
+            total.timeline.add(&stats.timeline);
+        }
+        if reports.is_empty() {
+            total.timeline.set_gauges(&readings);
+        }
+        reports.push(Report {
+            url: config.url.clone(),
+            method: config.method.to_string(),
+            requested_rate: mean_rate(config),
+            poisson: config.poisson,
+            seed: config.seed,
+            duration_s,
+            warmup_s: first.warmup.as_secs_f64(),
+            connections: config.connections,
+            threads,
+            sent: total.sent,
+            completed: total.completed,
+            achieved_rate: total.completed_in_window as f64 / duration_s,
+            bytes_read: total.bytes,
+            queued: total.queued,
+            max_queue: total.max_queue,
+            status: total.status,
+            errors: total.errors,
+            latency: total.latency,
+            latency_ok: total.latency_ok,
+            generator_lag: total.lag,
+            latency_from_release: total.from_release,
+            latency_during_scrape: total.during_scrape,
+            scrapes: std::mem::take(&mut scrapes),
+            timeline: total.timeline,
+        });
+    }
+    Ok(reports)
 }
 
 fn print_progress(p: &Progress, elapsed_ns: u64, rate: f64) {
@@ -468,6 +566,7 @@ struct ThreadSetup {
     warmup_ns: u64,
     duration_ns: u64,
     timeout: Duration,
+    timeline: Timeline,
 }
 
 async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LabError> {
@@ -498,7 +597,10 @@ async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LabError> {
         notify: Notify::new(),
         closed: Cell::new(false),
         idle: Cell::new(0),
-        stats: RefCell::new(ThreadStats::default()),
+        stats: RefCell::new(ThreadStats {
+            timeline: setup.timeline,
+            ..ThreadStats::default()
+        }),
         template: setup.template,
         target: setup.target,
         measure_from,
@@ -564,14 +666,15 @@ async fn dispatch(
     )
     .map_err(|e| LabError::Io(e.into()))?;
     let timer = register_timer(fd).map_err(LabError::Io)?;
-    let mut next = start + schedule.next_offset();
+    // A schedule that has nothing more to send says NEVER, which saturates past `end`.
+    let mut next = start.saturating_add(schedule.next_offset());
     let mut buf = [0u8; 8];
     while next < end {
         let now = now_ns();
         if next <= now {
             while next <= now && next < end {
                 shared.push(next, now);
-                next = start + schedule.next_offset();
+                next = start.saturating_add(schedule.next_offset());
             }
             // Let the connections run before looking at the clock again.
             tokio::task::yield_now().await;
@@ -682,6 +785,11 @@ async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Byte
                 if status < 400 {
                     st.latency_ok.record_ns(latency);
                 }
+                st.timeline.response(
+                    intended - shared.measure_from,
+                    done - shared.measure_from,
+                    status,
+                );
                 if shared.scrape_clock.overlaps(intended) {
                     st.during_scrape.record_ns(latency);
                 }

@@ -1,5 +1,6 @@
-//! SVG percentile plots in the style of HdrHistogram's plotter: latency against a logarithmic
-//! "nines" axis (0%, 90%, 99%, 99.9%, ...), several runs overlaid with a legend.
+//! SVG plots of the lab's results: latency against a logarithmic "nines" axis (0%, 90%, 99%,
+//! 99.9%, ...) in the style of HdrHistogram's plotter, several runs overlaid with a legend;
+//! and stacked panels of values against time (a run's timeline) sharing one time axis.
 //!
 //! Hand-written: a plot is a few polylines and labels, and the plotting crates pull in font
 //! stacks and image backends the lab does not need.
@@ -175,4 +176,156 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// One curve of a time panel: points `(seconds, value)`.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// Legend text.
+    pub label: String,
+    /// Points, time ascending.
+    pub points: Vec<(f64, f64)>,
+    /// Drawn dashed (a reference: offered load, P50, in-flight).
+    pub dashed: bool,
+    /// Stroke colour; `None` takes the panel's next one.
+    pub color: Option<&'static str>,
+}
+
+/// One panel of a time plot: its own y axis, its lines, and a note shown when it has none.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    /// Y axis title.
+    pub y_label: String,
+    /// The curves.
+    pub lines: Vec<Line>,
+    /// Said in the panel when it has no points (e.g. a metric the gateway does not export).
+    pub note: Option<String>,
+}
+
+const PANEL_H: f64 = 220.0;
+const PANEL_GAP: f64 = 40.0;
+const LEGEND_W: f64 = 210.0;
+
+/// Renders panels stacked over one time axis from 0 to `x_max` seconds, with dashed
+/// vertical lines at `marks` (phase boundaries).
+pub fn render_panels(title: &str, panels: &[Panel], marks: &[f64], x_max: f64) -> String {
+    let pw = W - LEFT - LEGEND_W;
+    let height = TOP + panels.len() as f64 * (PANEL_H + PANEL_GAP) + BOTTOM - PANEL_GAP + 10.0;
+    let x_max = nice_ceiling(x_max.max(1.0));
+    let x = |t: f64| LEFT + t / x_max * pw;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="{W}" height="{height}" fill="white"/>"#);
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        W / 2.0,
+        escape(title)
+    );
+    for (k, panel) in panels.iter().enumerate() {
+        let top = TOP + k as f64 * (PANEL_H + PANEL_GAP);
+        let y_top = panel
+            .lines
+            .iter()
+            .flat_map(|l| l.points.iter().map(|p| p.1))
+            .filter(|v| v.is_finite())
+            .fold(0.0_f64, f64::max);
+        let y_max = nice_ceiling(y_top.max(1e-3) * 1.05);
+        let y = |v: f64| top + PANEL_H - v.clamp(0.0, y_max) / y_max * PANEL_H;
+        for i in 0..=4 {
+            let v = y_max * f64::from(i) / 4.0;
+            let yv = y(v);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{LEFT}" y1="{yv:.1}" x2="{:.1}" y2="{yv:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                LEFT + pw,
+                LEFT - 6.0,
+                yv + 4.0,
+                trim_float(v)
+            );
+        }
+        for i in 0..=10 {
+            let t = x_max * f64::from(i) / 10.0;
+            let xv = x(t);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{xv:.1}" y1="{top}" x2="{xv:.1}" y2="{:.1}" stroke="#eee"/><text x="{xv:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                top + PANEL_H,
+                top + PANEL_H + 15.0,
+                trim_float(t)
+            );
+        }
+        for &m in marks {
+            let xv = x(m);
+            let _ = writeln!(
+                o,
+                r##"<line x1="{xv:.1}" y1="{top}" x2="{xv:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="2,3"/>"##,
+                top + PANEL_H
+            );
+        }
+        let mid = top + PANEL_H / 2.0;
+        let _ = writeln!(
+            o,
+            r#"<text x="16" y="{mid:.1}" text-anchor="middle" transform="rotate(-90 16 {mid:.1})">{}</text>"#,
+            escape(&panel.y_label)
+        );
+        let _ = writeln!(
+            o,
+            r#"<rect x="{LEFT}" y="{top}" width="{pw}" height="{PANEL_H}" fill="none" stroke="black"/>"#
+        );
+        if panel.lines.iter().all(|l| l.points.is_empty())
+            && let Some(note) = &panel.note
+        {
+            let _ = writeln!(
+                o,
+                r##"<text x="{:.1}" y="{mid:.1}" text-anchor="middle" fill="#777">{}</text>"##,
+                LEFT + pw / 2.0,
+                escape(note)
+            );
+        }
+        for (i, line) in panel.lines.iter().enumerate() {
+            let color = line.color.unwrap_or(COLORS[i % COLORS.len()]);
+            let dash = if line.dashed {
+                r#" stroke-dasharray="6,4""#
+            } else {
+                ""
+            };
+            // A non-finite value breaks the line (a second without a reading).
+            for run in line.points.split(|p| !p.1.is_finite()) {
+                if run.is_empty() {
+                    continue;
+                }
+                let pts: Vec<String> = run
+                    .iter()
+                    .map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v)))
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    r#"<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash} points="{}"/>"#,
+                    pts.join(" ")
+                );
+            }
+            let lx = LEFT + pw + 12.0;
+            let ly = top + 12.0 + 18.0 * i as f64;
+            let _ = writeln!(
+                o,
+                r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
+                lx + 22.0,
+                lx + 28.0,
+                ly + 4.0,
+                escape(&line.label)
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">seconds from the start of the measured window (dashed verticals: steps)</text>"#,
+        LEFT + pw / 2.0,
+        height - 12.0
+    );
+    o.push_str("</svg>\n");
+    o
 }

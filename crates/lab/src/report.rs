@@ -77,6 +77,10 @@ pub struct Report {
     pub latency_during_scrape: Latency,
     /// Scrapes made during the run.
     pub scrapes: Vec<Scrape>,
+    /// Every second and phase of the measured window (absent from reports written before
+    /// the lab had timelines).
+    #[serde(default)]
+    pub timeline: crate::timeline::Timeline,
 }
 
 impl Report {

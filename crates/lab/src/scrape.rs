@@ -1,5 +1,6 @@
 //! The scraper: fetches a metrics endpoint every interval during a load run, on its own
-//! thread, recording each scrape on the generator's clock so requests can be matched to it.
+//! thread, recording each scrape on the generator's clock so requests can be matched to it;
+//! or, as the watcher, reads chosen metrics from it every second for the run's timeline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use tokio::net::TcpStream;
 
 use crate::clock::{from_ns, now_ns};
 use crate::report::Scrape;
+use crate::timeline::GaugeReading;
 
 /// What to scrape and how often.
 #[derive(Debug, Clone)]
@@ -22,6 +24,18 @@ pub struct ScrapeConfig {
     pub url: String,
     /// Interval between scrape starts.
     pub every: Duration,
+}
+
+/// Which metrics to read from the gateway, and how often, for the run's timeline.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    /// Metrics URL, e.g. `http://127.0.0.1:9091/metrics`.
+    pub url: String,
+    /// Interval between readings (the timeline has one slot per second).
+    pub every: Duration,
+    /// Metric names to read, e.g. `tailguard_upstream_limit`; the others are ignored, and a
+    /// name the exporter does not have is simply absent from the readings.
+    pub metrics: Vec<String>,
 }
 
 /// When scrapes ran, readable by the generator threads without a lock.
@@ -130,7 +144,8 @@ async fn scrape_loop(
         }
         let began = now_ns();
         clock.begin(began);
-        let result = tokio::time::timeout(config.every, scrape_once(&mut sender, &target)).await;
+        let result =
+            tokio::time::timeout(config.every, scrape_once(&mut sender, &target, None)).await;
         let ended = now_ns();
         clock.end(ended);
         let start_s = (began as f64 - measure_from as f64) / 1e9;
@@ -163,9 +178,12 @@ async fn scrape_loop(
     out
 }
 
+/// Fetches the metrics once: as Prometheus does (compressed, OpenMetrics first), or with
+/// `keep` as plain uncompressed text whose body is returned.
 async fn scrape_once(
     sender: &mut Option<SendRequest<Empty<Bytes>>>,
     target: &crate::load::Target,
+    mut keep: Option<&mut Vec<u8>>,
 ) -> Result<(u16, u64), String> {
     let mut s = match sender.take() {
         Some(s) if !s.is_closed() => s,
@@ -190,17 +208,25 @@ async fn scrape_once(
         http::header::HOST,
         HeaderValue::from_str(&target.authority).map_err(|e| e.to_string())?,
     );
-    // What Prometheus itself sends, so the exporter does the work a real scrape costs.
-    h.insert(
-        http::header::ACCEPT,
-        HeaderValue::from_static(
-            "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1",
-        ),
-    );
-    h.insert(
-        http::header::ACCEPT_ENCODING,
-        HeaderValue::from_static("gzip"),
-    );
+    if keep.is_some() {
+        // The watcher reads the text: the classic format, uncompressed.
+        h.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("text/plain;version=0.0.4"),
+        );
+    } else {
+        // What Prometheus itself sends, so the exporter does the work a real scrape costs.
+        h.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static(
+                "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1",
+            ),
+        );
+        h.insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("gzip"),
+        );
+    }
     h.insert(
         "x-prometheus-scrape-timeout-seconds",
         HeaderValue::from_static("10"),
@@ -213,8 +239,133 @@ async fn scrape_once(
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() {
             bytes += data.len() as u64;
+            if let Some(body) = keep.as_deref_mut() {
+                body.extend_from_slice(&data);
+            }
         }
     }
     *sender = Some(s);
     Ok((status, bytes))
+}
+
+/// Reads `config.metrics` from `start + every/2` every `every` until `end`; readings are
+/// timed from `measure_from`. A failed or refused fetch is a missing reading, never an
+/// error: the timeline's gauge columns are then empty for that second.
+pub(crate) fn watch(
+    config: WatchConfig,
+    start: u64,
+    measure_from: u64,
+    end: u64,
+) -> Vec<GaugeReading> {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return Vec::new();
+    };
+    rt.block_on(async {
+        let Ok(target) = crate::load::parse_target(&config.url) else {
+            return Vec::new();
+        };
+        let every = config.every.as_nanos().max(1) as u64;
+        let mut out = Vec::new();
+        let mut sender = None;
+        let mut at = start + every / 2;
+        while at < end {
+            let now = now_ns();
+            if at > now {
+                // Millisecond resolution is plenty for a once-a-second reading.
+                tokio::time::sleep(Duration::from_nanos(at - now)).await;
+            }
+            let began = now_ns();
+            let mut body = Vec::new();
+            let fetched = tokio::time::timeout(
+                config.every,
+                scrape_once(&mut sender, &target, Some(&mut body)),
+            )
+            .await;
+            match fetched {
+                Ok(Ok((200, _))) => out.push(GaugeReading {
+                    at_s: (began as f64 - measure_from as f64) / 1e9,
+                    values: read_samples(&String::from_utf8_lossy(&body), &config.metrics),
+                }),
+                _ => sender = None,
+            }
+            at += every;
+        }
+        out
+    })
+}
+
+/// The samples of the named metrics in a Prometheus text exposition, as timeline columns:
+/// the name without its `tailguard_` prefix, then the label values in brackets joined by `/`
+/// (`tailguard_upstream_limit{upstream="a"} 12` is `("upstream_limit[a]", 12.0)`). Lines it
+/// cannot read are skipped.
+pub fn read_samples(text: &str, metrics: &[String]) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        if !metrics.iter().any(|m| m == name) {
+            continue;
+        }
+        let (labels, rest) = if line[name_end..].starts_with('{') {
+            match parse_labels(&line[name_end + 1..]) {
+                Some(parsed) => parsed,
+                None => continue,
+            }
+        } else {
+            (Vec::new(), &line[name_end..])
+        };
+        let Some(value) = rest.split_whitespace().next().and_then(parse_value) else {
+            continue;
+        };
+        let short = name.strip_prefix("tailguard_").unwrap_or(name);
+        let column = if labels.is_empty() {
+            short.to_string()
+        } else {
+            format!("{short}[{}]", labels.join("/"))
+        };
+        out.push((column, value));
+    }
+    out
+}
+
+/// Label values of `a="x",b="y"}` (after the `{`) and what follows the `}`.
+fn parse_labels(mut s: &str) -> Option<(Vec<String>, &str)> {
+    let mut values = Vec::new();
+    loop {
+        s = s.trim_start_matches([' ', ',']);
+        if let Some(rest) = s.strip_prefix('}') {
+            return Some((values, rest));
+        }
+        let eq = s.find('=')?;
+        s = s[eq + 1..].strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = s.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (i, '"') => break i,
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (_, c) => value.push(c),
+            }
+        };
+        values.push(value);
+        s = &s[end + 1..];
+    }
+}
+
+fn parse_value(v: &str) -> Option<f64> {
+    match v {
+        "+Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => v.parse().ok(),
+    }
 }

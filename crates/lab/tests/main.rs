@@ -10,4 +10,5 @@ mod scenario;
 mod schedule;
 mod scrape;
 mod support;
+mod timeline;
 mod upstream;

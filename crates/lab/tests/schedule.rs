@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tailguard_lab::load::{LoadConfig, run};
-use tailguard_lab::schedule::Schedule;
+use tailguard_lab::schedule::{Phase, Schedule};
 
 use crate::support;
 
@@ -89,5 +89,89 @@ fn poisson_schedule_has_the_requested_mean_and_is_seeded() {
     assert_eq!(
         offsets[..100],
         (0..100).map(|_| b.next_offset()).collect::<Vec<_>>()[..]
+    );
+}
+
+fn phases(list: &[(f64, u64)]) -> Vec<Phase> {
+    list.iter()
+        .map(|&(rate, ms)| Phase {
+            rate,
+            duration: Duration::from_millis(ms),
+        })
+        .collect()
+}
+
+#[test]
+fn stepped_schedule_changes_rate_at_each_phase_end() {
+    // 10/s for 1 s, 100/s for 0.5 s, then 20/s on.
+    let mut s = Schedule::stepped(&phases(&[(10.0, 1000), (100.0, 500), (20.0, 0)]), 0, 1);
+    let offsets: Vec<u64> = (0..65).map(|_| s.next_offset()).collect();
+    let ms = |ns: u64| ns / 1_000_000;
+    assert_eq!(ms(offsets[0]), 0);
+    assert_eq!(ms(offsets[9]), 900);
+    // The step: the 11th request opens the second phase exactly at its start.
+    assert_eq!(ms(offsets[10]), 1000);
+    assert_eq!(ms(offsets[11]), 1010);
+    assert_eq!(ms(offsets[59]), 1490);
+    assert_eq!(ms(offsets[60]), 1500);
+    assert_eq!(ms(offsets[61]), 1550);
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn stepped_lanes_partition_the_global_stepped_schedule() {
+    let list = phases(&[(1000.0, 100), (5000.0, 100), (500.0, 100)]);
+    let mut global = Schedule::stepped(&list, 0, 1);
+    let expected: Vec<u64> = (0..700).map(|_| global.next_offset()).collect();
+    let mut all: Vec<u64> = Vec::new();
+    for lane in 0..3 {
+        let mut s = Schedule::stepped(&list, lane, 3);
+        all.extend(
+            std::iter::from_fn(|| Some(s.next_offset())).take_while(|&t| t <= expected[699]),
+        );
+    }
+    all.sort_unstable();
+    assert_eq!(all, expected);
+    // 100 + 500 requests in the first two phases, then 500/s.
+    assert_eq!(expected.iter().filter(|&&t| t < 200_000_000).count(), 600);
+}
+
+#[test]
+fn a_zero_rate_phase_sends_nothing_and_a_zero_rate_end_stops_the_schedule() {
+    let mut s = Schedule::stepped(&phases(&[(100.0, 100), (0.0, 1000), (0.0, 0)]), 0, 1);
+    let offsets: Vec<u64> = (0..12).map(|_| s.next_offset()).collect();
+    assert_eq!(offsets[9], 90_000_000);
+    assert!(
+        offsets[10..]
+            .iter()
+            .all(|&t| t == tailguard_lab::schedule::NEVER)
+    );
+    let mut s = Schedule::stepped(&phases(&[(0.0, 500), (10.0, 0)]), 0, 1);
+    assert_eq!(s.next_offset(), 500_000_000);
+    assert_eq!(s.next_offset(), 600_000_000);
+}
+
+#[test]
+fn stepped_poisson_has_each_phases_mean_rate() {
+    // 1000/s for 20 s, then 10000/s for 20 s, then 0: two lanes add up to each rate.
+    let list = phases(&[(1000.0, 20_000), (10_000.0, 20_000), (0.0, 0)]);
+    let mut counts = [0u64; 2];
+    for lane in 0..2 {
+        let mut s = Schedule::stepped_poisson(&list, lane, 2, 9);
+        loop {
+            let t = s.next_offset();
+            if t == tailguard_lab::schedule::NEVER {
+                break;
+            }
+            counts[usize::from(t >= 20_000_000_000)] += 1;
+        }
+    }
+    assert!(
+        (counts[0] as f64 - 20_000.0).abs() < 20_000.0 * 0.02,
+        "{counts:?}"
+    );
+    assert!(
+        (counts[1] as f64 - 200_000.0).abs() < 200_000.0 * 0.02,
+        "{counts:?}"
     );
 }

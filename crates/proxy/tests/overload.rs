@@ -276,7 +276,7 @@ async fn open_loop(url: &str, rate: u64, secs: u64) -> Vec<u16> {
     }
     let mut statuses = Vec::new();
     for t in tasks {
-        statuses.push(t.await.unwrap());
+        statuses.push(t.await.expect("a request task panicked"));
     }
     statuses
 }
