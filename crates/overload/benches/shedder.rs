@@ -1,5 +1,6 @@
 //! Request-path cost of the shedder: admit + complete when cold, a rejection when hot,
-//! against a bare in-flight atomic (no shedder), and a breaker allow + success.
+//! against a bare in-flight atomic (no shedder), a breaker allow + success, and an
+//! upstream concurrency limit's acquire + record + release and its rejection.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -7,7 +8,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tailguard_overload::{
-    Breaker, BreakerConfig, Class, Clock, Controller, MonotonicClock, Outcome, ShedderConfig,
+    Breaker, BreakerConfig, Class, Clock, Controller, LimitConfig, MonotonicClock, Outcome,
+    ShedderConfig, UpstreamLimit,
 };
 
 /// A controller with C = 5 at 100 % CPU (L = 0.5, floored at 1 core).
@@ -75,6 +77,23 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+
+    let limit = UpstreamLimit::new("bench", LimitConfig::default()).expect("valid");
+    g.bench_function("upstream_limit_acquire_record_release", |b| {
+        b.iter(|| {
+            let mut p = limit
+                .acquire(clock.now(), Class::Normal)
+                .expect("under the limit");
+            p.record(clock.now());
+        })
+    });
+    let full: Vec<_> = (0..80)
+        .map(|_| limit.acquire(clock.now(), Class::Normal).expect("cold: 4 x 20"))
+        .collect();
+    g.bench_function("upstream_limit_reject", |b| {
+        b.iter(|| black_box(limit.acquire(clock.now(), Class::Normal).is_err()))
+    });
+    drop(full);
     g.finish();
 }
 
