@@ -239,12 +239,15 @@ fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) -
     buf.clear();
     buf.extend_from_slice(req.method().as_str().as_bytes());
     buf.push(b' ');
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    buf.extend_from_slice(if target.is_empty() {
-        b"/"
-    } else {
-        target.as_bytes()
-    });
+    // Origin form starts with `/` (RFC 9112 §3.2.1). An absolute-form request with an
+    // empty path (`GET http://h?q`) parses to the path-and-query `?q`: its origin form is
+    // `/?q` (§3.2.2: an empty path is `/`), never a target an upstream cannot frame.
+    // `*` (asterisk form, `OPTIONS *`) goes as it came.
+    let target = req.uri().path_and_query().map_or("", |p| p.as_str());
+    if !target.starts_with('/') && target != "*" {
+        buf.push(b'/');
+    }
+    buf.extend_from_slice(target.as_bytes());
     buf.extend_from_slice(b" HTTP/1.1\r\n");
     let mut websocket = false;
     for (name, value) in req.headers() {
@@ -1190,6 +1193,25 @@ mod tests {
         );
         write_head(&mut buf, &req, RequestFraming::Length(0));
         assert!(buf.ends_with(b"content-length: 0\r\n\r\n"));
+    }
+
+    #[test]
+    fn an_absolute_target_with_an_empty_path_goes_upstream_as_slash() {
+        // Found by the differential fuzz target: `GET http://h?q` went up as `GET ?q`.
+        for (uri, line) in [
+            ("http://a.example?q=1", &b"GET /?q=1 HTTP/1.1\r\n"[..]),
+            ("http://a.example", b"GET / HTTP/1.1\r\n"),
+            ("*", b"GET * HTTP/1.1\r\n"),
+        ] {
+            let req = Request::builder().uri(uri).body(()).expect("request");
+            let mut buf = Vec::new();
+            write_head(&mut buf, &req, RequestFraming::None);
+            assert!(
+                buf.starts_with(line),
+                "{uri}: {}",
+                String::from_utf8_lossy(&buf)
+            );
+        }
     }
 
     #[test]

@@ -31,6 +31,12 @@ pub(super) fn cases() -> Vec<Case> {
             req("GET", "/").field("host", "other.test"),
         ),
         pass(
+            "absolute_form_with_a_query_and_no_path",
+            "RFC 9112 §3.2.2 (found by the differential fuzz target: went up as `GET ?q`)",
+            b"GET http://other.test?q=1 HTTP/1.1\r\nHost: other.test\r\n\r\n",
+            req("GET", "/?q=1").field("host", "other.test"),
+        ),
+        pass(
             "absolute_form_https_scheme",
             "RFC 9112 §3.2.2",
             b"GET https://other.test/s HTTP/1.1\r\nHost: other.test\r\n\r\n",
