@@ -127,10 +127,13 @@ impl Handler for &Forwarder {
             );
         }
         let method = req.method().to_string();
-        let target = req
-            .uri()
-            .path_and_query()
-            .map_or("/".to_string(), |p| p.as_str().to_string());
+        // The origin form the upstream must see: an empty path is `/` (RFC 9112 §3.2.2),
+        // so `GET http://h?q` goes up as `GET /?q`.
+        let target = match req.uri().path_and_query().map(|p| p.as_str()) {
+            Some(t) if t.starts_with('/') || t == "*" => t.to_string(),
+            Some(t) => format!("/{t}"),
+            None => "/".to_string(),
+        };
         let mut answer = Response::new(Empty);
         let Ok(stream) = TcpStream::connect(self.upstream).await else {
             *answer.status_mut() = StatusCode::BAD_GATEWAY;
