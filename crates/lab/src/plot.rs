@@ -211,7 +211,10 @@ const LEGEND_W: f64 = 210.0;
 pub fn render_panels(title: &str, panels: &[Panel], marks: &[f64], x_max: f64) -> String {
     let pw = W - LEFT - LEGEND_W;
     let height = TOP + panels.len() as f64 * (PANEL_H + PANEL_GAP) + BOTTOM - PANEL_GAP + 10.0;
-    let x_max = nice_ceiling(x_max.max(1.0));
+    // Ticks at a round step (1, 2, 2.5 or 5 times a power of ten), about ten of them.
+    let x_step = nice_ceiling(x_max.max(1.0) / 10.0);
+    let x_ticks = (x_max.max(1.0) / x_step - 1e-9).ceil().max(1.0);
+    let x_max = x_ticks * x_step;
     let x = |t: f64| LEFT + t / x_max * pw;
     let mut o = String::new();
     let _ = writeln!(
@@ -233,10 +236,12 @@ pub fn render_panels(title: &str, panels: &[Panel], marks: &[f64], x_max: f64) -
             .flat_map(|l| l.points.iter().map(|p| p.1))
             .filter(|v| v.is_finite())
             .fold(0.0_f64, f64::max);
-        let y_max = nice_ceiling(y_top.max(1e-3) * 1.05);
+        let y_step = nice_ceiling(y_top.max(1e-3) * 1.05 / 4.0);
+        let y_ticks = (y_top.max(1e-3) * 1.05 / y_step - 1e-9).ceil().max(1.0) as u32;
+        let y_max = f64::from(y_ticks) * y_step;
         let y = |v: f64| top + PANEL_H - v.clamp(0.0, y_max) / y_max * PANEL_H;
-        for i in 0..=4 {
-            let v = y_max * f64::from(i) / 4.0;
+        for i in 0..=y_ticks {
+            let v = y_step * f64::from(i);
             let yv = y(v);
             let _ = writeln!(
                 o,
@@ -247,8 +252,8 @@ pub fn render_panels(title: &str, panels: &[Panel], marks: &[f64], x_max: f64) -
                 trim_float(v)
             );
         }
-        for i in 0..=10 {
-            let t = x_max * f64::from(i) / 10.0;
+        for i in 0..=(x_ticks as u32) {
+            let t = x_step * f64::from(i);
             let xv = x(t);
             let _ = writeln!(
                 o,

@@ -2,6 +2,7 @@
 //! processes, runs each condition's load, and prints one comparison table with P100 plus an
 //! overlaid SVG plot; every child it started is stopped on the way out, whatever the way out.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,8 +16,10 @@ use crate::load::LoadConfig;
 use crate::plot::Series;
 use crate::procs::{ChildGuard, pinned_command, to_file, wait_for_line, which};
 use crate::report::Report;
-use crate::scenario::{Condition, Scenario, TargetKind};
-use crate::scrape::ScrapeConfig;
+use crate::scenario::{Condition, PhaseSpec, Scenario, TargetKind};
+use crate::schedule::Phase;
+use crate::scrape::{ScrapeConfig, WatchConfig};
+use crate::timeline::Timeline;
 
 /// How to run a scenario.
 #[derive(Debug, Clone)]
@@ -42,14 +45,32 @@ pub struct RunOptions {
 pub struct Row {
     /// Condition name.
     pub name: String,
-    /// Requested rate.
+    /// Requested rate (the mean over the window of a stepped load, summed over streams).
     pub rate: f64,
-    /// Merged report over the seeds, or why the condition was skipped.
+    /// The requested rate as the table shows it: `270`, `135 / 2700 / 135 (10+20+15 s)`,
+    /// `a 2700 + b 195`.
+    pub schedule: String,
+    /// Merged report over the seeds (and streams), or why the condition was skipped.
     pub result: Result<Report, String>,
     /// wrk's closed-loop maximum, when measured.
     pub max_rate: Option<f64>,
     /// Health probes during the runs (overload scenarios only).
     pub health: Option<Health>,
+    /// Each stream's report merged over the seeds (scenarios with `[[load.streams]]`).
+    pub streams: Vec<(String, Report)>,
+    /// The first seed's timeline.
+    pub timeline: Option<Timelines>,
+}
+
+/// One run's timelines: the total, each stream's, and the files they were written to.
+#[derive(Debug, Clone)]
+pub struct Timelines {
+    /// Every stream added up, with the gateway's gauges.
+    pub total: Timeline,
+    /// Each stream's own (empty names for a scenario without streams).
+    pub streams: Vec<(String, Timeline)>,
+    /// File stem: `<stem>.timeline.csv`, `.json` and `.svg`.
+    pub files: String,
 }
 
 /// `GET /healthz` probes sent to the target while the load ran: each on a new connection,
@@ -150,6 +171,8 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     }
     if let Some(d) = opts.duration {
         scenario.load.duration = d;
+        // A stepped load keeps its shape and lasts the given duration.
+        scenario.fit_phases(d, false);
     }
     std::fs::create_dir_all(&opts.out)?;
     // Absolute, because nginx resolves paths against its own prefix.
@@ -166,18 +189,36 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
 
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pin = &scenario.pin;
+    let pin_b: &[usize] = pin.upstream_b.as_deref().unwrap_or(&pin.upstream);
     let wanted = pin
         .gateway
         .iter()
         .chain(&pin.upstream)
+        .chain(if scenario.upstream_b.is_some() {
+            pin_b
+        } else {
+            &[]
+        })
         .chain(&pin.load)
         .copied()
         .max();
     let can_pin = wanted.is_some_and(|m| m < cores) && which("taskset").is_some();
     let pinning = if can_pin {
         format!(
-            "pinned: gateway/nginx to cpu {:?}, upstream to cpu {:?}, load generator to cpu {:?} (taskset / sched_setaffinity)",
-            pin.gateway, pin.upstream, pin.load
+            "pinned: gateway/nginx to cpu {:?}, upstream{} to cpu {:?}{}, load generator to cpu {:?} (taskset / sched_setaffinity)",
+            pin.gateway,
+            if scenario.upstream_b.is_some() {
+                " a"
+            } else {
+                ""
+            },
+            pin.upstream,
+            if scenario.upstream_b.is_some() {
+                format!(", upstream b to cpu {pin_b:?}")
+            } else {
+                String::new()
+            },
+            pin.load
         )
     } else if wanted.is_none() {
         "not pinned: the scenario names no cores".to_string()
@@ -197,85 +238,114 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     println!("  {pinning}");
     let pins = |cpus: &[usize]| if can_pin { cpus.to_vec() } else { Vec::new() };
 
-    // The upstream, shared by every condition.
-    let (mut cmd, _) = pinned_command(&opts.exe, &pins(&pin.upstream), opts.nice);
-    cmd.arg("upstream")
-        .arg("--listen")
-        .arg("127.0.0.1:0")
-        .args(&scenario.upstream.args)
-        .stdout(Stdio::piped())
-        .stderr(to_file(&opts.out.join("upstream.log"))?);
-    let mut upstream = ChildGuard::spawn("upstream", &mut cmd)?;
-    let upstream_addr = wait_for_line(&mut upstream, "listening on ", Duration::from_secs(20))?;
-    println!(
-        "  upstream: tailguard upstream {} on {upstream_addr}",
-        scenario.upstream.args.join(" ")
-    );
+    // The upstreams, shared by every condition.
+    let (upstream, upstream_addr) = start_upstream(
+        opts,
+        "upstream",
+        &scenario.upstream.args,
+        &pins(&pin.upstream),
+    )?;
+    let upstream_b = match &scenario.upstream_b {
+        Some(b) => Some(start_upstream(opts, "upstream_b", &b.args, &pins(pin_b))?),
+        None => None,
+    };
+    let gateway_config = match &upstream_b {
+        Some((_, b)) => {
+            let path = opts.out.join("gateway.toml");
+            std::fs::write(&path, two_upstreams_config(&upstream_addr, b))?;
+            println!(
+                "  gateway config {}: /a to upstream a, /b to upstream b",
+                path.display()
+            );
+            Some(path)
+        }
+        None => None,
+    };
 
     let ctx = Ctx {
         opts,
         scenario: &scenario,
         upstream_addr: upstream_addr.clone(),
+        upstream_b_addr: upstream_b.as_ref().map(|(_, a)| a.clone()),
+        gateway_config,
         gateway_cpus: pins(&pin.gateway),
         load_cpus: pins(&pin.load),
         gateway_flags: gateway_flags(&opts.exe),
     };
 
-    let capacity = match &scenario.capacity {
-        Some(cap) => {
+    // Each stream's capacity (one stream, named "", without [[load.streams]]).
+    let mut capacities: BTreeMap<String, f64> = BTreeMap::new();
+    if let Some(cap) = &scenario.capacity {
+        let probes: Vec<(String, String, f64)> = if scenario.load.streams.is_empty() {
+            vec![(String::new(), scenario.load.path.clone(), cap.probe_rate)]
+        } else {
+            scenario
+                .load
+                .streams
+                .iter()
+                .map(|st| {
+                    (
+                        st.name.clone(),
+                        st.path.clone(),
+                        st.probe_rate.unwrap_or(cap.probe_rate),
+                    )
+                })
+                .collect()
+        };
+        for (name, path, probe_rate) in probes {
             let probe = Condition {
                 name: "capacity probe".into(),
                 target: TargetKind::Gateway,
                 gateway: cap.gateway.clone(),
                 scrape_every: None,
                 rate_factor: None,
-                rate: Some(cap.probe_rate),
+                rate: Some(probe_rate),
                 max_rate: false,
+                phases: Vec::new(),
+                streams: BTreeMap::new(),
             };
-            let mut load = ctx.load_config("http://0/", cap.probe_rate, 1);
+            let mut load = ctx.load_config("http://0/", probe_rate, 1);
             load.duration = cap.duration;
             load.warmup = Duration::ZERO;
             load.connections = cap.connections.max(1);
             load.threads = 1;
             load.timeout = Duration::from_secs(30);
-            match ctx.run_condition(&probe, Some(load)) {
+            let of = if name.is_empty() {
+                String::new()
+            } else {
+                format!(" of stream {name} ({path})")
+            };
+            match ctx.run_condition(&probe, vec![StreamLoad { path, config: load }]) {
                 Ok((r, _)) => {
+                    let r = &r[0];
                     // Responses completed inside the window: what the target sustained.
                     let ok_share = r.ok_count() as f64 / r.completed.max(1) as f64;
                     let ok_rate = r.achieved_rate * ok_share;
                     println!(
-                        "  capacity: {ok_rate:.0} req/s answered below 400 at an offered {} req/s",
-                        cap.probe_rate
+                        "  capacity{of}: {ok_rate:.0} req/s answered below 400 at an offered {probe_rate} req/s"
                     );
-                    Some(ok_rate)
+                    capacities.insert(name, ok_rate);
                 }
-                Err(why) => {
-                    println!("  capacity probe skipped: {why}");
-                    None
-                }
+                Err(why) => println!("  capacity probe{of} skipped: {why}"),
             }
         }
-        None => None,
-    };
+    }
 
-    // Each condition's rate (or why it has none), then its runs: condition by condition, or
-    // seed by seed when the scenario interleaves them.
-    let rates: Vec<Result<f64, String>> = scenario
+    // Each condition's streams and rates (or why it has none), then its runs: condition by
+    // condition, or seed by seed when the scenario interleaves them.
+    let plans: Vec<Result<Plan, String>> = scenario
         .conditions
         .iter()
-        .map(|cond| match (cond.rate, cond.rate_factor, capacity) {
-            (Some(r), _, _) => Ok(r),
-            (None, Some(f), Some(cap)) => Ok((f * cap).max(1.0)),
-            (None, Some(_), None) => Err("no capacity measured, so no rate".to_string()),
-            (None, None, _) => Ok(scenario.load.rate),
-        })
+        .map(|cond| plan(&scenario, cond, &capacities))
         .collect();
-    let mut runs: Vec<Runs> = rates
+    let mut runs: Vec<Runs> = plans
         .iter()
-        .map(|rate| Runs {
+        .map(|plan| Runs {
             merged: None,
+            streams: Vec::new(),
+            timeline: None,
             health: None,
-            result: rate.clone().map(|_| ()),
+            result: plan.as_ref().map(|_| ()).map_err(Clone::clone),
             per_seed: Vec::new(),
         })
         .collect();
@@ -293,25 +363,68 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     };
     for (c, seed) in order {
         let (cond, acc) = (&scenario.conditions[c], &mut runs[c]);
-        let Ok(rate) = rates[c] else { continue };
+        let Ok(plan) = &plans[c] else { continue };
         if acc.result.is_err() {
             continue;
         }
         println!(
-            "  condition `{}` at {rate:.0} req/s, seed {seed} ...",
-            cond.name
+            "  condition `{}` at {} req/s, seed {seed} ...",
+            cond.name,
+            plan.describe()
         );
-        let load = ctx.load_config("http://0/", rate, seed);
-        match ctx.run_condition(cond, Some(load)) {
-            Ok((r, h)) => {
+        let loads = plan
+            .streams
+            .iter()
+            .map(|st| ctx.stream_load(st, plan.duration, seed))
+            .collect();
+        match ctx.run_condition(cond, loads) {
+            Ok((reports, h)) => {
                 if let Some(h) = h {
                     acc.health.get_or_insert_with(Health::default).add(h);
                 }
-                let file = opts
-                    .out
-                    .join(format!("{}-seed{seed}.json", slug(&cond.name)));
-                std::fs::write(&file, r.to_json())?;
+                let stem = format!("{}-seed{seed}", slug(&cond.name));
+                let r = combine(&reports);
+                std::fs::write(opts.out.join(format!("{stem}.json")), r.to_json())?;
+                let named: Vec<(String, &Timeline)> = plan
+                    .streams
+                    .iter()
+                    .zip(&reports)
+                    .map(|(st, r)| (st.name.clone(), &r.timeline))
+                    .collect();
+                if reports.len() > 1 {
+                    for (st, part) in plan.streams.iter().zip(&reports) {
+                        std::fs::write(
+                            opts.out.join(format!("{stem}-{}.json", slug(&st.name))),
+                            part.to_json(),
+                        )?;
+                    }
+                }
+                write_timeline(
+                    &opts.out.join(&stem),
+                    &format!("{}: {}", scenario.name, cond.name),
+                    &r.timeline,
+                    &named,
+                )?;
+                for line in step_lines(&r.timeline, &named) {
+                    println!("    {line}");
+                }
+                if acc.timeline.is_none() {
+                    acc.timeline = Some(Timelines {
+                        total: r.timeline.clone(),
+                        streams: named
+                            .iter()
+                            .map(|(n, t)| (n.clone(), (*t).clone()))
+                            .collect(),
+                        files: stem.clone(),
+                    });
+                }
                 acc.per_seed.push((seed, SeedLine::of(&r)));
+                for (st, part) in plan.streams.iter().zip(reports) {
+                    match acc.streams.iter_mut().find(|(n, _)| *n == st.name) {
+                        Some((_, m)) => *m = merge(m.clone(), &part),
+                        None => acc.streams.push((st.name.clone(), part)),
+                    }
+                }
                 acc.merged = Some(match acc.merged.take() {
                     None => r,
                     Some(m) => merge(m, &r),
@@ -323,8 +436,11 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
 
     let mut rows = Vec::new();
     let mut seed_lines = Vec::new();
-    for ((cond, rate), acc) in scenario.conditions.iter().zip(&rates).zip(runs) {
-        let rate = *rate.as_ref().unwrap_or(&0.0);
+    for ((cond, plan), acc) in scenario.conditions.iter().zip(&plans).zip(runs) {
+        let (rate, schedule) = match plan {
+            Ok(p) => (p.mean_rate(), p.describe()),
+            Err(_) => (0.0, "-".to_string()),
+        };
         let max_rate = if cond.max_rate && acc.result.is_ok() {
             ctx.max_rate(cond)
         } else {
@@ -356,11 +472,15 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         rows.push(Row {
             name: cond.name.clone(),
             rate,
+            schedule,
             result,
             max_rate,
             health: acc.health,
+            streams: acc.streams,
+            timeline: acc.timeline,
         });
     }
+    drop(upstream_b);
     drop(upstream);
     if let Some(old) = restore_autogroup {
         let _ = crate::procs::set_autogroup_nice(old);
@@ -368,6 +488,12 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
 
     let table = render_table(&scenario, &rows);
     println!("\n{table}");
+    if rows.iter().any(|r| r.streams.len() > 1) {
+        println!("{}", stream_table(&rows));
+        for line in stream_notes(&rows) {
+            println!("- {line}");
+        }
+    }
     let series: Vec<Series> = rows
         .iter()
         .filter_map(|r| {
@@ -418,12 +544,19 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         scenario.upstream.args.join(" ")
     );
     let _ = writeln!(summary, "{table}");
+    if rows.iter().any(|r| r.streams.len() > 1) {
+        let _ = writeln!(summary, "\n{}", stream_table(&rows));
+        for line in stream_notes(&rows) {
+            let _ = writeln!(summary, "- {line}");
+        }
+    }
+    let _ = writeln!(summary, "\n{}", timeline_section(&rows));
     if scenario.load.seeds.len() > 1 {
         let _ = writeln!(summary, "\n{}", per_seed_table(&seed_lines));
     }
     std::fs::write(opts.out.join("summary.md"), summary)?;
     println!(
-        "  wrote {}/summary.md, plot.svg, <condition>.hgrm and <condition>-seed<N>.json",
+        "  wrote {}/summary.md, plot.svg, <condition>.hgrm, <condition>-seed<N>.json and <condition>-seed<N>.timeline.{{csv,json,svg}}",
         opts.out.display()
     );
     Ok(Outcome {
@@ -433,10 +566,305 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     })
 }
 
+/// Starts one built-in upstream (`tailguard upstream --listen 127.0.0.1:0 ARGS`) and waits for
+/// its address.
+fn start_upstream(
+    opts: &RunOptions,
+    name: &str,
+    args: &[String],
+    cpus: &[usize],
+) -> Result<(ChildGuard, String), LabError> {
+    let (mut cmd, _) = pinned_command(&opts.exe, cpus, opts.nice);
+    cmd.arg("upstream")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(to_file(&opts.out.join(format!("{name}.log")))?);
+    let mut child = ChildGuard::spawn(name, &mut cmd)?;
+    let addr = wait_for_line(&mut child, "listening on ", Duration::from_secs(20))?;
+    println!(
+        "  {}: tailguard upstream {} on {addr}",
+        name.replace('_', " "),
+        args.join(" ")
+    );
+    Ok((child, addr))
+}
+
+/// The gateway config of a scenario with two upstreams: upstream `a` (the scenario's
+/// `[upstream]`) behind route `a` on `/a`, upstream `b` behind route `b` on `/b`. The route
+/// ids are the shedder's groups, the upstream names the limit's `upstream` label. Everything
+/// else is the embedded default's (its listener is replaced by `--listen`).
+pub fn two_upstreams_config(a: &str, b: &str) -> String {
+    format!(
+        "# Written by `tailguard lab` for a scenario with two upstreams.\n\
+         [[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"a\"\nendpoints = [{{ address = \"{a}\" }}]\n\n\
+         [[upstreams]]\nname = \"b\"\nendpoints = [{{ address = \"{b}\" }}]\n\n\
+         [[routes]]\nid = \"a\"\nupstream = \"a\"\npath = {{ prefix = \"/a\" }}\n\n\
+         [[routes]]\nid = \"b\"\nupstream = \"b\"\npath = {{ prefix = \"/b\" }}\n"
+    )
+}
+
+/// One stream of a condition, resolved: its path, connections and rate over time.
+#[derive(Debug, Clone)]
+struct StreamPlan {
+    /// Empty for a scenario without `[[load.streams]]`.
+    name: String,
+    path: String,
+    connections: usize,
+    /// The rate, or the first phase's.
+    rate: f64,
+    /// Empty: `rate` throughout.
+    phases: Vec<Phase>,
+}
+
+/// A condition's streams and measured window.
+#[derive(Debug, Clone)]
+struct Plan {
+    streams: Vec<StreamPlan>,
+    duration: Duration,
+}
+
+impl StreamPlan {
+    fn mean_rate(&self, window: Duration) -> f64 {
+        if self.phases.is_empty() {
+            return self.rate;
+        }
+        let t = Timeline::new(&self.phases, self.rate, window.as_secs_f64());
+        t.phases
+            .iter()
+            .map(|p| p.rate * (p.end_s - p.start_s).max(0.0))
+            .sum::<f64>()
+            / window.as_secs_f64().max(1e-9)
+    }
+
+    fn describe(&self) -> String {
+        if self.phases.is_empty() {
+            return format!("{:.0}", self.rate);
+        }
+        let rates: Vec<String> = self
+            .phases
+            .iter()
+            .map(|p| format!("{:.0}", p.rate))
+            .collect();
+        let secs: Vec<String> = self
+            .phases
+            .iter()
+            .map(|p| {
+                let s = p.duration.as_secs_f64();
+                if s.fract() == 0.0 {
+                    format!("{s:.0}")
+                } else {
+                    format!("{s:.1}")
+                }
+            })
+            .collect();
+        format!("{} ({} s)", rates.join(" / "), secs.join("+"))
+    }
+}
+
+impl Plan {
+    fn mean_rate(&self) -> f64 {
+        self.streams
+            .iter()
+            .map(|s| s.mean_rate(self.duration))
+            .sum()
+    }
+
+    fn describe(&self) -> String {
+        match &self.streams[..] {
+            [one] if one.name.is_empty() => one.describe(),
+            streams => {
+                let parts: Vec<String> = streams
+                    .iter()
+                    .map(|s| format!("{} {}", s.name, s.describe()))
+                    .collect();
+                parts.join(" + ")
+            }
+        }
+    }
+}
+
+/// The rate (or phases) of one stream from a rate, a factor of `capacity`, or phases.
+fn resolve_rate(
+    rate: Option<f64>,
+    factor: Option<f64>,
+    phases: &[PhaseSpec],
+    capacity: Option<f64>,
+    default: f64,
+) -> Result<(f64, Vec<Phase>), String> {
+    let one = |rate: Option<f64>, factor: Option<f64>| match (rate, factor, capacity) {
+        (Some(r), _, _) => Ok(r),
+        (None, Some(0.0), _) => Ok(0.0),
+        (None, Some(f), Some(cap)) => Ok((f * cap).max(1.0)),
+        (None, Some(_), None) => Err("no capacity measured, so no rate".to_string()),
+        (None, None, _) => Ok(default),
+    };
+    if phases.is_empty() {
+        return Ok((one(rate, factor)?, Vec::new()));
+    }
+    let phases = phases
+        .iter()
+        .map(|p| {
+            Ok(Phase {
+                rate: one(p.rate, p.rate_factor)?,
+                duration: p.duration,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((phases[0].rate, phases))
+}
+
+/// A condition's streams (streams at rate 0 are left out) and window.
+fn plan(
+    scenario: &Scenario,
+    cond: &Condition,
+    capacities: &BTreeMap<String, f64>,
+) -> Result<Plan, String> {
+    let l = &scenario.load;
+    let mut streams = Vec::new();
+    if l.streams.is_empty() {
+        let (rate, phases) = resolve_rate(
+            cond.rate,
+            cond.rate_factor,
+            &cond.phases,
+            capacities.get("").copied(),
+            l.rate,
+        )?;
+        streams.push(StreamPlan {
+            name: String::new(),
+            path: l.path.clone(),
+            connections: l.connections,
+            rate,
+            phases,
+        });
+    } else {
+        for st in &l.streams {
+            let r = scenario.stream_rate(cond, st);
+            let (rate, phases) = resolve_rate(
+                r.rate,
+                r.rate_factor,
+                &r.phases,
+                capacities.get(&st.name).copied(),
+                0.0,
+            )?;
+            if rate == 0.0 && phases.iter().all(|p| p.rate == 0.0) {
+                continue;
+            }
+            streams.push(StreamPlan {
+                name: st.name.clone(),
+                path: st.path.clone(),
+                connections: st.connections.unwrap_or(l.connections),
+                rate,
+                phases,
+            });
+        }
+    }
+    let stepped = streams
+        .iter()
+        .map(|s| s.phases.iter().map(|p| p.duration).sum::<Duration>())
+        .max()
+        .unwrap_or_default();
+    Ok(Plan {
+        duration: if stepped.is_zero() {
+            l.duration
+        } else {
+            stepped
+        },
+        streams,
+    })
+}
+
+/// A stream's load and the path it goes to on the condition's target.
+struct StreamLoad {
+    path: String,
+    config: LoadConfig,
+}
+
+/// Several streams' reports of one run as one: counts and distributions added, rates summed.
+fn combine(parts: &[Report]) -> Report {
+    let mut total = parts[0].clone();
+    for p in &parts[1..] {
+        total.latency.add(&p.latency);
+        total.latency_ok.add(&p.latency_ok);
+        total.generator_lag.add(&p.generator_lag);
+        total.latency_from_release.add(&p.latency_from_release);
+        total.latency_during_scrape.add(&p.latency_during_scrape);
+        for (k, v) in &p.status {
+            *total.status.entry(*k).or_default() += v;
+        }
+        for (k, v) in &p.errors {
+            *total.errors.entry(k.clone()).or_default() += v;
+        }
+        total.requested_rate += p.requested_rate;
+        total.achieved_rate += p.achieved_rate;
+        total.connections += p.connections;
+        total.threads += p.threads;
+        total.sent += p.sent;
+        total.completed += p.completed;
+        total.bytes_read += p.bytes_read;
+        total.queued += p.queued;
+        total.max_queue = total.max_queue.max(p.max_queue);
+        total.scrapes.extend(p.scrapes.iter().cloned());
+        total.timeline.add(&p.timeline);
+    }
+    total
+}
+
+/// Writes `<stem>.timeline.csv`, `.json` and `.svg`.
+fn write_timeline(
+    stem: &Path,
+    title: &str,
+    total: &Timeline,
+    streams: &[(String, &Timeline)],
+) -> Result<(), LabError> {
+    let per_stream: Vec<(String, &Timeline)> = if streams.len() > 1 {
+        streams.to_vec()
+    } else {
+        Vec::new()
+    };
+    let with = |ext: &str| {
+        let mut p = stem.as_os_str().to_owned();
+        p.push(ext);
+        PathBuf::from(p)
+    };
+    std::fs::write(
+        with(".timeline.csv"),
+        crate::timeline::csv(total, &per_stream),
+    )?;
+    std::fs::write(
+        with(".timeline.json"),
+        crate::timeline::json(total, &per_stream).to_string(),
+    )?;
+    std::fs::write(
+        with(".timeline.svg"),
+        crate::timeline::plot(title, total, &per_stream),
+    )?;
+    Ok(())
+}
+
+/// The step lines of a run: of the total with one stream, else of each stepped stream.
+fn step_lines(total: &Timeline, streams: &[(String, &Timeline)]) -> Vec<String> {
+    if streams.len() <= 1 {
+        return crate::timeline::step_lines(total);
+    }
+    streams
+        .iter()
+        .flat_map(|(name, t)| {
+            crate::timeline::step_lines(t)
+                .into_iter()
+                .map(move |l| format!("stream {name}: {l}"))
+        })
+        .collect()
+}
+
 /// One condition's runs so far.
 #[derive(Debug)]
 struct Runs {
     merged: Option<Report>,
+    streams: Vec<(String, Report)>,
+    timeline: Option<Timelines>,
     health: Option<Health>,
     /// `Err` once a run failed (or the condition has no rate): its other runs are skipped.
     result: Result<(), String>,
@@ -566,6 +994,10 @@ struct Ctx<'a> {
     opts: &'a RunOptions,
     scenario: &'a Scenario,
     upstream_addr: String,
+    /// The second upstream, when the scenario has one.
+    upstream_b_addr: Option<String>,
+    /// The generated config with both upstreams, when the scenario has two.
+    gateway_config: Option<PathBuf>,
     gateway_cpus: Vec<usize>,
     load_cpus: Vec<usize>,
     /// Flags `tailguard run --help` lists; `None` when help could not be read.
@@ -575,8 +1007,21 @@ struct Ctx<'a> {
 /// A started target: its URL, metrics URL, and the process guard (None for the upstream).
 struct Target {
     url: String,
+    /// Where paths under `/b` go when that is not `url` (the second upstream, direct).
+    url_b: Option<String>,
     metrics: Option<String>,
     _guard: Option<ChildGuard>,
+}
+
+impl Target {
+    /// The URL of `path` on this target.
+    fn url_for(&self, path: &str) -> String {
+        let to_b = path == "/b" || path.starts_with("/b/") || path.starts_with("/b?");
+        match (&self.url_b, to_b) {
+            (Some(b), true) => format!("{b}{path}"),
+            _ => format!("{}{path}", self.url),
+        }
+    }
 }
 
 impl Ctx<'_> {
@@ -594,22 +1039,49 @@ impl Ctx<'_> {
         }
     }
 
-    /// Runs one condition; in an overload scenario (one with `[capacity]`), a thread probes
-    /// the target's `/healthz` meanwhile (the issue's "health probes 100 % answered").
+    /// A stream's load for one run of a condition.
+    fn stream_load(&self, st: &StreamPlan, duration: Duration, seed: u64) -> StreamLoad {
+        let mut config = self.load_config("http://0/", st.rate.max(f64::MIN_POSITIVE), seed);
+        config.connections = st.connections;
+        config.duration = duration;
+        config.phases = st.phases.clone();
+        StreamLoad {
+            path: st.path.clone(),
+            config,
+        }
+    }
+
+    /// Runs one condition's streams on one clock; in an overload scenario (one with
+    /// `[capacity]`), a thread probes the target's `/healthz` meanwhile (the issue's "health
+    /// probes 100 % answered"). With `[timeline]`, the first stream reads the gateway's
+    /// metrics every second.
     fn run_condition(
         &self,
         cond: &Condition,
-        load: Option<LoadConfig>,
-    ) -> Result<(Report, Option<Health>), String> {
+        loads: Vec<StreamLoad>,
+    ) -> Result<(Vec<Report>, Option<Health>), String> {
         let target = self.start_target(cond)?;
-        let mut load =
-            load.unwrap_or_else(|| self.load_config("http://0/", self.scenario.load.rate, 1));
-        load.url = format!("{}{}", target.url, self.scenario.load.path);
-        if let (Some(every), Some(metrics)) = (cond.scrape_every, &target.metrics) {
-            load.scrape = Some(ScrapeConfig {
-                url: metrics.clone(),
-                every,
-            });
+        let mut configs = Vec::new();
+        for (i, StreamLoad { path, mut config }) in loads.into_iter().enumerate() {
+            config.url = target.url_for(&path);
+            if i == 0
+                && let Some(metrics) = &target.metrics
+            {
+                if let Some(every) = cond.scrape_every {
+                    config.scrape = Some(ScrapeConfig {
+                        url: metrics.clone(),
+                        every,
+                    });
+                }
+                if let Some(t) = &self.scenario.timeline {
+                    config.watch = Some(WatchConfig {
+                        url: metrics.clone(),
+                        every: t.every,
+                        metrics: t.metrics.clone(),
+                    });
+                }
+            }
+            configs.push(config);
         }
         let probe_addr = (self.scenario.capacity.is_some() && cond.target != TargetKind::Upstream)
             .then(|| {
@@ -621,22 +1093,23 @@ impl Ctx<'_> {
             })
             .flatten();
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let (report, health) = std::thread::scope(|scope| {
+        let (reports, health) = std::thread::scope(|scope| {
             let stop = &stop;
             let prober = probe_addr.map(|addr| scope.spawn(move || probe_health(addr, stop)));
-            let report = crate::load::run(&load);
+            let reports = crate::load::run_streams(&configs);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            (report, prober.and_then(|p| p.join().ok()))
+            (reports, prober.and_then(|p| p.join().ok()))
         });
-        let report = report.map_err(|e| format!("load failed: {e}"))?;
+        let reports = reports.map_err(|e| format!("load failed: {e}"))?;
         drop(target);
-        Ok((report, health))
+        Ok((reports, health))
     }
 
     fn start_target(&self, cond: &Condition) -> Result<Target, String> {
         match cond.target {
             TargetKind::Upstream => Ok(Target {
                 url: format!("http://{}", self.upstream_addr),
+                url_b: self.upstream_b_addr.as_ref().map(|b| format!("http://{b}")),
                 metrics: None,
                 _guard: None,
             }),
@@ -669,10 +1142,18 @@ impl Ctx<'_> {
             "run".to_string(),
             "--listen".to_string(),
             listen.to_string(),
-            "--upstream".to_string(),
-            format!("demo={}", self.upstream_addr),
         ];
-        let wants_metrics = cond.scrape_every.is_some();
+        match &self.gateway_config {
+            Some(config) => {
+                args.push("--config".into());
+                args.push(config.display().to_string());
+            }
+            None => {
+                args.push("--upstream".into());
+                args.push(format!("demo={}", self.upstream_addr));
+            }
+        }
+        let wants_metrics = cond.scrape_every.is_some() || self.scenario.timeline.is_some();
         if wants_metrics || self.knows("--metrics-listen") {
             args.push("--metrics-listen".into());
             args.push(metrics.to_string());
@@ -718,6 +1199,7 @@ impl Ctx<'_> {
         wait_ready(&mut guard, listen, &log)?;
         Ok(Target {
             url: format!("http://{listen}"),
+            url_b: None,
             metrics: Some(format!("http://{metrics}/metrics")),
             _guard: Some(guard),
         })
@@ -766,6 +1248,7 @@ impl Ctx<'_> {
         wait_ready(&mut guard, listen, &log)?;
         Ok(Target {
             url: format!("http://{listen}"),
+            url_b: None,
             metrics: None,
             _guard: Some(guard),
         })
@@ -911,8 +1394,8 @@ fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
             Err(why) => {
                 let _ = writeln!(
                     o,
-                    "| {} | {:.0} | - | - | - | - | - | - | - | - | skipped: {} |",
-                    row.name, row.rate, why
+                    "| {} | {} | - | - | - | - | - | - | - | - | skipped: {} |",
+                    row.name, row.schedule, why
                 );
             }
             Ok(r) => {
@@ -949,6 +1432,9 @@ fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
                 if let Some(m) = row.max_rate {
                     notes.push(format!("wrk max {m:.0} req/s"));
                 }
+                if let Some(t) = &row.timeline {
+                    notes.extend(limit_notes(&t.total));
+                }
                 if let Some(h) = row.health {
                     notes.push(format!(
                         "health {}/{} answered, slowest {}",
@@ -962,9 +1448,9 @@ fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
                 }
                 let _ = writeln!(
                     o,
-                    "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     row.name,
-                    row.rate,
+                    row.schedule,
                     r.achieved_rate,
                     p(50.0),
                     p(99.0),
@@ -977,6 +1463,159 @@ fn render_table(scenario: &Scenario, rows: &[Row]) -> String {
                 );
             }
         }
+    }
+    o
+}
+
+/// `limit a 12 (8-16)`: the median of each upstream's limit over the run's seconds, with its
+/// range; nothing when the gateway does not export the limit.
+fn limit_notes(t: &Timeline) -> Vec<String> {
+    t.gauge_columns("upstream_limit")
+        .into_iter()
+        .filter_map(|col| {
+            let mut v: Vec<f64> = t.gauges[col].iter().flatten().copied().collect();
+            if v.is_empty() {
+                return None;
+            }
+            v.sort_by(f64::total_cmp);
+            let label = col
+                .split_once('[')
+                .map_or("", |(_, l)| l.trim_end_matches(']'));
+            Some(format!(
+                "limit {label} {:.0} ({:.0}-{:.0})",
+                median(v.clone()),
+                v[0],
+                v[v.len() - 1]
+            ))
+        })
+        .collect()
+}
+
+/// Each stream of each condition: goodput, 503s, errors and the admitted percentiles.
+fn stream_table(rows: &[Row]) -> String {
+    let mut o = String::from(
+        "Per stream (goodput: responses below 400 per second of the window; admitted: their latency from the intended send time):\n\n| condition | stream | rate | goodput | 503 | errors | admitted P50 | P99 | P100 |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        for (name, r) in &row.streams {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+                row.name,
+                name,
+                r.requested_rate,
+                r.ok_count() as f64 / r.duration_s.max(1e-9),
+                r.status.get(&503).copied().unwrap_or(0),
+                r.error_count()
+                    + r.status
+                        .iter()
+                        .filter(|(c, _)| **c >= 400 && **c != 503)
+                        .map(|(_, n)| n)
+                        .sum::<u64>(),
+                format_ms(r.latency_ok.percentile_us(50.0)),
+                format_ms(r.latency_ok.percentile_us(99.0)),
+                format_ms(r.latency_ok.max_us())
+            );
+        }
+    }
+    o
+}
+
+/// For each stream, its admitted P99 and 503s in every condition that sends it at the rate it
+/// had where it ran alone (the first such condition), against that baseline: issue 14's
+/// "B's P99 within 10 % of B alone, and no rejection of B".
+fn stream_notes(rows: &[Row]) -> Vec<String> {
+    let mut notes = Vec::new();
+    let names: Vec<String> = {
+        let mut n: Vec<String> = rows
+            .iter()
+            .flat_map(|r| r.streams.iter().map(|(n, _)| n.clone()))
+            .collect();
+        n.sort();
+        n.dedup();
+        n
+    };
+    for name in names {
+        let Some((base_row, base)) = rows.iter().find_map(|row| {
+            (row.streams.len() == 1)
+                .then(|| ran(row, &name).map(|r| (row, r)))
+                .flatten()
+        }) else {
+            continue;
+        };
+        let base_p99 = base.latency_ok.percentile_us(99.0) as f64;
+        for row in rows {
+            if std::ptr::eq(row, base_row) || row.streams.len() < 2 {
+                continue;
+            }
+            let Some(r) = ran(row, &name) else { continue };
+            if (r.requested_rate - base.requested_rate).abs() > base.requested_rate * 0.01 {
+                continue;
+            }
+            let p99 = r.latency_ok.percentile_us(99.0) as f64;
+            let change = (p99 / base_p99.max(1.0) - 1.0) * 100.0;
+            let rejected = r.status.get(&503).copied().unwrap_or(0);
+            notes.push(format!(
+                "stream {name} in `{}`: admitted P99 {} vs {} alone (`{}`), {change:+.1} % ({}); {} 503s{}",
+                row.name,
+                format_ms(p99 as u64),
+                format_ms(base_p99 as u64),
+                base_row.name,
+                if change.abs() <= 10.0 {
+                    "within 10 %"
+                } else {
+                    "NOT within 10 %"
+                },
+                rejected,
+                if rejected == 0 {
+                    ", none rejected"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    notes
+}
+
+/// The report of stream `name` in `row`, if it was sent there.
+fn ran<'r>(row: &'r Row, name: &str) -> Option<&'r Report> {
+    row.streams.iter().find(|(n, _)| n == name).map(|(_, r)| r)
+}
+
+/// The timelines: where each condition's files are, and for every stepped condition its
+/// step timings, its phases and its seconds.
+fn timeline_section(rows: &[Row]) -> String {
+    let mut o = String::from(
+        "Timelines (first seed; per second: offered and admitted latency by intended send time, goodput, 503s and errors by when they happened, gauges read from the gateway each second):\n\n",
+    );
+    for row in rows {
+        if let Some(t) = &row.timeline {
+            let _ = writeln!(
+                o,
+                "- {}: `{f}.timeline.csv`, `{f}.timeline.json`, `{f}.timeline.svg`",
+                row.name,
+                f = t.files
+            );
+        }
+    }
+    for row in rows {
+        let Some(t) = &row.timeline else { continue };
+        if t.total.phases.len() < 2 && t.streams.iter().all(|(_, s)| s.phases.len() < 2) {
+            continue;
+        }
+        let named: Vec<(String, &Timeline)> =
+            t.streams.iter().map(|(n, s)| (n.clone(), s)).collect();
+        let _ = writeln!(o, "\n### {}\n", row.name);
+        for line in step_lines(&t.total, &named) {
+            let _ = writeln!(o, "- {line}");
+        }
+        let _ = writeln!(
+            o,
+            "\n{}\n{}",
+            crate::timeline::phase_table(&t.total),
+            crate::timeline::second_table(&t.total)
+        );
     }
     o
 }
@@ -1039,6 +1678,77 @@ mod tests {
     fn a_health_probe_that_gets_no_answer_fails_after_the_timeout() {
         let silent = probe_for(server(None), Duration::from_millis(50));
         assert_eq!((silent.sent, silent.ok), (1, 0));
+    }
+
+    const STREAMS: &str = r#"
+name = "t"
+description = "d"
+[load]
+rate = 100
+duration = "3s"
+connections = 4
+[[load.streams]]
+name = "a"
+path = "/a"
+connections = 32
+[[load.streams]]
+name = "b"
+path = "/b"
+rate = 20
+[capacity]
+probe_rate = 1000
+duration = "1s"
+[upstream_b]
+args = []
+[[condition]]
+name = "b alone"
+streams = { b = { rate_factor = 0.5 } }
+[[condition]]
+name = "a steps, b default"
+streams = { a = { phases = [{ rate_factor = 1.0, duration = "2s" }, { rate_factor = 10.0, duration = "4s" }] } }
+"#;
+
+    #[test]
+    fn each_condition_plans_its_streams_from_their_own_capacities() {
+        let s = crate::scenario::Scenario::parse(STREAMS, std::path::Path::new("t")).unwrap();
+        let caps = [("a".to_string(), 270.0), ("b".to_string(), 400.0)].into();
+        let alone = super::plan(&s, &s.conditions[0], &caps).unwrap();
+        // a is not named and has no default: not sent.
+        assert_eq!(alone.streams.len(), 1);
+        assert_eq!(
+            (alone.streams[0].name.as_str(), alone.streams[0].rate),
+            ("b", 200.0)
+        );
+        assert_eq!(alone.duration, Duration::from_secs(3));
+        assert_eq!(alone.describe(), "b 200");
+        let both = super::plan(&s, &s.conditions[1], &caps).unwrap();
+        let a = &both.streams[0];
+        assert_eq!((a.connections, a.phases.len()), (32, 2));
+        assert_eq!((a.phases[0].rate, a.phases[1].rate), (270.0, 2700.0));
+        assert_eq!(both.streams[1].rate, 20.0);
+        // The stepped stream sets the window; the other one runs through it.
+        assert_eq!(both.duration, Duration::from_secs(6));
+        assert_eq!(both.describe(), "a 270 / 2700 (2+4 s) + b 20");
+        assert!((both.mean_rate() - (270.0 * 2.0 + 2700.0 * 4.0) / 6.0 - 20.0).abs() < 1e-9);
+        let none = super::plan(&s, &s.conditions[1], &Default::default()).unwrap_err();
+        assert!(none.contains("no capacity"), "{none}");
+    }
+
+    #[test]
+    fn paths_under_b_go_to_the_second_upstream_when_direct() {
+        let target = super::Target {
+            url: "http://A".into(),
+            url_b: Some("http://B".into()),
+            metrics: None,
+            _guard: None,
+        };
+        assert_eq!(target.url_for("/a"), "http://A/a");
+        assert_eq!(target.url_for("/b"), "http://B/b");
+        assert_eq!(target.url_for("/b/x"), "http://B/b/x");
+        assert_eq!(target.url_for("/bx"), "http://A/bx");
+        let config = super::two_upstreams_config("127.0.0.1:1", "127.0.0.1:2");
+        assert!(config.contains("name = \"b\"\nendpoints = [{ address = \"127.0.0.1:2\" }]"));
+        assert!(config.contains("id = \"a\"\nupstream = \"a\"\npath = { prefix = \"/a\" }"));
     }
 
     #[test]

@@ -24,14 +24,19 @@ pub struct Scenario {
     /// Cores to pin each process to, when the machine has them.
     #[serde(default)]
     pub pin: PinSpec,
-    /// The built-in upstream every target proxies to.
+    /// The built-in upstream every target proxies to (upstream `a` when there is a second).
     #[serde(default)]
     pub upstream: UpstreamSpec,
+    /// A second built-in upstream (`b`): the gateway then gets a config with upstreams `a`
+    /// and `b` and routes `/a` and `/b` to them, and the load comes as `[[load.streams]]`.
+    pub upstream_b: Option<UpstreamSpec>,
     /// Flags passed to `tailguard run` in every gateway condition.
     #[serde(default)]
     pub gateway: GatewaySpec,
     /// Measure the capacity first and express condition rates as multiples of it.
     pub capacity: Option<CapacitySpec>,
+    /// Read the gateway's metrics every second into each condition's timeline.
+    pub timeline: Option<TimelineSpec>,
     /// The conditions, run in order and printed side by side.
     #[serde(rename = "condition")]
     pub conditions: Vec<Condition>,
@@ -71,6 +76,78 @@ pub struct LoadSpec {
     /// Per-request timeout.
     #[serde(default = "ten_s", deserialize_with = "de_duration")]
     pub timeout: Duration,
+    /// Several loads at once, each on its own path with its own rate (e.g. one per
+    /// upstream); empty: one load on `path`.
+    #[serde(default)]
+    pub streams: Vec<StreamSpec>,
+}
+
+/// One of several concurrent loads of a condition.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSpec {
+    /// Name in tables and file columns (e.g. `a`).
+    pub name: String,
+    /// Request path (`/a` reaches upstream `a` when the scenario has `[upstream_b]`).
+    pub path: String,
+    /// Keep-alive connections of this stream (default: `load.connections`).
+    pub connections: Option<usize>,
+    /// Rate of the capacity probe of this stream (default: `capacity.probe_rate`).
+    pub probe_rate: Option<f64>,
+    /// Rate when a condition does not name this stream (default: 0, not sent).
+    pub rate: Option<f64>,
+    /// Rate as a multiple of this stream's own measured capacity, when a condition does not
+    /// name this stream.
+    pub rate_factor: Option<f64>,
+}
+
+/// The rate of one stream in one condition: exactly one of `rate`, `rate_factor`, `phases`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamRate {
+    /// Requests per second (0: the stream is not sent).
+    pub rate: Option<f64>,
+    /// Multiple of the stream's measured capacity.
+    pub rate_factor: Option<f64>,
+    /// A stepped load.
+    #[serde(default)]
+    pub phases: Vec<PhaseSpec>,
+}
+
+/// One step of a stepped load: `rate` or `rate_factor` for `duration`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseSpec {
+    /// Requests per second.
+    pub rate: Option<f64>,
+    /// Multiple of the measured capacity.
+    pub rate_factor: Option<f64>,
+    /// How long this step lasts.
+    #[serde(deserialize_with = "de_duration")]
+    pub duration: Duration,
+}
+
+/// Which gateway metrics each condition's timeline reads, and how often.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineSpec {
+    /// Interval between readings (default 1 s: one per second of the timeline).
+    #[serde(default = "one_s", deserialize_with = "de_duration")]
+    pub every: Duration,
+    /// Metric names (default: [`crate::timeline::DEFAULT_GAUGES`]).
+    #[serde(default = "default_gauges")]
+    pub metrics: Vec<String>,
+}
+
+fn one_s() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_gauges() -> Vec<String> {
+    crate::timeline::DEFAULT_GAUGES
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// What `--quick` changes.
@@ -94,6 +171,10 @@ pub struct QuickSpec {
     /// Replace `--synthetic-series` values above this with it (a million series take a
     /// while to build on a CI machine).
     pub max_series: Option<u64>,
+    /// Only these conditions (by name) under `--quick` (default: all): a scenario whose every
+    /// condition is also covered by another's quick run keeps CI's `lab all --quick` short.
+    #[serde(default)]
+    pub conditions: Vec<String>,
 }
 
 /// Core lists per process; empty means not pinned.
@@ -106,6 +187,8 @@ pub struct PinSpec {
     /// Cores of the upstream.
     #[serde(default)]
     pub upstream: Vec<usize>,
+    /// Cores of the second upstream (default: those of the first).
+    pub upstream_b: Option<Vec<usize>>,
     /// Cores of the load generator (this process's load threads).
     #[serde(default)]
     pub load: Vec<usize>,
@@ -183,6 +266,14 @@ pub struct Condition {
     pub rate_factor: Option<f64>,
     /// Absolute rate for this condition.
     pub rate: Option<f64>,
+    /// A stepped load instead of one rate: each phase's `rate` or `rate_factor` for its
+    /// `duration`; the measured window is their sum.
+    #[serde(default)]
+    pub phases: Vec<PhaseSpec>,
+    /// With `[[load.streams]]`: each stream's rate, by stream name (a stream not named
+    /// here gets its own default rate, or is not sent).
+    #[serde(default)]
+    pub streams: std::collections::BTreeMap<String, StreamRate>,
     /// Also measure the maximum rate with wrk (closed loop), when wrk is installed.
     #[serde(default)]
     pub max_rate: bool,
@@ -236,6 +327,24 @@ impl Scenario {
         if s.conditions.is_empty() {
             return Err(err("at least one [[condition]] is needed".into()));
         }
+        let mut names: Vec<&str> = s.load.streams.iter().map(|st| st.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) || names.iter().any(|n| n.is_empty()) {
+            return Err(err("every [[load.streams]] needs a name of its own".into()));
+        }
+        for st in &s.load.streams {
+            if !st.path.starts_with('/') {
+                return Err(err(format!("stream `{}`: path must start with /", st.name)));
+            }
+            if st.connections == Some(0) {
+                return Err(err(format!(
+                    "stream `{}`: connections must be at least 1",
+                    st.name
+                )));
+            }
+            check_rate(st.rate, st.rate_factor, s.capacity.is_some())
+                .map_err(|why| err(format!("stream `{}`: {why}", st.name)))?;
+        }
         for c in &s.conditions {
             if c.rate_factor.is_some() && s.capacity.is_none() {
                 return Err(err(format!(
@@ -257,8 +366,138 @@ impl Scenario {
                     c.name
                 )));
             }
+            if !c.phases.is_empty() && (c.rate.is_some() || c.rate_factor.is_some()) {
+                return Err(err(format!(
+                    "condition `{}` sets phases and a rate; the phases give the rate",
+                    c.name
+                )));
+            }
+            s.check_phases(&c.phases, &format!("condition `{}`", c.name))
+                .map_err(err)?;
+            s.check_streams(c).map_err(err)?;
+        }
+        if let Some(missing) = s
+            .quick
+            .conditions
+            .iter()
+            .find(|n| !s.conditions.iter().any(|c| &c.name == *n))
+        {
+            return Err(err(format!(
+                "quick.conditions names `{missing}`, which is no condition's name"
+            )));
+        }
+        if let Some(t) = &s.timeline
+            && t.every.is_zero()
+        {
+            return Err(err("timeline.every must be above 0".into()));
+        }
+        if s.upstream_b.is_some() && s.load.streams.is_empty() {
+            return Err(err(
+                "[upstream_b] needs [[load.streams]] with paths under /a and /b (the gateway routes /a to the first upstream and /b to the second)".into(),
+            ));
         }
         Ok(s)
+    }
+
+    fn check_phases(&self, phases: &[PhaseSpec], what: &str) -> Result<(), String> {
+        for (i, p) in phases.iter().enumerate() {
+            check_rate(p.rate, p.rate_factor, self.capacity.is_some())
+                .map_err(|why| format!("{what}, phase {}: {why}", i + 1))?;
+            if p.rate.is_none() && p.rate_factor.is_none() {
+                return Err(format!(
+                    "{what}, phase {}: needs rate or rate_factor",
+                    i + 1
+                ));
+            }
+            if p.duration.is_zero() {
+                return Err(format!("{what}, phase {}: duration must be above 0", i + 1));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_streams(&self, c: &Condition) -> Result<(), String> {
+        let what = format!("condition `{}`", c.name);
+        if self.load.streams.is_empty() {
+            if !c.streams.is_empty() {
+                return Err(format!(
+                    "{what} gives stream rates but the scenario has no [[load.streams]]"
+                ));
+            }
+            return Ok(());
+        }
+        if c.rate.is_some() || c.rate_factor.is_some() || !c.phases.is_empty() {
+            return Err(format!(
+                "{what}: with [[load.streams]], give each stream's rate under [condition.streams.NAME]"
+            ));
+        }
+        if c.target == TargetKind::Nginx {
+            return Err(format!("{what}: nginx conditions take one stream"));
+        }
+        for (name, r) in &c.streams {
+            if !self.load.streams.iter().any(|st| &st.name == name) {
+                return Err(format!(
+                    "{what}: no stream named `{name}` in [[load.streams]]"
+                ));
+            }
+            let what = format!("{what}, stream `{name}`");
+            check_rate(r.rate, r.rate_factor, self.capacity.is_some())
+                .map_err(|why| format!("{what}: {why}"))?;
+            let given = usize::from(r.rate.is_some())
+                + usize::from(r.rate_factor.is_some())
+                + usize::from(!r.phases.is_empty());
+            if given != 1 {
+                return Err(format!(
+                    "{what}: give exactly one of rate, rate_factor and phases"
+                ));
+            }
+            self.check_phases(&r.phases, &what)?;
+        }
+        let sends = self.load.streams.iter().any(|st| {
+            let r = self.stream_rate(c, st);
+            r.rate.or(r.rate_factor).is_some_and(|v| v > 0.0)
+                || r.phases
+                    .iter()
+                    .any(|p| p.rate.or(p.rate_factor).is_some_and(|v| v > 0.0))
+        });
+        if !sends {
+            return Err(format!("{what}: every stream's rate is 0"));
+        }
+        Ok(())
+    }
+
+    /// The rate of stream `st` in condition `c`: the condition's own, else the stream's
+    /// default (none: rate 0, not sent).
+    pub fn stream_rate(&self, c: &Condition, st: &StreamSpec) -> StreamRate {
+        c.streams.get(&st.name).cloned().unwrap_or(StreamRate {
+            rate: st.rate,
+            rate_factor: st.rate_factor,
+            phases: Vec::new(),
+        })
+    }
+
+    /// Scales every stepped load to last `total` (only when longer with `shrink_only`), each
+    /// phase in proportion: `--quick` keeps a step's shape in seconds.
+    pub fn fit_phases(&mut self, total: Duration, shrink_only: bool) {
+        let fit = |phases: &mut Vec<PhaseSpec>| {
+            let sum: Duration = phases.iter().map(|p| p.duration).sum();
+            if sum.is_zero() || (shrink_only && sum <= total) {
+                return;
+            }
+            let k = total.as_secs_f64() / sum.as_secs_f64();
+            for p in phases.iter_mut() {
+                // Whole milliseconds, so the steps land on readable times.
+                p.duration =
+                    Duration::from_millis((p.duration.as_secs_f64() * k * 1e3).round() as u64)
+                        .max(Duration::from_millis(1));
+            }
+        };
+        for c in &mut self.conditions {
+            fit(&mut c.phases);
+            for r in c.streams.values_mut() {
+                fit(&mut r.phases);
+            }
+        }
     }
 
     /// Reads `dir/<name>/scenario.toml`, or `name` itself when it is a file.
@@ -289,6 +528,12 @@ impl Scenario {
             self.load.warmup = w;
         }
         self.load.seeds.truncate(1);
+        if !q.conditions.is_empty() {
+            self.conditions.retain(|c| q.conditions.contains(&c.name));
+        }
+        if let Some(d) = q.duration {
+            self.fit_phases(d, true);
+        }
         if let (Some(cap), Some(d)) = (&mut self.capacity, q.capacity_duration) {
             cap.duration = d;
         }
@@ -306,6 +551,22 @@ impl Scenario {
             }
         }
     }
+}
+
+/// A rate or a factor, not both, and neither negative.
+fn check_rate(rate: Option<f64>, factor: Option<f64>, has_capacity: bool) -> Result<(), String> {
+    if rate.is_some() && factor.is_some() {
+        return Err("sets both rate and rate_factor; keep one".into());
+    }
+    if factor.is_some() && !has_capacity {
+        return Err("has rate_factor but the scenario has no [capacity] section".into());
+    }
+    if let Some(r) = rate.or(factor)
+        && !(r >= 0.0 && r.is_finite())
+    {
+        return Err("the rate must be 0 or more".into());
+    }
+    Ok(())
 }
 
 fn cap_series(args: &mut [String], max: u64) {

@@ -354,11 +354,12 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 }
 
 /// The metrics the lab reads from the gateway every second when a scenario has a
-/// `[timeline]` section without its own list: the per-upstream concurrency limit (issue 14),
-/// its in-flight count and rejections, and the shedder's rejections.
-pub const DEFAULT_GAUGES: [&str; 4] = [
+/// `[timeline]` section without its own list: each upstream's concurrency limit (issue 14),
+/// its in-flight count, whether it is enforcing, and its rejections, and the shedder's.
+pub const DEFAULT_GAUGES: [&str; 5] = [
     "tailguard_upstream_limit",
     "tailguard_upstream_inflight",
+    "tailguard_upstream_overloaded",
     "tailguard_upstream_limited_total",
     "tailguard_overload_shed_total",
 ];
@@ -371,6 +372,15 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
+/// A gauge in the Markdown table: whole numbers as such, others to one decimal.
+fn short(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 fn cell(v: Option<f64>) -> String {
     match v {
         None => String::new(),
@@ -379,16 +389,33 @@ fn cell(v: Option<f64>) -> String {
     }
 }
 
-/// The gauge columns of a timeline: every one read, plus `upstream_limit` and
-/// `upstream_inflight` themselves when no column of theirs was (so they show, empty).
+/// The gauge columns of a timeline: every one read except counters that never moved (a
+/// class nothing was rejected in), plus `upstream_limit` and `upstream_inflight` themselves
+/// when no column of theirs was (so they show, empty); the limit and in-flight first.
 fn columns(total: &Timeline) -> Vec<String> {
-    let mut cols: Vec<String> = total.gauges.keys().cloned().collect();
+    let mut cols: Vec<String> = total
+        .gauges
+        .iter()
+        .filter(|(k, v)| !k.contains("_per_s") || v.iter().flatten().any(|x| *x != 0.0))
+        .map(|(k, _)| k.clone())
+        .collect();
     for a in ALWAYS {
         if total.gauge_columns(a).is_empty() {
             cols.push(a.to_string());
         }
     }
-    cols.sort();
+    let rank = |c: &str| {
+        [
+            "upstream_limit",
+            "upstream_inflight",
+            "upstream_overloaded",
+            "upstream_limited",
+        ]
+        .iter()
+        .position(|m| c == *m || c.starts_with(&format!("{m}[")) || c.starts_with(&format!("{m}_")))
+        .unwrap_or(4)
+    };
+    cols.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
     cols
 }
 
@@ -649,9 +676,9 @@ pub fn second_table(total: &Timeline) -> String {
                         .split_once('[')
                         .map_or("", |(_, l)| l.trim_end_matches(']'));
                     if label.is_empty() || cols.len() == 1 {
-                        cell(Some(v))
+                        short(v)
                     } else {
-                        format!("{label} {}", cell(Some(v)))
+                        format!("{label} {}", short(v))
                     }
                 })
             })

@@ -1,6 +1,7 @@
 //! Scenario files parse, and bad ones fail with an error that names the problem.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tailguard_lab::LabError;
 use tailguard_lab::scenario::Scenario;
@@ -41,6 +42,10 @@ fn every_shipped_scenario_parses() {
             s.load.duration.as_secs_f64() <= 5.0,
             "{name}: --quick must take seconds"
         );
+        for c in &s.conditions {
+            let stepped: Duration = c.phases.iter().map(|p| p.duration).sum();
+            assert!(stepped <= s.load.duration, "{name}: --quick fits the steps");
+        }
         names.push(name);
     }
     names.sort();
@@ -52,7 +57,10 @@ fn every_shipped_scenario_parses() {
             "scrape",
             "scrape-1m-paired",
             "scrape-half-max",
-            "shed"
+            "shed",
+            "shed-remote",
+            "shed-remote-io",
+            "shed-two-upstreams"
         ]
     );
 }
@@ -105,4 +113,134 @@ fn wrong_type_and_bad_values_are_rejected() {
     assert!(
         err_of(&GOOD.replace("target = \"upstream\"", "target = \"apache\"")).contains("apache")
     );
+}
+
+const STEPPED: &str = r#"
+name = "t"
+description = "test"
+[load]
+rate = 100
+duration = "2s"
+connections = 4
+[quick]
+duration = "2s"
+[capacity]
+probe_rate = 1000
+duration = "1s"
+[[condition]]
+name = "step"
+phases = [
+  { rate_factor = 0.5, duration = "10s" },
+  { rate_factor = 10.0, duration = "20s" },
+  { rate = 50, duration = "15s" },
+]
+"#;
+
+#[test]
+fn phases_parse_and_quick_keeps_their_shape_in_seconds() {
+    let mut s = Scenario::parse(STEPPED, Path::new("t.toml")).unwrap();
+    let c = &s.conditions[0];
+    assert_eq!(c.phases.len(), 3);
+    assert_eq!(c.phases[1].rate_factor, Some(10.0));
+    assert_eq!(c.phases[2].rate, Some(50.0));
+    assert_eq!(c.phases[2].duration, Duration::from_secs(15));
+    s.make_quick();
+    let ms: Vec<u128> = s.conditions[0]
+        .phases
+        .iter()
+        .map(|p| p.duration.as_millis())
+        .collect();
+    assert_eq!(ms, [444, 889, 667]);
+    let mut s = Scenario::parse(STEPPED, Path::new("t.toml")).unwrap();
+    s.fit_phases(Duration::from_secs(90), false);
+    assert_eq!(s.conditions[0].phases[1].duration, Duration::from_secs(40));
+}
+
+#[test]
+fn bad_phases_are_named() {
+    let e = err_of(&STEPPED.replace(
+        "{ rate = 50, duration = \"15s\" }",
+        "{ duration = \"15s\" }",
+    ));
+    assert!(e.contains("phase 3") && e.contains("rate"), "{e}");
+    let e = err_of(&STEPPED.replace("phases = [", "rate = 10\nphases = ["));
+    assert!(e.contains("phases and a rate"), "{e}");
+    let e = err_of(&STEPPED.replace("duration = \"20s\"", "duration = \"0s\""));
+    assert!(e.contains("phase 2") && e.contains("above 0"), "{e}");
+    let no_capacity = STEPPED.replace("[capacity]\nprobe_rate = 1000\nduration = \"1s\"\n", "");
+    assert!(err_of(&no_capacity).contains("[capacity]"));
+}
+
+const STREAMS: &str = r#"
+name = "t"
+description = "test"
+[load]
+rate = 100
+duration = "2s"
+connections = 4
+[[load.streams]]
+name = "a"
+path = "/a"
+connections = 32
+[[load.streams]]
+name = "b"
+path = "/b"
+rate = 20
+[capacity]
+probe_rate = 1000
+duration = "1s"
+[upstream_b]
+args = ["--workers", "8", "--delay-ms", "20"]
+[pin]
+upstream_b = [0]
+[[condition]]
+name = "b alone"
+streams = { b = { rate_factor = 0.5 } }
+[[condition]]
+name = "both"
+streams = { a = { rate_factor = 10.0 } }
+"#;
+
+#[test]
+fn streams_and_a_second_upstream_parse() {
+    let s = Scenario::parse(STREAMS, Path::new("t.toml")).unwrap();
+    assert_eq!(s.load.streams.len(), 2);
+    assert_eq!(s.load.streams[0].connections, Some(32));
+    assert_eq!(s.upstream_b.as_ref().unwrap().args[0], "--workers");
+    assert_eq!(s.pin.upstream_b, Some(vec![0]));
+    // A stream a condition does not name gets its own default (b: 20 req/s; a: none).
+    let both = &s.conditions[1];
+    assert_eq!(s.stream_rate(both, &s.load.streams[1]).rate, Some(20.0));
+    let alone = &s.conditions[0];
+    let a = s.stream_rate(alone, &s.load.streams[0]);
+    assert_eq!((a.rate, a.rate_factor), (None, None));
+}
+
+#[test]
+fn bad_streams_are_named() {
+    let e = err_of(&STREAMS.replace("streams = { a = {", "streams = { c = {"));
+    assert!(e.contains("no stream named `c`"), "{e}");
+    let e = err_of(&STREAMS.replace("name = \"both\"", "name = \"both\"\nrate = 5"));
+    assert!(e.contains("[condition.streams.NAME]"), "{e}");
+    let e = err_of(&STREAMS.replace("{ b = { rate_factor = 0.5 } }", "{ b = { rate = 0.0 } }"));
+    assert!(e.contains("every stream's rate is 0"), "{e}");
+    let e = err_of(&STREAMS.replace("name = \"b\"\npath", "name = \"a\"\npath"));
+    assert!(e.contains("name of its own"), "{e}");
+    let single = GOOD.replace("[[condition]]", "[upstream_b]\nargs = []\n[[condition]]");
+    assert!(err_of(&single).contains("[[load.streams]]"));
+}
+
+#[test]
+fn quick_may_keep_only_some_conditions_and_names_them_right() {
+    let two = GOOD.replace(
+        "[[condition]]",
+        "[quick]\nconditions = [\"second\"]\n[[condition]]\nname = \"second\"\n[[condition]]",
+    );
+    let mut s = Scenario::parse(&two, Path::new("t.toml")).unwrap();
+    assert_eq!(s.conditions.len(), 2);
+    s.make_quick();
+    assert_eq!(s.conditions.len(), 1);
+    assert_eq!(s.conditions[0].name, "second");
+    let e = err_of(&two.replace("conditions = [\"second\"]", "conditions = [\"third\"]"));
+    assert!(e.contains("`third`"), "{e}");
 }

@@ -145,7 +145,7 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
         header.starts_with("t_s,offered,goodput,rejected_503,"),
         "{header}"
     );
-    assert!(header.ends_with(",upstream_inflight[a],upstream_limit[a],upstream_limited_per_s[a]"));
+    assert!(header.ends_with(",upstream_limit[a],upstream_inflight[a],upstream_limited_per_s[a]"));
     assert!(csv.lines().nth(1).unwrap().starts_with("0,50,"));
     let svg = tailguard_lab::timeline::plot("t", t, &[]);
     assert!(svg.starts_with("<svg") && svg.contains("limit a") && svg.contains("admitted P99"));
@@ -172,7 +172,7 @@ fn metrics_the_gateway_does_not_export_leave_empty_columns() {
         lines
             .next()
             .unwrap()
-            .ends_with(",upstream_inflight,upstream_limit")
+            .ends_with(",upstream_limit,upstream_inflight")
     );
     assert!(lines.next().unwrap().ends_with(",,"));
     let table = tailguard_lab::timeline::second_table(&report.timeline);
