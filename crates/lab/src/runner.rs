@@ -807,7 +807,7 @@ fn combine(parts: &[Report]) -> Report {
         total.queued += p.queued;
         total.max_queue = total.max_queue.max(p.max_queue);
         total.scrapes.extend(p.scrapes.iter().cloned());
-        total.timeline.add(&p.timeline);
+        total.timeline.add_stream(&p.timeline);
     }
     total
 }
@@ -1610,12 +1610,18 @@ fn timeline_section(rows: &[Row]) -> String {
         for line in step_lines(&t.total, &named) {
             let _ = writeln!(o, "- {line}");
         }
-        let _ = writeln!(
-            o,
-            "\n{}\n{}",
-            crate::timeline::phase_table(&t.total),
-            crate::timeline::second_table(&t.total)
-        );
+        if t.streams.len() > 1 {
+            for (name, st) in t.streams.iter().filter(|(_, st)| st.phases.len() > 1) {
+                let _ = writeln!(
+                    o,
+                    "\nStream {name}:\n\n{}",
+                    crate::timeline::phase_table(st)
+                );
+            }
+        } else {
+            let _ = writeln!(o, "\n{}", crate::timeline::phase_table(&t.total));
+        }
+        let _ = writeln!(o, "{}", crate::timeline::second_table(&t.total));
     }
     o
 }

@@ -245,10 +245,32 @@ impl Timeline {
         }
     }
 
-    /// Adds another timeline of the same window: another generator thread's, or another
-    /// stream's of the same run. Phases are added by position (a stream's own phases stay
-    /// its own: the sum of streams with different steps keeps the first one's boundaries).
+    /// Adds another generator thread's timeline of the same load.
     pub fn add(&mut self, other: &Timeline) {
+        self.merge(other, false);
+    }
+
+    /// Adds another stream's timeline of the same run: counts add, and so do the phases'
+    /// rates. Phases with the same boundaries are added one to one; when the two streams step
+    /// at different times, both become one phase for the whole window (each stream's own
+    /// timeline keeps its steps).
+    pub fn add_stream(&mut self, other: &Timeline) {
+        self.merge(other, true);
+    }
+
+    fn merge(&mut self, other: &Timeline, sum_rates: bool) {
+        let same = self.phases.len() == other.phases.len()
+            && self
+                .phases
+                .iter()
+                .zip(&other.phases)
+                .all(|(a, b)| a.start_s == b.start_s && a.end_s == b.end_s);
+        if !same && !other.phases.is_empty() {
+            self.collapse();
+            let mut other = other.clone();
+            other.collapse();
+            return self.merge(&other, sum_rates);
+        }
         if self.seconds.len() < other.seconds.len() {
             self.seconds
                 .resize_with(other.seconds.len(), Second::default);
@@ -257,6 +279,9 @@ impl Timeline {
             a.add(b);
         }
         for (a, b) in self.phases.iter_mut().zip(&other.phases) {
+            if sum_rates {
+                a.rate = round(a.rate + b.rate, 3);
+            }
             a.offered += b.offered;
             a.ok += b.ok;
             a.rejected += b.rejected;
@@ -269,6 +294,32 @@ impl Timeline {
         for (k, v) in &other.gauges {
             self.gauges.entry(k.clone()).or_insert_with(|| v.clone());
         }
+    }
+
+    /// Makes the phases one, for the whole window: its rate the mean over the window.
+    fn collapse(&mut self) {
+        if self.phases.len() < 2 {
+            return;
+        }
+        let end = self.phases.last().map_or(0.0, |p| p.end_s);
+        let mut one = self.phases[0].clone();
+        one.rate = 0.0;
+        for p in &self.phases {
+            one.rate += p.rate * (p.end_s - p.start_s) / end.max(1e-9);
+        }
+        one.rate = round(one.rate, 3);
+        for p in &self.phases[1..] {
+            one.offered += p.offered;
+            one.ok += p.ok;
+            one.rejected += p.rejected;
+            one.failed += p.failed;
+            one.errors += p.errors;
+            one.admitted.add(&p.admitted);
+            one.first_reject_s = min_opt(one.first_reject_s, p.first_reject_s);
+            one.last_reject_s = max_opt(one.last_reject_s, p.last_reject_s);
+        }
+        one.end_s = end;
+        self.phases = vec![one];
     }
 
     /// Files the gateway's metric readings under the second each was made in; counters

@@ -206,8 +206,16 @@ fn streams_share_one_clock_and_keep_their_own_reports() {
     );
     assert_eq!(reports[1].requested_rate, 25.0);
     let mut total = reports[0].timeline.clone();
-    total.add(b);
+    total.add_stream(b);
     assert_eq!(total.seconds[0].offered, 250);
+    // b steps where a does not: the total keeps one phase, at the mean rate of both.
+    assert_eq!(total.phases.len(), 1);
+    assert_eq!(total.phases[0].rate, 225.0);
+    assert_eq!(total.phases[0].offered, 450);
+    // Two constant streams: one phase, rates added.
+    let mut same = reports[0].timeline.clone();
+    same.add_stream(&reports[0].timeline);
+    assert_eq!((same.phases.len(), same.phases[0].rate), (1, 400.0));
     let streams = vec![
         ("a".to_string(), &reports[0].timeline),
         ("b".to_string(), b),
