@@ -19,4 +19,4 @@ addr=$(sed -n 's/^listening on //p' "$out/upstream.out")
   --json "$out/direct.json" --hgrm "$out/direct.hgrm" --plot "$out/direct.svg"
 grep -Eq '"completed": ?1000[,}]' "$out/direct.json"
 kill $up; trap - EXIT
-timeout 150 "$exe" lab all --quick --out "$out"
+timeout 240 "$exe" lab all --quick --out "$out"

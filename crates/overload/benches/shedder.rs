@@ -88,7 +88,11 @@ fn bench(c: &mut Criterion) {
         })
     });
     let full: Vec<_> = (0..80)
-        .map(|_| limit.acquire(clock.now(), Class::Normal).expect("cold: 4 x 20"))
+        .map(|_| {
+            limit
+                .acquire(clock.now(), Class::Normal)
+                .expect("cold: 4 x 20")
+        })
         .collect();
     g.bench_function("upstream_limit_reject", |b| {
         b.iter(|| black_box(limit.acquire(clock.now(), Class::Normal).is_err()))

@@ -391,12 +391,15 @@ impl UpstreamLimit {
     fn admit(&self, class: Class) -> Result<u64, Rejected> {
         let limit = f64::from_bits(self.gate.0.0.load(Ordering::Relaxed));
         let inflight = self.inflight.0.0.load(Ordering::Relaxed);
-        if class != Class::Critical && inflight as f64 + 1.0 > limit * multiplier(class) {
-            self.rejected.0[class.index()].fetch_add(1, Ordering::Relaxed);
-            return Err(Rejected {
-                class,
-                severe: inflight as f64 > 2.0 * limit,
-            });
+        if class != Class::Critical {
+            let over = inflight as f64 + 1.0 > limit * multiplier(class);
+            if over {
+                self.rejected.0[class.index()].fetch_add(1, Ordering::Relaxed);
+                return Err(Rejected {
+                    class,
+                    severe: inflight as f64 > 2.0 * limit,
+                });
+            }
         }
         let now_in = self.inflight.0.0.fetch_add(1, Ordering::Relaxed) + 1;
         self.inflight.0.2.fetch_add(1, Ordering::Relaxed);
@@ -504,7 +507,7 @@ impl UpstreamLimit {
                 }
                 c.probe = None;
                 c.limit = probe.saved_limit;
-                self.publish(self.enforced(c.limit, hot));
+                self.publish(self.enforced(c, hot));
                 self.gate.0.1.fetch_add(1, Ordering::Relaxed); // even: no probe
                 c.next_probe = self.next_probe_after(c, now);
                 c.window = [0; BUCKETS];
@@ -538,11 +541,11 @@ impl UpstreamLimit {
         let age = now.saturating_sub(c.window_start);
         if c.window_n == 0 {
             c.window_start = now;
-            self.publish(self.enforced(c.limit, hot));
+            self.publish(self.enforced(c, hot));
             return;
         }
         if c.window_n < self.cfg.min_samples && age < self.cfg.max_window {
-            self.publish(self.enforced(c.limit, hot));
+            self.publish(self.enforced(c, hot));
             return;
         }
         let sample = quantile(&c.window, c.window_n, 0.5);
@@ -575,15 +578,15 @@ impl UpstreamLimit {
         let a = self.cfg.smoothing;
         c.limit =
             ((1.0 - a) * c.limit + a * proposed).clamp(self.cfg.min_limit, self.cfg.max_limit);
-        self.publish(self.enforced(c.limit, hot));
+        self.publish(self.enforced(c, hot));
     }
 
     /// The limit admissions see: `L` while overloaded, `cold_factor · L` otherwise.
-    fn enforced(&self, limit: f64, hot: bool) -> f64 {
+    fn enforced(&self, c: &Control, hot: bool) -> f64 {
         if hot {
-            limit
+            c.limit
         } else {
-            (limit * self.cfg.cold_factor).min(self.cfg.max_limit)
+            (c.limit * self.cfg.cold_factor).min(self.cfg.max_limit)
         }
     }
 
@@ -731,13 +734,30 @@ mod tests {
         rejected
     }
 
+    /// Runs on until no probe is in progress (its jitter comes from the process, so where
+    /// one falls differs from run to run), then returns the snapshot.
+    fn settled(
+        l: &UpstreamLimit,
+        from: u64,
+        offered: usize,
+        rtt: impl Fn(usize) -> u64,
+    ) -> LimitSnapshot {
+        for t in 0..20 {
+            if !l.snapshot().probing {
+                break;
+            }
+            run(l, from + t, 1, offered, &rtt);
+        }
+        l.snapshot()
+    }
+
     #[test]
     fn a_queueing_upstream_settles_near_its_workers_plus_a_small_queue() {
         // 8 workers of 20 ms: with n in flight the response takes 20 ms · max(1, n/8).
         let l = UpstreamLimit::new("io", LimitConfig::default()).unwrap();
         let rtt = |n: usize| (20_000.0 * (n as f64 / 8.0).max(1.0)) as u64;
         run(&l, 0, 200, 100, rtt);
-        let s = l.snapshot();
+        let s = settled(&l, 200, 100, rtt);
         assert!(s.probes >= 1, "{s:?}");
         let m = s.min_rtt.unwrap().as_micros();
         assert!((18_000..=22_000).contains(&m), "{s:?}");
@@ -749,7 +769,7 @@ mod tests {
         let l = UpstreamLimit::new("cpu", LimitConfig::default()).unwrap();
         let rtt = |n: usize| 3_600 * n.max(1) as u64;
         run(&l, 0, 200, 100, rtt);
-        let s = l.snapshot();
+        let s = settled(&l, 200, 100, rtt);
         assert!((2.0..3.0).contains(&s.limit), "{s:?}");
     }
 

@@ -268,6 +268,8 @@ struct Flight {
     calm_at: AtomicU64,
     /// Nanoseconds of the end of the last completed request (0: none yet).
     done_at: AtomicU64,
+    /// Nanoseconds of the last request an upstream's concurrency limit refused (0: none).
+    upstream_limited_at: AtomicU64,
 }
 
 /// Passes and RT of the current bucket, written by completions, drained by `tick`.
@@ -440,6 +442,15 @@ impl Controller {
         if cores.is_finite() && cores > 0.0 {
             self.cores.set(cores);
         }
+    }
+
+    /// A request of this group was refused by its upstream's concurrency limit at `now`
+    /// (one relaxed store, on the refusal path only): the group counts as queued for the
+    /// CPU trigger, as it would if in-flight had stayed over `C + cores`.
+    pub fn upstream_limited(&self, now: Duration) {
+        self.flight
+            .upstream_limited_at
+            .store(as_nanos(now).max(1), Ordering::Relaxed);
     }
 
     /// Requests in flight now.
@@ -722,9 +733,15 @@ impl Controller {
         // simulation read 0.904 once), while in-flight still drains every few ms. A group
         // already shedding stays hot on the CPU alone (its gate keeps in-flight under
         // `C + cores`, so it never looks queued).
+        // An upstream's concurrency limit refusing requests of this group in the last
+        // bucket is a backlog too: it keeps in-flight under `C + cores`, so without this a
+        // group whose upstream shares its cores (the CPU signal sees the upstream's work)
+        // would never turn hot and its half-service gate would never act.
+        let limited_at = self.flight.upstream_limited_at.load(Ordering::Relaxed);
         let queued = cfg.mode == Mode::GoZero
             || as_nanos(now).saturating_sub(self.flight.calm_at.load(Ordering::Relaxed))
                 >= as_nanos(cfg.bucket)
+            || (limited_at > 0 && as_nanos(now).saturating_sub(limited_at) < as_nanos(cfg.bucket))
             || (self.gate.dropped[0].load(Ordering::Relaxed)
                 && (self.gate.overloaded.load(Ordering::Relaxed)
                     || self.gate.forced.load(Ordering::Relaxed)

@@ -317,10 +317,13 @@ impl Overload {
         // never counts in the route group. One the group refuses after it drops its limit
         // permit unrecorded: it was never sent.
         let limit = match &guard.limit {
-            Some(l) => Some(
-                l.acquire_owned(now, guard.class)
-                    .map_err(|r| Refused { severe: r.severe })?,
-            ),
+            Some(l) => match l.acquire_owned(now, guard.class) {
+                Ok(p) => Some(p),
+                Err(r) => {
+                    guard.group.upstream_limited(now);
+                    return Err(Refused { severe: r.severe });
+                }
+            },
             None => None,
         };
         match guard.group.admit_owned(now, guard.class) {
