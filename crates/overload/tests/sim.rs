@@ -93,7 +93,7 @@ struct Check {
 
 /// f64 with a total order, for the heaps.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct T(f64);
+pub(crate) struct T(pub(crate) f64);
 impl Eq for T {}
 impl PartialOrd for T {
     fn partial_cmp(&self, o: &Self) -> Option<CmpOrdering> {
@@ -341,7 +341,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((p * sorted.len() as f64) as usize).min(sorted.len() - 1)] * 1e3
 }
 
-fn check_range(errors: &mut Vec<String>, what: &str, got: f64, range: Option<[f64; 2]>) {
+pub(crate) fn check_range(errors: &mut Vec<String>, what: &str, got: f64, range: Option<[f64; 2]>) {
     if let Some([lo, hi]) = range
         && !(lo <= got && got <= hi)
     {

@@ -5,12 +5,13 @@
 //! client left). Scenarios are data: `tests/scenarios/remote/*.toml`, with `[min, max]`
 //! expectations per window and upstream. Its results are a model, not measurements.
 
-use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::sim::{T, check_range};
 use tailguard_overload::{
     Class, Controller, LimitConfig, Outcome, OwnedLimitPermit, OwnedPermit, ShedderConfig,
     UpstreamLimit,
@@ -76,21 +77,6 @@ struct Check {
     first_reject_s: Option<[f64; 2]>,
     /// Seconds from `from_s` to the last rejection in the window (0 when none).
     last_reject_s: Option<[f64; 2]>,
-}
-
-/// f64 with a total order, reversed: a `BinaryHeap` of it is a min-heap.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct T(f64);
-impl Eq for T {}
-impl PartialOrd for T {
-    fn partial_cmp(&self, o: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for T {
-    fn cmp(&self, o: &Self) -> CmpOrdering {
-        o.0.total_cmp(&self.0)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -311,14 +297,6 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i]
-}
-
-fn check_range(errors: &mut Vec<String>, what: &str, got: f64, range: Option<[f64; 2]>) {
-    if let Some([lo, hi]) = range
-        && !(lo..=hi).contains(&got)
-    {
-        errors.push(format!("{what} = {got:.2}, expected [{lo}, {hi}]"));
-    }
 }
 
 fn run_file(name: &str) {
