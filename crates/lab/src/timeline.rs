@@ -90,6 +90,20 @@ pub struct PhaseStats {
     pub last_reject_s: Option<f64>,
 }
 
+impl PhaseStats {
+    /// Adds `other`'s counts, latencies and rejection times (not its rate or bounds).
+    fn add_counts(&mut self, other: &PhaseStats) {
+        self.offered += other.offered;
+        self.ok += other.ok;
+        self.rejected += other.rejected;
+        self.failed += other.failed;
+        self.errors += other.errors;
+        self.admitted.add(&other.admitted);
+        self.first_reject_s = min_opt(self.first_reject_s, other.first_reject_s);
+        self.last_reject_s = max_opt(self.last_reject_s, other.last_reject_s);
+    }
+}
+
 /// A run's seconds, phases and gateway gauges.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
@@ -282,14 +296,7 @@ impl Timeline {
             if sum_rates {
                 a.rate = round(a.rate + b.rate, 3);
             }
-            a.offered += b.offered;
-            a.ok += b.ok;
-            a.rejected += b.rejected;
-            a.failed += b.failed;
-            a.errors += b.errors;
-            a.admitted.add(&b.admitted);
-            a.first_reject_s = min_opt(a.first_reject_s, b.first_reject_s);
-            a.last_reject_s = max_opt(a.last_reject_s, b.last_reject_s);
+            a.add_counts(b);
         }
         for (k, v) in &other.gauges {
             self.gauges.entry(k.clone()).or_insert_with(|| v.clone());
@@ -309,14 +316,7 @@ impl Timeline {
         }
         one.rate = round(one.rate, 3);
         for p in &self.phases[1..] {
-            one.offered += p.offered;
-            one.ok += p.ok;
-            one.rejected += p.rejected;
-            one.failed += p.failed;
-            one.errors += p.errors;
-            one.admitted.add(&p.admitted);
-            one.first_reject_s = min_opt(one.first_reject_s, p.first_reject_s);
-            one.last_reject_s = max_opt(one.last_reject_s, p.last_reject_s);
+            one.add_counts(p);
         }
         one.end_s = end;
         self.phases = vec![one];
