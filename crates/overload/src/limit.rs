@@ -22,7 +22,12 @@
 //! - while the limit does not bind (the window's peak in flight under `L / 2`) it does not
 //!   grow; while it binds and the response time shows no queue it jumps to twice the peak,
 //!   so a fast upstream is never throttled by a slow start;
-//! - `min_rtt` comes from **probes**: while requests are being rejected, every
+//! - **only an overload shrinks it**: `L` is enforced while the upstream is overloaded (a
+//!   rejection in the last second, or a second's arrivals over its completions by
+//!   `overload_ratio`); otherwise admissions see `cold_factor · L` and a queue the upstream
+//!   absorbs (a Poisson burst below capacity) leaves `L` alone. Entering an overload cuts
+//!   `L` to Little's law of what the upstream just completed;
+//! - `min_rtt` comes from **probes**: while overloaded and queued, every
 //!   `probe_interval` (jittered, so a fleet of gateways does not probe one upstream in
 //!   step) the limit drops to `probe_concurrency` (the upstream's endpoint count: about
 //!   one request per endpoint) until `probe_samples` requests admitted during the probe
