@@ -390,6 +390,10 @@ mod tests {
             b"5;a b",
             b"5\r",
             b"5;a=\"\x01\"",
+            // BWS in the grammar always leads to a `;` or an `=`: none may end the line.
+            b"0;a ",
+            b"0;a=b\t",
+            b"0;a=\"b\" ",
         ] {
             assert!(
                 parse_chunk_size(line).is_err(),

@@ -223,27 +223,34 @@ pub fn dechunk(buf: &[u8], from_client: bool) -> Dechunked {
 }
 
 /// `*( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ] )`, written apart from
-/// the engine's version of it.
+/// the engine's version of it. Whitespace may stand before a `;` or an `=` and after them,
+/// never at the end: BWS in the grammar always leads to something.
 fn ext_ok(ext: &[u8]) -> bool {
     #[derive(Clone, Copy, PartialEq)]
     enum S {
+        /// Before the first `;`, whitespace allowed.
         BeforeSemi,
         BeforeName,
         Name,
+        /// Whitespace after a name: an `=` or a `;` must follow.
         AfterName,
         BeforeValue,
         Token,
         Quoted,
         Escaped,
-        AfterQuoted,
+        /// Just past a quoted-string's closing quote.
+        Closed,
+        /// Whitespace after a value: a `;` must follow.
+        AfterValue,
     }
     let mut s = S::BeforeSemi;
     for &b in ext {
         let ws = b == b' ' || b == b'\t';
         s = match (s, b) {
-            (S::BeforeSemi | S::Name | S::AfterName | S::Token | S::AfterQuoted, b';') => {
-                S::BeforeName
-            }
+            (
+                S::BeforeSemi | S::Name | S::AfterName | S::Token | S::Closed | S::AfterValue,
+                b';',
+            ) => S::BeforeName,
             (S::BeforeSemi, _) if ws => S::BeforeSemi,
             (S::BeforeName, _) if ws => S::BeforeName,
             (S::BeforeName | S::Name, _) if is_tchar(b) => S::Name,
@@ -252,15 +259,15 @@ fn ext_ok(ext: &[u8]) -> bool {
             (S::BeforeValue, _) if ws => S::BeforeValue,
             (S::BeforeValue, b'"') => S::Quoted,
             (S::BeforeValue | S::Token, _) if is_tchar(b) => S::Token,
-            (S::Token | S::AfterQuoted, _) if ws => S::AfterQuoted,
-            (S::Quoted, b'"') => S::AfterQuoted,
+            (S::Token | S::Closed | S::AfterValue, _) if ws => S::AfterValue,
+            (S::Quoted, b'"') => S::Closed,
             (S::Quoted, b'\\') => S::Escaped,
             (S::Quoted, _) if b == b'\t' || (0x20..=0x7e).contains(&b) || b >= 0x80 => S::Quoted,
             (S::Escaped, _) if b == b'\t' || (0x20..=0x7e).contains(&b) || b >= 0x80 => S::Quoted,
             _ => return false,
         };
     }
-    matches!(s, S::Name | S::AfterName | S::Token | S::AfterQuoted)
+    matches!(s, S::Name | S::Token | S::Closed)
 }
 
 fn is_tchar(b: u8) -> bool {
