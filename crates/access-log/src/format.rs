@@ -23,7 +23,7 @@ pub const COMBINED: &str = "$remote_addr - $remote_user [$time_local] \"$request
 pub const VARIABLES: &str = "remote_addr, remote_user, time_local, time_iso8601, msec, request, \
      request_method, request_uri, uri, args, server_protocol, status, body_bytes_sent, \
      bytes_sent, request_time, upstream_addr, upstream_status, upstream_response_time, \
-     http_referer, http_user_agent, http_<header name>, route, request_id, error";
+     http_referer, http_user_agent, http_<header name>, route, request_id, error, grpc_status";
 
 /// How records become lines. Cheap to clone; build it once per configuration.
 #[derive(Debug, Clone)]
@@ -69,6 +69,7 @@ enum Var {
     Route,
     RequestId,
     Error,
+    GrpcStatus,
 }
 
 impl Var {
@@ -97,6 +98,7 @@ impl Var {
             "route" => Self::Route,
             "request_id" => Self::RequestId,
             "error" => Self::Error,
+            "grpc_status" => Self::GrpcStatus,
             _ => {
                 // nginx maps `$http_x_request_id` to the header `X-Request-Id`.
                 let header = name
@@ -373,6 +375,10 @@ fn write_var(var: &Var, r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache
         Var::Route => opt_text(out, r.route.map(str::as_bytes)),
         Var::RequestId => opt_text(out, r.request_id),
         Var::Error => opt_text(out, r.error.map(str::as_bytes)),
+        Var::GrpcStatus => match r.grpc_status {
+            Some(s) => int(out, u64::from(s)),
+            None => out.push(b'-'),
+        },
     }
 }
 
@@ -446,6 +452,11 @@ fn write_json(r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache) {
     json_opt_str(out, r.request_id);
     out.extend_from_slice(b",\"error\":");
     json_opt_str(out, r.error.map(str::as_bytes));
+    out.extend_from_slice(b",\"grpc_status\":");
+    match r.grpc_status {
+        Some(s) => int(out, u64::from(s)),
+        None => out.extend_from_slice(b"null"),
+    }
     out.push(b'}');
 }
 

@@ -50,6 +50,10 @@ pub struct Record<'a> {
     pub error: Option<&'a str>,
     /// All request headers, for `$http_<name>` template variables.
     pub headers: Option<&'a http::HeaderMap>,
+    /// The gRPC status of a gRPC call (`$grpc_status`): the upstream's `grpc-status`, or
+    /// the one the gateway answered with; `None` for other requests and for a call that
+    /// ended without one.
+    pub grpc_status: Option<u8>,
 }
 
 impl Default for Record<'_> {
@@ -75,6 +79,7 @@ impl Default for Record<'_> {
             request_id: None,
             error: None,
             headers: None,
+            grpc_status: None,
         }
     }
 }

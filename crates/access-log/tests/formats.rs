@@ -85,6 +85,7 @@ fn cases() -> Vec<Case> {
                 upstream_status: None,
                 upstream_response_time: None,
                 route: None,
+                grpc_status: Some(4),
                 ..base()
             },
             combined: "2001:db8::1 - al\\x22ice [21/Nov/2026:21:19:53 +0000] \"POST /caf\\xC3\\xA9 HTTP/2.0\" 503 0 \
@@ -155,7 +156,7 @@ fn template_with_every_variable() {
         "$remote_addr|$remote_user|$time_local|$time_iso8601|$msec|$request|$request_method|\
          $request_uri|$uri|$args|$server_protocol|$status|$body_bytes_sent|$bytes_sent|\
          $request_time|$upstream_addr|$upstream_status|$upstream_response_time|$http_referer|\
-         $http_user_agent|$http_x_request_id|$route|$request_id|$error",
+         $http_user_agent|$http_x_request_id|$route|$request_id|$error|$grpc_status",
     )
     .unwrap();
     let mut headers = http::HeaderMap::new();
@@ -167,6 +168,7 @@ fn template_with_every_variable() {
         headers: Some(&headers),
         request_id: Some(b"r-7"),
         error: Some("upstream_timeout"),
+        grpc_status: Some(14),
         ..base()
     };
     assert_eq!(
@@ -174,7 +176,7 @@ fn template_with_every_variable() {
         "192.0.2.7|-|21/Nov/2026:21:19:53 +0000|2026-11-21T21:19:53+00:00|1795295993.000|\
          GET /api/users?id=7 HTTP/1.1|GET|/api/users?id=7|/api/users|id=7|HTTP/1.1|200|512|700|\
          0.012|127.0.0.1:9000|200|0.011|https://example.com/|curl/8.5.0|id\\x221|users|r-7|\
-         upstream_timeout\n"
+         upstream_timeout|14\n"
     );
     let r = Record {
         target: b"/x",
@@ -184,10 +186,11 @@ fn template_with_every_variable() {
         ..base()
     };
     let f = Format::template(
-        "$args $upstream_addr $upstream_status $upstream_response_time $http_x_request_id",
+        "$args $upstream_addr $upstream_status $upstream_response_time $http_x_request_id \
+         $grpc_status",
     )
     .unwrap();
-    assert_eq!(line(&f, &r), "- - - - -\n");
+    assert_eq!(line(&f, &r), "- - - - - -\n");
 }
 
 #[test]
@@ -228,9 +231,13 @@ fn json_lines_parse_and_round_trip_every_field() {
             }
         }
         assert_eq!(v["route"].as_str(), r.route);
+        match r.grpc_status {
+            Some(code) => assert_eq!(v["grpc_status"], code),
+            None => assert!(v["grpc_status"].is_null()),
+        }
         assert_eq!(
             v.as_object().unwrap().len(),
-            18,
+            19,
             "case {}: {text}",
             case.name
         );

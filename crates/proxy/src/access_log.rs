@@ -323,5 +323,6 @@ pub(crate) fn log(log: &AccessLog, r: &RequestRecord, snapshot: &Snapshot, end: 
         request_id: r.request_id.as_ref().map(HeaderValue::as_bytes),
         error: r.error,
         headers: None,
+        grpc_status: r.grpc_status,
     });
 }

@@ -14,6 +14,7 @@ use tailguard_http1::client::{RawFields, UpstreamBody};
 use tailguard_http1::server::{H1Body, OutgoingBody};
 
 use crate::error::Error;
+use crate::forward_h2::H2Body;
 use crate::record::Finish;
 
 /// Set in a request body's byte count (`RequestRecord::bytes_in`) once the body has ended:
@@ -173,6 +174,8 @@ impl Body for RequestBody {
 enum Source {
     /// The upstream's body, with the frame read ahead (if any) to be sent first.
     Upstream(Option<Frame<Bytes>>, UpstreamBody<RequestBody>),
+    /// An HTTP/2 upstream's body (boxed: the HTTP/1.1 variant stays the enum's size).
+    UpstreamH2(Box<H2Body>),
     Local(Option<Bytes>),
 }
 
@@ -194,6 +197,22 @@ impl ResponseBody {
     ) -> ResponseBody {
         ResponseBody {
             source: Source::Upstream(first, body),
+            finish,
+        }
+    }
+
+    /// Streams an HTTP/2 upstream's body.
+    pub(crate) fn upstream_h2(body: H2Body, finish: Option<Finish>) -> ResponseBody {
+        ResponseBody {
+            source: Source::UpstreamH2(Box::new(body)),
+            finish,
+        }
+    }
+
+    /// No body at all: the head ends the response (an HTTP/2 head with `END_STREAM`).
+    pub(crate) fn empty(finish: Option<Finish>) -> ResponseBody {
+        ResponseBody {
+            source: Source::Local(None),
             finish,
         }
     }
@@ -287,6 +306,16 @@ impl Body for ResponseBody {
                     .poll_frame(cx)
                     .map(|polled| polled.map(|r| r.map_err(Error::from))),
             },
+            Source::UpstreamH2(body) => {
+                let polled = ready!(Pin::new(&mut **body).poll_frame(cx));
+                // A gRPC call's outcome is in its trailers.
+                if let (Some(Ok(frame)), Some(f)) = (&polled, &mut this.finish)
+                    && let Some(trailers) = frame.trailers_ref()
+                {
+                    f.record.grpc_status = crate::grpc::status(trailers).or(f.record.grpc_status);
+                }
+                Poll::Ready(polled)
+            }
         };
         match ready!(polled) {
             Some(Ok(frame)) => {
@@ -315,6 +344,7 @@ impl Body for ResponseBody {
         match &self.source {
             Source::Local(b) => b.is_none(),
             Source::Upstream(first, b) => first.is_none() && b.is_end_stream(),
+            Source::UpstreamH2(b) => b.is_end_stream(),
         }
     }
 
@@ -334,6 +364,7 @@ impl Body for ResponseBody {
                 }
                 hint
             }
+            Source::UpstreamH2(b) => b.size_hint(),
         }
     }
 }
@@ -342,7 +373,7 @@ impl OutgoingBody for ResponseBody {
     fn raw_fields(&self) -> Option<&RawFields> {
         match &self.source {
             Source::Upstream(_, body) => body.raw_fields(),
-            Source::Local(_) => None,
+            Source::UpstreamH2(_) | Source::Local(_) => None,
         }
     }
 }

@@ -84,6 +84,41 @@ pub enum BalanceKind {
     P2cEwma,
 }
 
+/// The protocol the gateway speaks to an upstream's endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// HTTP/1.1 over plain TCP, a keep-alive pool of connections per endpoint.
+    #[default]
+    Http1,
+    /// HTTP/2 over plain TCP (prior knowledge), requests multiplexed on few connections;
+    /// what a plaintext gRPC service speaks.
+    H2c,
+    /// HTTP/2 over TLS (ALPN `h2`); needs `[upstreams.tls]`.
+    H2,
+}
+
+impl Protocol {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::H2c => "h2c",
+            Protocol::H2 => "h2",
+        }
+    }
+}
+
+fn default_protocol() -> Spanned<Protocol> {
+    Spanned::new(0..0, Protocol::Http1)
+}
+
+fn default_max_concurrent_streams() -> Spanned<u32> {
+    // 100: the smallest limit RFC 9113 §6.5.2 advises a server to allow, and what nginx,
+    // Go and tonic servers announce; a connection never carries more than its peer allows.
+    Spanned::new(0..0, 100)
+}
+
 /// A named service with one or more endpoints.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +128,13 @@ pub struct UpstreamConfig {
     /// Balancing algorithm.
     #[serde(default)]
     pub balance: BalanceKind,
+    /// `http1` (default), `h2c` or `h2`.
+    #[serde(default = "default_protocol")]
+    pub protocol: Spanned<Protocol>,
+    /// HTTP/2 only: streams (requests) one connection to an endpoint carries at once, per
+    /// serving thread; a request beyond it opens another connection. Default 100.
+    #[serde(default = "default_max_concurrent_streams")]
+    pub max_concurrent_streams: Spanned<u32>,
     /// Endpoints (`IP:PORT` with a weight). Exactly one of `endpoints` and `builtin`.
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
@@ -623,6 +665,30 @@ impl Config {
                     "has both `endpoints` and `builtin`; choose one",
                 ),
                 _ => {}
+            }
+            let protocol = *u.protocol.get_ref();
+            // Until upstream TLS exists, `h2` cannot have its `[upstreams.tls]`.
+            if protocol == Protocol::H2 {
+                d.push(
+                    Some(u.protocol.span()),
+                    format!("upstreams[{i}].protocol"),
+                    "`h2` is HTTP/2 over TLS and needs `[upstreams.tls]`; \
+                     for plaintext HTTP/2 use `h2c`",
+                );
+            }
+            if protocol != Protocol::Http1 && u.builtin.is_some() {
+                d.push(
+                    Some(u.protocol.span()),
+                    format!("upstreams[{i}].protocol"),
+                    "a `builtin` upstream speaks HTTP/1.1 only",
+                );
+            }
+            if *u.max_concurrent_streams.get_ref() == 0 {
+                d.push(
+                    Some(u.max_concurrent_streams.span()),
+                    format!("upstreams[{i}].max_concurrent_streams"),
+                    "must be at least 1",
+                );
             }
             if let Some(b) = &u.builtin
                 && http::StatusCode::from_u16(b.status).is_err()

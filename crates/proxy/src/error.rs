@@ -188,6 +188,40 @@ impl Error {
         }
     }
 
+    /// The gRPC status a gRPC call gets for this error instead of [`Error::status`] (sent
+    /// as HTTP 200 with `grpc-status`, as Envoy does): `UNAVAILABLE` where the HTTP answer
+    /// would be 502 or 503, `DEADLINE_EXCEEDED` for 504 and 408, `UNIMPLEMENTED` for no
+    /// route, `RESOURCE_EXHAUSTED` for a limit, `INTERNAL` for the rest.
+    pub fn grpc_status(&self) -> u8 {
+        use crate::grpc::code;
+        match self {
+            Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } | Error::Overloaded => {
+                code::UNAVAILABLE
+            }
+            Error::UpstreamTimeout { .. } | Error::DownstreamTimeout { .. } => {
+                code::DEADLINE_EXCEEDED
+            }
+            Error::NoRoute | Error::ConnectUnsupported | Error::VersionUnsupported => {
+                code::UNIMPLEMENTED
+            }
+            Error::HeadersTooLarge | Error::BodyTooLarge | Error::UriTooLong => {
+                code::RESOURCE_EXHAUSTED
+            }
+            Error::BadRequest(_)
+            | Error::DownstreamBody(_)
+            | Error::Config(_)
+            | Error::Read { .. }
+            | Error::Bind { .. }
+            | Error::Tls(_)
+            | Error::Internal(_) => code::INTERNAL,
+        }
+    }
+
+    /// [`Error::reason`] as a `grpc-message`: one line, no newline.
+    pub fn grpc_message(&self) -> &'static str {
+        self.reason().trim_end()
+    }
+
     /// The short plain-text body sent with the status; it never leaks addresses or
     /// internals to the client (those go to the log line).
     pub fn reason(&self) -> &'static str {

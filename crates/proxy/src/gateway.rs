@@ -24,7 +24,7 @@ use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
 use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::builtin::Responder;
-use crate::config::{Config, Timeouts};
+use crate::config::{Config, Protocol, Timeouts};
 use crate::error::Error;
 use crate::headers;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
@@ -34,6 +34,7 @@ use crate::record::{Finish, RequestRecord};
 use crate::recycle;
 use crate::route::{Route, Router};
 use crate::upstream::Upstream;
+use crate::upstream_h2::{H2Pool, H2Settings};
 
 /// An upstream response whose body streams from its connection.
 type UpstreamBody = client::UpstreamBody<RequestBody>;
@@ -54,9 +55,9 @@ pub struct Snapshot {
     pub upstreams: Vec<Upstream>,
     /// Shedder, breakers (by route index), carried over from the previous snapshot.
     pub overload: Overload,
-    request_timeout: Option<Duration>,
+    pub(crate) request_timeout: Option<Duration>,
     /// `timeouts.read_ms`, handed to each upstream response body.
-    read_timeout: Option<Duration>,
+    pub(crate) read_timeout: Option<Duration>,
     /// Set when a newer snapshot replaced this one: connections that cached this snapshot
     /// switch to the current one for their next request.
     retired: AtomicBool,
@@ -90,6 +91,19 @@ impl Snapshot {
         let mut responders = Vec::new();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
+            let h2_settings = H2Settings {
+                connect_timeout: settings.connect_timeout,
+                max_streams: *u.max_concurrent_streams.get_ref() as usize,
+                header_bytes: u32::try_from(config.limits.header_bytes).unwrap_or(u32::MAX),
+            };
+            let h2_for = |addr: SocketAddr| {
+                previous
+                    .and_then(|p| p.h2_pool_of(addr))
+                    .filter(|pool| pool.settings() == h2_settings)
+                    .unwrap_or_else(|| {
+                        Arc::new(H2Pool::new(addr, h2_settings, Arc::clone(metrics.pool())))
+                    })
+            };
             let addrs: Vec<(SocketAddr, u32)> = match &u.builtin {
                 Some(b) => {
                     let r = Responder::start(b)?;
@@ -103,7 +117,7 @@ impl Snapshot {
                     .filter_map(|e| Some((e.address.get_ref().parse().ok()?, *e.weight.get_ref())))
                     .collect(),
             };
-            upstreams.push(Upstream::build(u, &addrs, &mut pool_for));
+            upstreams.push(Upstream::build(u, &addrs, &mut pool_for, h2_for));
         }
         let routes = config
             .routes
@@ -152,6 +166,18 @@ impl Snapshot {
         self.endpoint_pools()
             .find(|p| p.addr() == addr)
             .map(Arc::clone)
+    }
+
+    /// The HTTP/2 connections of the endpoint at `addr`, if this snapshot has them.
+    fn h2_pool_of(&self, addr: SocketAddr) -> Option<Arc<H2Pool>> {
+        self.h2_pools().find(|p| p.addr() == addr).map(Arc::clone)
+    }
+
+    /// Every HTTP/2 endpoint's connections.
+    pub(crate) fn h2_pools(&self) -> impl Iterator<Item = &Arc<H2Pool>> {
+        self.upstreams
+            .iter()
+            .flat_map(|u| u.endpoints.iter().filter_map(|e| e.h2.as_ref()))
     }
 
     /// Every endpoint's pool (an address listed under two upstreams has two).
@@ -213,6 +239,11 @@ impl Gateway {
         // busy ones close when their requests finish.
         for pool in old.endpoint_pools() {
             if !new.endpoint_pools().any(|p| Arc::ptr_eq(p, pool)) {
+                pool.retire();
+            }
+        }
+        for pool in old.h2_pools() {
+            if !new.h2_pools().any(|p| Arc::ptr_eq(p, pool)) {
                 pool.retire();
             }
         }
@@ -329,7 +360,7 @@ fn hold(conn: &Arc<ConnCtx>) -> Held {
     }
 }
 
-fn local_response(
+pub(crate) fn local_response(
     status: StatusCode,
     body: &'static str,
     finish: Option<Finish>,
@@ -383,9 +414,22 @@ pub(crate) async fn serve(
     let mut admitted = match admission::admit(held.snapshot(), route) {
         Ok(guard) => guard,
         Err(refused) => {
+            record.grpc = crate::grpc::is_grpc(req.headers());
             return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
         }
     };
+    // Branched once per request, on the upstream's protocol: an HTTP/2 upstream's exchange
+    // is its own function (boxed, so the HTTP/1.1 path's future does not grow by it).
+    match route {
+        Some(r) => {
+            let snapshot = held.snapshot();
+            if snapshot.upstreams[snapshot.router.get(r).upstream].protocol != Protocol::Http1 {
+                let h2 = crate::forward_h2::serve(conn, held, req, r, record, admitted);
+                return Ok(Box::pin(h2).await);
+            }
+        }
+        None => record.grpc = crate::grpc::is_grpc(req.headers()),
+    }
     // Not boxed: the HTTP/1.1 connection awaits this future in place, in its own task's
     // state, so it is never moved once running (hyper's server moved each request's
     // future into its slot, which is why it was boxed before). Its ~2 KB is written once.
@@ -423,7 +467,7 @@ pub(crate) async fn serve(
 
 /// Turns an error into its response (status from [`Error::status`], the only mapping) and
 /// writes the request's one structured log line saying who was at fault.
-fn error_response(
+pub(crate) fn error_response(
     err: Error,
     mut record: RequestRecord,
     held: Held,
@@ -465,8 +509,21 @@ fn error_response(
             _ => line!(warn),
         }
     }
-    record.status = status.as_u16();
     record.error = Some(err.kind());
+    if record.grpc {
+        // A gRPC client reads `grpc-status`; the HTTP status of a gRPC answer is 200.
+        let code = err.grpc_status();
+        record.status = StatusCode::OK.as_u16();
+        record.grpc_status = Some(code);
+        let finish = Finish {
+            record,
+            held,
+            upstream_conn: None,
+            _admitted: admitted,
+        };
+        return crate::grpc::trailers_only(code, err.grpc_message(), Some(finish));
+    }
+    record.status = status.as_u16();
     let mut resp = local_response(
         status,
         err.reason(),
@@ -504,7 +561,7 @@ pub(crate) fn host_of<B>(req: &Request<B>) -> &str {
 }
 
 /// Bytes of the request head as a limit sees them (request line and header lines).
-fn head_bytes<B>(req: &Request<B>) -> usize {
+pub(crate) fn head_bytes<B>(req: &Request<B>) -> usize {
     let line = req.method().as_str().len()
         + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
         + 12;
@@ -815,7 +872,7 @@ fn answered((resp, sent): client::Sent<RequestBody>) -> Response<UpstreamBody> {
 
 /// The endpoint to retry a failed connect on, if the request may be retried: the
 /// balancer's next pick that is not `failed`.
-fn retry_endpoint<B: http_body::Body>(
+pub(crate) fn retry_endpoint<B: http_body::Body>(
     snap: &Snapshot,
     upstream_index: usize,
     failed: usize,

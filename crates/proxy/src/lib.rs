@@ -47,7 +47,9 @@ pub mod cidr;
 pub mod config;
 pub(crate) mod drain;
 pub mod error;
+pub(crate) mod forward_h2;
 pub mod gateway;
+pub mod grpc;
 pub mod headers;
 pub mod metrics;
 pub mod overload;
@@ -59,6 +61,7 @@ pub mod server;
 pub mod shard;
 pub mod tls;
 pub mod upstream;
+pub mod upstream_h2;
 
 pub use config::Config;
 pub use error::{Blame, Error};

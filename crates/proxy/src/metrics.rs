@@ -56,10 +56,51 @@ const APISIX_BUCKETS_MS: [f64; 15] = [
     60000.0,
 ];
 
+/// Values of `grpc_status` in `tailguard_grpc_requests_total`: the codes gRPC defines
+/// (0..=16), then `none` for a call that ended without a status (client gone, stream reset).
+const GRPC_STATUS_LABELS: [&str; 18] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "none",
+];
+
+/// gRPC calls of one route by `grpc-status`: a dense table of handles, each created on
+/// first use, so counting a call is an index and one relaxed add.
+#[derive(Debug)]
+pub(crate) struct GrpcCounters {
+    route: Arc<str>,
+    family: Family<Counter>,
+    table: Box<[OnceLock<Counter>]>,
+}
+
+impl GrpcCounters {
+    fn new(family: Family<Counter>, route: Arc<str>) -> GrpcCounters {
+        GrpcCounters {
+            route,
+            family,
+            table: GRPC_STATUS_LABELS.iter().map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// Counts one call that ended with `status` (`None`: without one).
+    fn inc(&self, status: Option<u8>) {
+        let slot = status.map_or(GRPC_STATUS_LABELS.len() - 1, |s| {
+            usize::from(s.min(crate::grpc::MAX_CODE))
+        });
+        self.table[slot]
+            .get_or_init(|| {
+                self.family
+                    .get_or_create(&[&self.route, GRPC_STATUS_LABELS[slot]])
+                    .expect("the gRPC requests family has two labels")
+            })
+            .inc();
+    }
+}
+
 /// The handles of one route.
 #[derive(Debug)]
 pub(crate) struct RouteHandles {
     requests: StatusCounters,
+    grpc: GrpcCounters,
     duration: Histogram,
     bytes_in: Counter,
     bytes_out: Counter,
@@ -92,6 +133,7 @@ pub(crate) struct PoolMetrics {
 pub struct GatewayMetrics {
     registry: Registry,
     requests: Family<Counter>,
+    grpc_requests: Family<Counter>,
     duration: Family<Histogram>,
     upstream_duration: Family<Histogram>,
     picks: Family<Counter>,
@@ -127,6 +169,11 @@ impl GatewayMetrics {
             "tailguard_requests",
             "Requests answered, by route, method and status.",
             &["route", "method", "status"],
+        )?;
+        let grpc_requests = r.counter(
+            "tailguard_grpc_requests",
+            "gRPC calls answered, by route and grpc-status (`none`: ended without one).",
+            &["route", "grpc_status"],
         )?;
         let duration = r.histogram(
             "tailguard_request_duration_seconds",
@@ -221,6 +268,7 @@ impl GatewayMetrics {
         register_process_metrics(r)?;
         let unrouted = Arc::new(RouteHandles {
             requests: StatusCounters::new(requests.clone(), "")?,
+            grpc: GrpcCounters::new(grpc_requests.clone(), Arc::from("")),
             duration: duration.get_or_create(&[""])?,
             bytes_in: bytes_in.get_or_create(&[""])?,
             bytes_out: bytes_out.get_or_create(&[""])?,
@@ -233,6 +281,7 @@ impl GatewayMetrics {
             reloads_ok: reloads.get_or_create(&["ok"])?,
             reloads_failed: reloads.get_or_create(&["failed"])?,
             requests,
+            grpc_requests,
             duration,
             upstream_duration,
             picks,
@@ -276,6 +325,7 @@ impl GatewayMetrics {
         }
         let handles = Arc::new(RouteHandles {
             requests: StatusCounters::new(self.requests.clone(), id).map_err(internal)?,
+            grpc: GrpcCounters::new(self.grpc_requests.clone(), Arc::clone(id)),
             duration: self.duration.get_or_create(&[id]).map_err(internal)?,
             bytes_in: self.bytes_in.get_or_create(&[id]).map_err(internal)?,
             bytes_out: self.bytes_out.get_or_create(&[id]).map_err(internal)?,
@@ -432,6 +482,9 @@ pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) 
         .unwrap_or(&m.gateway.unrouted);
     let status = (record.status != 0).then_some(record.status);
     route.requests.inc(&record.method, status);
+    if record.grpc {
+        route.grpc.inc(record.grpc_status);
+    }
     route.duration.observe_duration(elapsed);
     let (bytes_in, bytes_out) = (record.bytes_in(), record.bytes_out);
     route.bytes_in.add(bytes_in);

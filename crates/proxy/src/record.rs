@@ -52,6 +52,11 @@ pub struct RequestRecord {
     pub error: Option<&'static str>,
     /// False when the response body did not reach its end (client gone, upstream broke).
     pub completed: bool,
+    /// The request is a gRPC call (`content-type: application/grpc...`); set only where it
+    /// matters (an HTTP/2 upstream, or an error answered before one was chosen).
+    pub grpc: bool,
+    /// A gRPC call's `grpc-status`: from the upstream's head or trailers, or the gateway's.
+    pub grpc_status: Option<u8>,
 }
 
 impl RequestRecord {
@@ -84,6 +89,8 @@ impl RequestRecord {
             bytes_out: 0,
             error: None,
             completed: false,
+            grpc: false,
+            grpc_status: None,
         }
     }
 

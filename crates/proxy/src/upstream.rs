@@ -8,8 +8,9 @@ use http::HeaderValue;
 use http::uri::Authority;
 
 use crate::balance::{Balance, RoundRobin};
-use crate::config::{BalanceKind, UpstreamConfig};
+use crate::config::{BalanceKind, Protocol, UpstreamConfig};
 use crate::pool::EndpointPool;
+use crate::upstream_h2::H2Pool;
 
 /// One address of an upstream, as built at config load.
 ///
@@ -26,6 +27,9 @@ pub struct Endpoint {
     pub host: HeaderValue,
     /// Idle keep-alive connections to `addr`, per serving thread (kept across reloads).
     pub pool: Arc<EndpointPool>,
+    /// The multiplexed HTTP/2 connections to `addr`, for an upstream whose protocol is
+    /// `h2c` or `h2` (`None` for `http1`).
+    pub h2: Option<Arc<H2Pool>>,
     /// Relative share of requests.
     pub weight: u32,
 }
@@ -41,17 +45,22 @@ pub struct Upstream {
     pub endpoints: Vec<Endpoint>,
     /// Picks the endpoint for each request.
     pub balance: Box<dyn Balance>,
+    /// What the gateway speaks to the endpoints; a request branches on it once.
+    pub protocol: Protocol,
 }
 
 impl Upstream {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
-    /// connection pool (a reload passes the previous snapshot's, so warm connections stay).
+    /// connection pool (a reload passes the previous snapshot's, so warm connections stay),
+    /// and `h2_for` its HTTP/2 connections when the upstream speaks HTTP/2.
     pub fn build(
         config: &UpstreamConfig,
         addrs: &[(SocketAddr, u32)],
         mut pool_for: impl FnMut(SocketAddr) -> Arc<EndpointPool>,
+        mut h2_for: impl FnMut(SocketAddr) -> Arc<H2Pool>,
     ) -> Upstream {
+        let protocol = *config.protocol.get_ref();
         let endpoints: Vec<Endpoint> = addrs
             .iter()
             .map(|&(addr, weight)| {
@@ -64,6 +73,7 @@ impl Upstream {
                     host: HeaderValue::from_str(&text)
                         .expect("a socket address is a valid header value"),
                     pool: pool_for(addr),
+                    h2: (protocol != Protocol::Http1).then(|| h2_for(addr)),
                     weight,
                 }
             })
@@ -77,6 +87,7 @@ impl Upstream {
             name: Arc::from(config.name.get_ref().as_str()),
             endpoints,
             balance,
+            protocol,
         }
     }
 }

@@ -13,4 +13,5 @@ mod overload;
 mod pool;
 mod routing;
 mod support;
+mod upstream_h2;
 mod upstream_http1;

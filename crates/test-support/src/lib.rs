@@ -27,6 +27,7 @@
 //! # });
 //! ```
 
+pub mod grpc;
 pub mod h2_frames;
 mod recording;
 

@@ -1,0 +1,365 @@
+//! Forwarding to an HTTP/2 upstream (`protocol = "h2c"` or `"h2"`), gRPC included: the
+//! request made an HTTP/2 request whatever the client spoke, sent as a stream of one of the
+//! endpoint's multiplexed connections, and the response streamed back frame by frame,
+//! trailers included.
+//!
+//! gRPC calls are served as gRPC expects of a proxy: nothing read ahead or buffered (a
+//! bidirectional stream gets each message across as it comes), `grpc-timeout` honoured
+//! (the response head must come within the earlier of it and `timeouts.request_ms`, and the
+//! whole call within it; past it the client gets `DEADLINE_EXCEEDED`), no `timeouts.read_ms`
+//! between a stream's messages (a long-lived stream may be quiet for minutes), and every
+//! error the gateway makes answered with a `grpc-status`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{HOST, TE, VIA};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tailguard_http1::server::OnUpgrade;
+use tokio::time::Sleep;
+
+use crate::admission::AdmitGuard;
+use crate::balance::Outcome;
+use crate::body::{RequestBody, ResponseBody};
+use crate::config::Protocol;
+use crate::error::Error;
+use crate::gateway::{ConnCtx, Held, Snapshot, error_response, head_bytes, retry_endpoint};
+use crate::grpc;
+use crate::headers;
+use crate::record::{Finish, RequestRecord};
+use crate::upstream_h2::StreamGuard;
+
+/// Serves a request routed to an HTTP/2 upstream, from its routed head to the response
+/// head (the body then streams).
+pub(crate) async fn serve(
+    conn: &Arc<ConnCtx>,
+    held: Held,
+    req: Box<Request<RequestBody>>,
+    route: usize,
+    mut record: RequestRecord,
+    mut admitted: AdmitGuard,
+) -> Response<ResponseBody> {
+    record.grpc = grpc::is_grpc(req.headers());
+    let forwarded = forward(held.snapshot(), conn, req, route, &mut record).await;
+    match forwarded {
+        Ok(resp) => {
+            admitted.served();
+            let (parts, body) = resp.into_parts();
+            record.status = parts.status.as_u16();
+            if record.grpc {
+                // A trailers-only answer carries its status in the head.
+                record.grpc_status = grpc::status(&parts.headers);
+            }
+            let finish = Finish {
+                record,
+                held,
+                upstream_conn: None,
+                _admitted: Some(admitted),
+            };
+            Response::from_parts(parts, ResponseBody::upstream_h2(body, Some(finish)))
+        }
+        Err(e) => {
+            if matches!(
+                e,
+                Error::UpstreamTimeout {
+                    phase: "request",
+                    ..
+                }
+            ) {
+                admitted.timed_out();
+            }
+            error_response(e, record, held, Some(admitted))
+        }
+    }
+}
+
+/// The request's `:authority` upstream: the route's `host_rewrite`, else what the client
+/// named (`:authority` or `Host`), else the endpoint's address.
+fn authority(
+    rewrite: Option<&HeaderValue>,
+    req: &Request<RequestBody>,
+    endpoint: &Authority,
+) -> Authority {
+    let named = rewrite
+        .or_else(|| req.headers().get(HOST))
+        .and_then(|h| Authority::try_from(h.as_bytes()).ok());
+    named
+        .or_else(|| req.uri().authority().cloned())
+        .unwrap_or_else(|| endpoint.clone())
+}
+
+async fn forward(
+    snap: &Snapshot,
+    conn: &ConnCtx,
+    mut req: Box<Request<RequestBody>>,
+    route_index: usize,
+    record: &mut RequestRecord,
+) -> Result<Response<H2Body>, Error> {
+    let limits = &snap.config.limits;
+    if head_bytes(&req) > limits.header_bytes {
+        return Err(Error::HeadersTooLarge);
+    }
+    if req.method() == Method::CONNECT {
+        return Err(Error::ConnectUnsupported);
+    }
+    record.route = Some(route_index);
+    let route = snap.router.get(route_index);
+    let declared = if req.body().is_end_stream() {
+        None
+    } else {
+        req.body().size_hint().exact()
+    };
+    if declared.is_some_and(|n| n > limits.body_bytes) {
+        return Err(Error::BodyTooLarge);
+    }
+
+    let upstream = &snap.upstreams[route.upstream];
+    let mut endpoint_index = upstream.balance.pick();
+    snap.metrics.picked(route.upstream, endpoint_index);
+    record.endpoint = Some((route.upstream, endpoint_index));
+
+    // HTTP/2 has no `Upgrade`: a WebSocket handshake reaches the upstream as a plain GET.
+    req.extensions_mut().remove::<OnUpgrade>();
+    let grpc_timeout = if record.grpc {
+        grpc::timeout(req.headers())
+    } else {
+        None
+    };
+    // `TE: trailers` is the one `TE` HTTP/2 allows, and gRPC servers ask for it: kept
+    // where the client sent it.
+    let te_trailers = req.headers().get_all(TE).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    });
+    let version = req.version();
+    let authority = authority(
+        route.host_rewrite.as_ref(),
+        &req,
+        &upstream.endpoints[endpoint_index].authority,
+    );
+    let headers = req.headers_mut();
+    headers::remove_hop_by_hop(headers);
+    if te_trailers {
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
+    // HTTP/2 says the host in `:authority` (RFC 9113 §8.3.1).
+    headers.remove(HOST);
+    let id = headers::request_id(headers);
+    if !conn.access_log.is_off() {
+        record.request_id = Some(id.clone());
+    }
+    headers::add_forwarding(headers, &conn.client, version);
+    let scheme = match upstream.protocol {
+        Protocol::H2 => Scheme::HTTPS,
+        _ => Scheme::HTTP,
+    };
+    let path = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(path)
+        .build()
+        .map_err(|_| Error::BadRequest("request target"))?;
+    *req.version_mut() = Version::HTTP_2;
+
+    let count = (!req.body().is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
+    record.bytes_in = count.clone();
+    req.body_mut().limit(limits.body_bytes, count);
+
+    let breaker = snap.overload.dispatch(route_index)?;
+    snap.overload.count_request(route.upstream);
+    let dispatched = Instant::now();
+    let waiting = snap.metrics.gateway.upstream_dispatched();
+    // The head must come within `timeouts.request_ms` and the call's own deadline.
+    let head_limit = match (snap.request_timeout, grpc_timeout) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let exchange = async {
+        let mut pool = upstream.endpoints[endpoint_index]
+            .h2
+            .as_ref()
+            .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
+        let (send, stream) = match pool.stream().await {
+            Ok(taken) => taken,
+            Err(e) => {
+                // Nothing was sent: as on HTTP/1.1, once more on another endpoint if the
+                // request may be retried.
+                let next =
+                    retry_endpoint(snap, route.upstream, endpoint_index, &req, &e).ok_or(e)?;
+                upstream.balance.complete(
+                    endpoint_index,
+                    Outcome::ConnectFailed,
+                    dispatched.elapsed(),
+                );
+                endpoint_index = next;
+                pool = upstream.endpoints[next]
+                    .h2
+                    .as_ref()
+                    .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
+                pool.stream().await?
+            }
+        };
+        pool.send(send, stream, *req).await
+    };
+    let result = match head_limit {
+        Some(limit) => {
+            match tokio::time::timeout_at((dispatched + limit).into(), exchange).await {
+                Ok(r) => r,
+                Err(_) => Err(match &record.bytes_in {
+                    // A client still sending its body is the slow one, not the upstream.
+                    Some(count) if !crate::body::body_ended(count) && !record.grpc => {
+                        Error::DownstreamTimeout { phase: "request" }
+                    }
+                    _ => Error::UpstreamTimeout {
+                        addr: upstream.endpoints[endpoint_index].addr,
+                        phase: "request",
+                    },
+                }),
+            }
+        }
+        None => exchange.await,
+    };
+    // A request body over the limit resets the stream; the client is told why.
+    let result = match result {
+        Err(Error::UpstreamBroken { .. }) if record.bytes_in() > limits.body_bytes => {
+            Err(Error::BodyTooLarge)
+        }
+        other => other,
+    };
+    let endpoint = &upstream.endpoints[endpoint_index];
+    record.endpoint = Some((route.upstream, endpoint_index));
+    let elapsed = dispatched.elapsed();
+    drop(waiting);
+    record.upstream_time = Some(elapsed);
+    let outcome = match &result {
+        Ok((r, _)) => Outcome::Status(r.status().as_u16()),
+        Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
+        Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
+        Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
+        Err(_) => Outcome::Aborted,
+    };
+    upstream.balance.complete(endpoint_index, outcome, elapsed);
+    breaker.finish(outcome);
+
+    let (resp, stream) = result?;
+    record.upstream_status = Some(resp.status().as_u16());
+    let (mut parts, incoming) = resp.into_parts();
+    headers::remove_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .append(VIA, headers::via_value(Version::HTTP_2));
+    // gRPC: the whole call within its deadline, and no read timeout between messages;
+    // anything else: `timeouts.read_ms` between two reads, as from HTTP/1.1.
+    let body = if record.grpc {
+        let deadline =
+            grpc_timeout.map(|t| Box::pin(tokio::time::sleep_until((dispatched + t).into())));
+        H2Body::new(incoming, stream, endpoint.addr, deadline, None)
+    } else {
+        H2Body::new(incoming, stream, endpoint.addr, None, snap.read_timeout)
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+/// An HTTP/2 upstream's response body: frames passed on as they come (data and trailers),
+/// under the call's deadline (gRPC) or the read timeout (plain HTTP).
+#[derive(Debug)]
+pub(crate) struct H2Body {
+    inner: Incoming,
+    addr: std::net::SocketAddr,
+    /// Counts the stream against its connection until the body ends or is dropped.
+    _stream: StreamGuard,
+    /// A gRPC call's deadline: when it passes, the stream ends with `DEADLINE_EXCEEDED`.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// `timeouts.read_ms` and its timer, re-armed by every frame.
+    read: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// The deadline passed and its trailers were sent: nothing more.
+    ended: bool,
+}
+
+impl H2Body {
+    fn new(
+        inner: Incoming,
+        stream: StreamGuard,
+        addr: std::net::SocketAddr,
+        deadline: Option<Pin<Box<Sleep>>>,
+        read_timeout: Option<Duration>,
+    ) -> H2Body {
+        H2Body {
+            inner,
+            addr,
+            _stream: stream,
+            deadline,
+            read: read_timeout.map(|t| (t, Box::pin(tokio::time::sleep(t)))),
+            ended: false,
+        }
+    }
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some((limit, timer)) = &mut this.read {
+                    timer.as_mut().reset(tokio::time::Instant::now() + *limit);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::UpstreamBroken {
+                addr: this.addr,
+                reason: e.to_string(),
+            }))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                if let Some(deadline) = &mut this.deadline {
+                    ready!(deadline.as_mut().poll(cx));
+                    // The call is over for the client; dropping the upstream's body (with
+                    // this one) cancels its stream.
+                    this.ended = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(grpc::trailers(
+                        grpc::code::DEADLINE_EXCEEDED,
+                        "deadline exceeded",
+                    )))));
+                }
+                if let Some((_, timer)) = &mut this.read {
+                    ready!(timer.as_mut().poll(cx));
+                    return Poll::Ready(Some(Err(Error::UpstreamTimeout {
+                        addr: this.addr,
+                        phase: "body",
+                    })));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

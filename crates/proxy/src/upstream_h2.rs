@@ -1,0 +1,308 @@
+//! The upstream HTTP/2 client (`protocol = "h2c"` or `"h2"`): per endpoint and serving
+//! thread, a few connections, each carrying up to `max_concurrent_streams` requests at once.
+//!
+//! Like the HTTP/1.1 pool (`pool.rs`), a serving thread only touches its own slot, so the
+//! slot's mutex is never contended (design.md §2 rule 3). Unlike it, a connection is not
+//! checked out: requests share it as streams, and a request takes the first connection of
+//! its thread with a free stream, or opens another. Each connection is driven by one task
+//! on the serving thread's runtime (hyper's HTTP/2 needs one to read frames for every
+//! stream); a connection that closed (GOAWAY, reset, the endpoint went away) is dropped from
+//! the slot the next time the slot is looked at, and the next request opens a new one.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::{Builder, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use crate::body::RequestBody;
+use crate::error::Error;
+use crate::metrics::{OpenConnection, PoolMetrics};
+use crate::shard::PerThread;
+
+/// What an HTTP/2 pool is built with; two pools with equal settings are interchangeable,
+/// which is how a reload keeps the connections of endpoints it did not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct H2Settings {
+    /// TCP connect and HTTP/2 handshake timeout (`None`: the OS's).
+    pub connect_timeout: Option<Duration>,
+    /// Streams one connection carries at once (`max_concurrent_streams`).
+    pub max_streams: usize,
+    /// Largest response head accepted (`limits.header_bytes`).
+    pub header_bytes: u32,
+}
+
+/// Why a connection could not be opened, kept for every request that waited on it.
+#[derive(Debug, Clone)]
+enum Failed {
+    Timeout,
+    Refused(String),
+    Handshake(String),
+}
+
+/// A connection's handle once open, shared by the requests that waited for it to open.
+type Opened = Arc<tokio::sync::OnceCell<Result<SendRequest<RequestBody>, Failed>>>;
+
+/// One multiplexed connection of a slot, open or being opened, and how many of its streams
+/// are taken.
+#[derive(Debug)]
+struct H2Conn {
+    opened: Opened,
+    streams: Arc<AtomicUsize>,
+}
+
+impl H2Conn {
+    /// Closed, or failed to open: dropped from its slot.
+    fn is_gone(&self) -> bool {
+        match self.opened.get() {
+            Some(Ok(send)) => send.is_closed(),
+            Some(Err(_)) => true,
+            None => false,
+        }
+    }
+}
+
+/// Keeps a stream counted against its connection's `max_concurrent_streams` until the
+/// response body ends or is dropped.
+#[derive(Debug)]
+pub(crate) struct StreamGuard(Arc<AtomicUsize>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream taken on a connection that may still be opening.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    opened: Opened,
+    guard: StreamGuard,
+}
+
+/// The HTTP/2 connections of one endpoint.
+#[derive(Debug)]
+pub struct H2Pool {
+    addr: SocketAddr,
+    settings: H2Settings,
+    slots: PerThread<Mutex<Vec<H2Conn>>>,
+    metrics: Arc<PoolMetrics>,
+    /// Set when a reload removed the endpoint: connections are no longer kept for reuse.
+    retired: AtomicBool,
+}
+
+impl H2Pool {
+    /// An empty pool for `addr`.
+    pub(crate) fn new(addr: SocketAddr, settings: H2Settings, metrics: Arc<PoolMetrics>) -> H2Pool {
+        H2Pool {
+            addr,
+            settings,
+            slots: PerThread::new(|_| Mutex::new(Vec::new())),
+            metrics,
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// The endpoint's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The settings the pool was built with.
+    pub fn settings(&self) -> H2Settings {
+        self.settings
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Vec<H2Conn>> {
+        // A panic while holding a slot cannot leave the Vec half-changed (push and retain).
+        self.slots
+            .get()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes a stream on the first connection of this thread with one free, open or being
+    /// opened; else on a new connection, which the requests after this one share while it
+    /// opens (a burst of requests opens one connection per `max_concurrent_streams`, not
+    /// one each). Closed connections are dropped here.
+    fn take(&self, fresh: bool) -> Taken {
+        let mut slot = self.slot();
+        slot.retain(|c| !c.is_gone());
+        let free = (!fresh)
+            .then(|| {
+                slot.iter().find(|c| {
+                    c.streams.load(Ordering::Relaxed) < self.settings.max_streams
+                        && c.opened
+                            .get()
+                            .is_none_or(|o| o.as_ref().is_ok_and(|s| s.is_ready()))
+                })
+            })
+            .flatten();
+        let (opened, streams) = match free {
+            Some(c) => {
+                if c.opened.initialized() {
+                    self.metrics.reused.inc();
+                }
+                (Arc::clone(&c.opened), Arc::clone(&c.streams))
+            }
+            None => {
+                let conn = H2Conn {
+                    opened: Arc::default(),
+                    streams: Arc::default(),
+                };
+                let taken = (Arc::clone(&conn.opened), Arc::clone(&conn.streams));
+                if !self.retired.load(Ordering::Relaxed) {
+                    slot.push(conn);
+                }
+                taken
+            }
+        };
+        streams.fetch_add(1, Ordering::Relaxed);
+        Taken {
+            opened,
+            guard: StreamGuard(streams),
+        }
+    }
+
+    /// A stream on this thread's connections, its connection opened if it was not yet.
+    /// Fails only if that connection cannot be opened (the request was not sent: safe to
+    /// retry elsewhere).
+    pub(crate) async fn stream(&self) -> Result<(SendRequest<RequestBody>, StreamGuard), Error> {
+        self.ready(self.take(false)).await
+    }
+
+    async fn ready(&self, taken: Taken) -> Result<(SendRequest<RequestBody>, StreamGuard), Error> {
+        let opened = match taken.opened.get() {
+            Some(opened) => opened,
+            // Boxed: only the requests that wait for a connection pay for the connect
+            // path's state. If the request opening it goes away, the next waiter goes on.
+            None => Box::pin(taken.opened.get_or_init(|| self.connect())).await,
+        };
+        match opened {
+            Ok(send) => Ok((send.clone(), taken.guard)),
+            Err(Failed::Timeout) => Err(Error::UpstreamTimeout {
+                addr: self.addr,
+                phase: "connect",
+            }),
+            Err(Failed::Refused(reason)) => Err(Error::UpstreamConnect {
+                addr: self.addr,
+                reason: reason.clone(),
+            }),
+            Err(Failed::Handshake(reason)) => Err(Error::UpstreamConnect {
+                addr: self.addr,
+                reason: format!("HTTP/2 handshake: {reason}"),
+            }),
+        }
+    }
+
+    /// Sends `req` on a stream taken with [`H2Pool::stream`] and waits for the response
+    /// head. A request the connection refused before sending any of it (it closed as it was
+    /// taken) is sent once more on a new connection.
+    pub(crate) async fn send(
+        &self,
+        mut send: SendRequest<RequestBody>,
+        guard: StreamGuard,
+        req: Request<RequestBody>,
+    ) -> Result<(Response<Incoming>, StreamGuard), Error> {
+        match send.try_send_request(req).await {
+            Ok(resp) => Ok((resp, guard)),
+            Err(mut e) => match e.take_message() {
+                Some(req) => {
+                    drop(guard);
+                    let (mut send, guard) = Box::pin(self.ready(self.take(true))).await?;
+                    match send.send_request(req).await {
+                        Ok(resp) => Ok((resp, guard)),
+                        Err(e) => Err(self.broken(&e)),
+                    }
+                }
+                None => Err(self.broken(e.error())),
+            },
+        }
+    }
+
+    /// A failed exchange, as the gateway's error.
+    fn broken(&self, e: &hyper::Error) -> Error {
+        let reason = match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        };
+        Error::UpstreamBroken {
+            addr: self.addr,
+            reason,
+        }
+    }
+
+    /// Opens a connection: TCP, the transport, the HTTP/2 handshake; spawns its driver.
+    async fn connect(&self) -> Result<SendRequest<RequestBody>, Failed> {
+        let addr = self.addr;
+        let opening = async {
+            let tcp = TcpStream::connect(addr).await.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    Failed::Timeout
+                } else {
+                    Failed::Refused(e.to_string())
+                }
+            })?;
+            // Frames are written whole; waiting for an ACK (Nagle) would only add latency.
+            let _ = tcp.set_nodelay(true);
+            let io = self.transport(tcp).await?;
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .max_header_list_size(self.settings.header_bytes);
+            builder
+                .handshake(io)
+                .await
+                .map_err(|e| Failed::Handshake(e.to_string()))
+        };
+        let (send, conn) = match self.settings.connect_timeout {
+            Some(limit) => tokio::time::timeout(limit, opening)
+                .await
+                .map_err(|_| Failed::Timeout)??,
+            None => opening.await?,
+        };
+        let open = OpenConnection::new(&self.metrics);
+        // The connection's driver: reads frames for every stream, writes what they send.
+        // It ends when the connection closes or when every handle to it is dropped.
+        tokio::spawn(async move {
+            let _open = open;
+            if let Err(e) = conn.await {
+                tracing::debug!(upstream = %addr, "HTTP/2 connection ended: {e}");
+            }
+        });
+        Ok(send)
+    }
+
+    /// The byte stream HTTP/2 runs on: for `h2c`, the TCP connection itself.
+    ///
+    /// Seam: `h2` (HTTP/2 over TLS) wraps `tcp` here in the upstream's TLS with ALPN `h2`.
+    async fn transport(&self, tcp: TcpStream) -> Result<TokioIo<TcpStream>, Failed> {
+        Ok(TokioIo::new(tcp))
+    }
+
+    /// The endpoint left the config: its connections are dropped from the slots (each one
+    /// closes once its open streams end) and no new one is kept.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        for slot in self.slots.iter() {
+            let conns = std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()));
+            drop(conns);
+        }
+    }
+
+    /// Connections kept in every slot and open (for tests).
+    pub fn connection_count(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .map_or(0, |v| v.iter().filter(|c| !c.is_gone()).count())
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,446 @@
+//! Upstream HTTP/2 (`protocol = "h2c"`) and gRPC through the gateway: a real tonic service
+//! behind it and a tonic client in front (unary, server, client and bidirectional streams,
+//! statuses, deadlines), plain HTTP/1.1 and HTTP/2 clients to an h2c upstream, the stream
+//! bound per connection, and the gRPC status in the metrics and the access log.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use tailguard_proxy::{Config, Server};
+use tailguard_test_support::grpc::{GrpcClient, GrpcUpstream, Msg, frame, unframe};
+use tailguard_test_support::{TestBody, Upstream, h2c_client, http1_client};
+use tonic::Code;
+
+use crate::support::{self, within};
+
+/// A gateway config: one listener, upstream `up` speaking h2c to `addr` (with `fields`
+/// added to its table), a catch-all route `all`, then `rest`.
+fn h2c_to(addr: SocketAddr, fields: &str, rest: &str) -> Config {
+    support::config(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\n{fields}\n\
+         endpoints = [{{ address = \"{addr}\" }}]\n\n\
+         [[routes]]\nid = \"all\"\nupstream = \"up\"\n\n{rest}"
+    ))
+}
+
+async fn grpc_client(url: &str) -> GrpcClient {
+    within(GrpcClient::connect(url)).await
+}
+
+/// A gRPC call written by hand over a plain HTTP/2 client, so the test sees exactly what
+/// the gateway answers (a tonic client would enforce its deadline itself).
+fn raw_call(url: &str, method: &str, msg: &Msg, timeout: Option<&str>) -> Request<TestBody> {
+    let mut req = Request::post(format!("{url}/test.Echo/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(t) = timeout {
+        req = req.header("grpc-timeout", t);
+    }
+    req.body(Full::new(frame(msg)).boxed()).expect("request")
+}
+
+fn metrics_text(server: &Server) -> String {
+    String::from_utf8(
+        server
+            .gateway()
+            .metrics()
+            .registry()
+            .render(tailguard_metrics::Format::Text),
+    )
+    .expect("the exposition is UTF-8")
+}
+
+#[tokio::test]
+async fn a_unary_grpc_call_passes_its_message_metadata_and_status() {
+    let upstream = GrpcUpstream::start().await;
+    let (server, url) = support::start(h2c_to(upstream.addr, "", ""));
+    let mut client = grpc_client(&url).await;
+
+    let resp = within(client.unary(Msg::new("hello", 7), None))
+        .await
+        .expect("the call succeeds");
+    assert_eq!(resp.get_ref(), &Msg::new("hello", 7));
+    assert_eq!(
+        resp.metadata().get("x-echo").map(|v| v.to_str().ok()),
+        Some(Some("yes")),
+        "the upstream's response metadata crossed"
+    );
+    assert_eq!(upstream.calls(), 1);
+    drop(server);
+}
+
+#[tokio::test]
+async fn server_client_and_bidirectional_streams_cross_message_by_message() {
+    let upstream = GrpcUpstream::start().await;
+    let (_server, url) = support::start(h2c_to(upstream.addr, "", ""));
+    let mut client = grpc_client(&url).await;
+
+    let mut stream = within(client.server_stream(Msg::new("s", 5)))
+        .await
+        .expect("server stream starts");
+    let mut got = Vec::new();
+    while let Some(m) = within(stream.message()).await.expect("stream message") {
+        got.push(m.text);
+    }
+    assert_eq!(got, ["s-0", "s-1", "s-2", "s-3", "s-4"]);
+
+    let joined =
+        within(client.client_stream(vec![Msg::new("a", 0), Msg::new("b", 0), Msg::new("c", 0)]))
+            .await
+            .expect("client stream");
+    assert_eq!(joined, Msg::new("a,b,c", 3));
+
+    // Each reply comes back before the next message is sent: nothing along the way waits
+    // for more of either stream than it has.
+    let (tx, mut replies) = within(client.bidi()).await.expect("bidi starts");
+    for i in 0..4 {
+        tx.send(Msg::new(format!("m{i}"), i)).await.expect("send");
+        let reply = within(replies.message())
+            .await
+            .expect("a reply")
+            .expect("not the end yet");
+        assert_eq!(reply, Msg::new(format!("m{i}"), i + 1));
+    }
+    drop(tx);
+    assert_eq!(within(replies.message()).await.expect("clean end"), None);
+}
+
+#[tokio::test]
+async fn upstream_error_statuses_and_messages_pass_through() {
+    let upstream = GrpcUpstream::start().await;
+    let (_server, url) = support::start(h2c_to(upstream.addr, "", ""));
+    let mut client = grpc_client(&url).await;
+
+    for (code, message) in [(Code::NotFound, "no such user"), (Code::Internal, "boom")] {
+        let status = within(client.unary(Msg::new(format!("fail:{message}"), code as u32), None))
+            .await
+            .expect_err("the call fails");
+        assert_eq!((status.code(), status.message()), (code, message));
+    }
+}
+
+#[tokio::test]
+async fn grpc_timeout_is_forwarded_and_enforced_by_the_gateway() {
+    let upstream = GrpcUpstream::start().await;
+    let (_server, url) = support::start(h2c_to(upstream.addr, "", ""));
+    let mut client = grpc_client(&url).await;
+
+    // The upstream sees the deadline the client set.
+    let seen = within(client.unary(Msg::new("timeout", 0), Some(Duration::from_secs(5))))
+        .await
+        .expect("the call succeeds");
+    assert_ne!(
+        seen.get_ref().text,
+        "none",
+        "grpc-timeout did not reach the upstream"
+    );
+
+    // Past the deadline the gateway answers as gRPC does: HTTP 200, grpc-status 4 in a head
+    // that ends the stream. (A plain HTTP/2 client: a tonic client would give up at its
+    // own deadline first, with CANCELLED.)
+    let h2 = h2c_client();
+    let started = Instant::now();
+    let resp = within(h2.request(raw_call(
+        &url,
+        "Unary",
+        &Msg::new("sleep", 3_000),
+        Some("200m"),
+    )))
+    .await
+    .expect("an answer");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["grpc-status"], "4");
+    assert_eq!(resp.headers()["content-type"], "application/grpc");
+    assert!(
+        started.elapsed() < Duration::from_millis(2_000),
+        "answered after {:?}, not at the deadline",
+        started.elapsed()
+    );
+
+    // A stream past its deadline ends with DEADLINE_EXCEEDED after what it had sent.
+    let started = Instant::now();
+    let resp = within(h2.request(raw_call(
+        &url,
+        "ServerStream",
+        &Msg::new("tick", 50),
+        Some("400m"),
+    )))
+    .await
+    .expect("an answer");
+    assert_eq!(resp.status(), 200);
+    let body = within(resp.into_body().collect())
+        .await
+        .expect("the body ends");
+    let trailers = body.trailers().cloned().expect("trailers end the stream");
+    assert_eq!(trailers["grpc-status"], "4");
+    let ticks = unframe(&body.to_bytes());
+    assert!(
+        ticks.len() >= 2,
+        "only {} messages before the deadline",
+        ticks.len()
+    );
+    assert!(started.elapsed() < Duration::from_millis(2_000));
+}
+
+#[tokio::test]
+async fn a_tonic_client_past_the_request_timeout_sees_deadline_exceeded() {
+    let upstream = GrpcUpstream::start().await;
+    // `timeouts.request_ms` is the earlier deadline here: the gateway's answer comes first.
+    let (_server, url) =
+        support::start(h2c_to(upstream.addr, "", "[timeouts]\nrequest_ms = 200\n"));
+    let mut client = grpc_client(&url).await;
+    let started = Instant::now();
+    let status = within(client.unary(Msg::new("sleep", 3_000), Some(Duration::from_secs(5))))
+        .await
+        .expect_err("the call times out");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::DeadlineExceeded, "upstream timed out")
+    );
+    assert!(started.elapsed() < Duration::from_millis(2_000));
+}
+
+#[tokio::test]
+async fn a_long_quiet_stream_is_not_cut_by_the_http_read_timeout() {
+    let upstream = GrpcUpstream::start().await;
+    // A message every 300 ms, past a 100 ms read timeout meant for plain HTTP bodies.
+    let (_server, url) = support::start(h2c_to(upstream.addr, "", "[timeouts]\nread_ms = 100\n"));
+    let mut client = grpc_client(&url).await;
+    let mut stream = within(client.server_stream(Msg::new("tick", 300)))
+        .await
+        .expect("stream starts");
+    for i in 0..4 {
+        let m = within(stream.message())
+            .await
+            .expect("the stream goes on")
+            .expect("a message");
+        assert_eq!(m, Msg::new("tick", i));
+    }
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_gives_grpc_clients_unavailable() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = dead.local_addr().expect("addr");
+    drop(dead);
+    let (_server, url) = support::start(h2c_to(addr, "", ""));
+
+    let mut client = grpc_client(&url).await;
+    let status = within(client.unary(Msg::new("hi", 0), None))
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "upstream connect failed");
+
+    let resp = within(h2c_client().request(raw_call(&url, "Unary", &Msg::new("hi", 0), None)))
+        .await
+        .expect("an answer");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["grpc-status"], "14");
+    let body = within(resp.into_body().collect()).await.expect("body");
+    assert!(
+        body.to_bytes().is_empty(),
+        "a trailers-only answer has no body"
+    );
+
+    // A plain HTTP request to the same upstream still gets a plain 502.
+    let (status, _) = within(tailguard_test_support::get(
+        &http1_client(),
+        &format!("{url}/x"),
+    ))
+    .await;
+    assert_eq!(status, 502);
+}
+
+#[tokio::test]
+async fn http1_and_http2_clients_reach_an_h2c_upstream() {
+    let upstream = Upstream::start().await;
+    let (server, url) = support::start(h2c_to(upstream.addr, "", ""));
+    let gw = server.local_addrs()[0];
+
+    // HTTP/1.1 in, HTTP/2 out: the Host became :authority.
+    let (status, body) = within(tailguard_test_support::get(
+        &http1_client(),
+        &format!("{url}/echo"),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let first = body.lines().next().unwrap_or_default();
+    assert_eq!(first, format!("GET http://{gw}/echo HTTP/2.0"), "{body}");
+    assert!(body.contains("x-forwarded-for: 127.0.0.1"), "{body}");
+    assert!(
+        !body.contains("\nhost:"),
+        "HTTP/2 says the host in :authority\n{body}"
+    );
+
+    // A request body streams up, a large response body streams down.
+    let upload = vec![b'u'; 100_000];
+    let resp = within(
+        http1_client().request(
+            Request::post(format!("{url}/sink"))
+                .body(Full::new(Bytes::from(upload)).boxed())
+                .expect("request"),
+        ),
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(support::text(resp).await, "100000");
+    let resp = within(http1_client().request(support::get(&format!("{url}/source/300000"))))
+        .await
+        .expect("an answer");
+    let body = within(resp.into_body().collect()).await.expect("body");
+    assert_eq!(body.to_bytes().len(), 300_000);
+
+    // HTTP/2 in, HTTP/2 out.
+    let (status, body) = within(tailguard_test_support::get(
+        &h2c_client(),
+        &format!("{url}/echo"),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        body.starts_with(&format!("GET http://{gw}/echo HTTP/2.0")),
+        "{body}"
+    );
+    assert_eq!(upstream.requests(), 4);
+}
+
+/// Runs 12 requests of 300 ms at once over one HTTP/2 client connection (one serving
+/// thread) after a first one, and returns the connections the upstream accepted.
+async fn connections_for_a_burst(fields: &str) -> usize {
+    let upstream = Upstream::start().await;
+    let (_server, url) = support::start(h2c_to(upstream.addr, fields, ""));
+    let client = h2c_client();
+    let (status, _) = within(tailguard_test_support::get(&client, &format!("{url}/"))).await;
+    assert_eq!(status, 200);
+    let burst: Vec<_> = (0..12)
+        .map(|_| {
+            let client = client.clone();
+            let url = format!("{url}/delay/300");
+            tokio::spawn(async move { tailguard_test_support::get(&client, &url).await.0 })
+        })
+        .collect();
+    let started = Instant::now();
+    for call in burst {
+        assert_eq!(within(call).await.expect("task"), 200);
+    }
+    // At once, not one after the other (12 x 300 ms).
+    assert!(
+        started.elapsed() < Duration::from_millis(2_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(upstream.requests(), 13);
+    upstream.connections()
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_a_connection_up_to_max_concurrent_streams() {
+    // 12 at once with 4 streams per connection: exactly three connections, the first one
+    // (idle again after the first request) included.
+    assert_eq!(
+        connections_for_a_burst("max_concurrent_streams = 4").await,
+        3
+    );
+    // With the default bound of 100, one connection carries them all.
+    assert_eq!(connections_for_a_burst("").await, 1);
+}
+
+#[tokio::test]
+async fn grpc_status_is_counted_in_the_metrics_and_written_in_the_access_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let upstream = GrpcUpstream::start().await;
+    let config = h2c_to(
+        upstream.addr,
+        "",
+        &format!(
+            "[access_log]\npath = \"{}\"\ntemplate = \"$request_uri $status $grpc_status\"\n",
+            log.display()
+        ),
+    );
+    let server = Server::start(config, 2).expect("gateway starts");
+    let url = format!("http://{}", server.local_addrs()[0]);
+    let mut client = grpc_client(&url).await;
+    within(client.unary(Msg::new("ok", 0), None))
+        .await
+        .expect("ok");
+    let status = within(client.unary(Msg::new("fail:gone", 5), None))
+        .await
+        .expect_err("fails");
+    assert_eq!(status.code(), Code::NotFound);
+    let (status, _) = within(tailguard_test_support::get(
+        &http1_client(),
+        &format!("{url}/plain"),
+    ))
+    .await;
+    assert_eq!(status, 200);
+
+    let text = metrics_text(&server);
+    for line in [
+        "tailguard_grpc_requests_total{route=\"all\",grpc_status=\"0\"} 1",
+        "tailguard_grpc_requests_total{route=\"all\",grpc_status=\"5\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("tailguard_grpc_requests_total{"))
+            .count(),
+        2,
+        "a plain HTTP request is not a gRPC call"
+    );
+
+    drop(client);
+    assert!(server.shutdown(Duration::from_secs(10)).await);
+    let written = std::fs::read_to_string(&log).expect("the log");
+    let mut lines: Vec<&str> = written.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "/plain 200 -",
+            "/test.Echo/Unary 200 0",
+            "/test.Echo/Unary 200 5"
+        ],
+        "{written}"
+    );
+}
+
+#[test]
+fn protocol_config_is_validated() {
+    let parse = |fields: &str| {
+        Config::parse(
+            &format!(
+                "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+                 [[upstreams]]\nname = \"up\"\n{fields}\n\
+                 endpoints = [{{ address = \"127.0.0.1:1\" }}]\n\n\
+                 [[routes]]\nid = \"all\"\nupstream = \"up\"\n"
+            ),
+            "gw.toml",
+            std::path::Path::new("."),
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(parse("protocol = \"h2c\""), Ok(()));
+    assert_eq!(parse("protocol = \"http1\""), Ok(()));
+    assert_eq!(
+        parse("protocol = \"h2\"").unwrap_err(),
+        "gw.toml:6:12: upstreams[0].protocol: `h2` is HTTP/2 over TLS and needs \
+         `[upstreams.tls]`; for plaintext HTTP/2 use `h2c`"
+    );
+    assert!(
+        parse("protocol = \"h3\"")
+            .unwrap_err()
+            .starts_with("gw.toml:6:12: upstreams[0]: unknown variant `h3`"),
+    );
+    assert_eq!(
+        parse("protocol = \"h2c\"\nmax_concurrent_streams = 0").unwrap_err(),
+        "gw.toml:7:26: upstreams[0].max_concurrent_streams: must be at least 1"
+    );
+}
