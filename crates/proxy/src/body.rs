@@ -308,13 +308,31 @@ impl Body for ResponseBody {
             },
             Source::UpstreamH2(body) => {
                 let polled = ready!(Pin::new(&mut **body).poll_frame(cx));
-                // A gRPC call's outcome is in its trailers.
-                if let (Some(Ok(frame)), Some(f)) = (&polled, &mut this.finish)
-                    && let Some(trailers) = frame.trailers_ref()
-                {
-                    f.record.grpc_status = crate::grpc::status(trailers).or(f.record.grpc_status);
+                let Some(f) = &mut this.finish else {
+                    return Poll::Ready(polled);
+                };
+                match &polled {
+                    // A gRPC call's outcome is in its trailers.
+                    Some(Ok(frame)) => {
+                        if let Some(trailers) = frame.trailers_ref() {
+                            f.record.grpc_status =
+                                crate::grpc::status(trailers).or(f.record.grpc_status);
+                        }
+                        Poll::Ready(polled)
+                    }
+                    // A gRPC stream the upstream broke ends with a status the client can
+                    // read (the failure logged and counted as any other), not a reset.
+                    Some(Err(e)) if f.record.grpc => {
+                        let code = e.grpc_status();
+                        let message = e.grpc_message();
+                        f.record.grpc_status = Some(code);
+                        this.failed(e);
+                        Poll::Ready(Some(Ok(Frame::trailers(crate::grpc::trailers(
+                            code, message,
+                        )))))
+                    }
+                    _ => Poll::Ready(polled),
                 }
-                Poll::Ready(polled)
             }
         };
         match ready!(polled) {

@@ -285,7 +285,7 @@ pub(crate) struct H2Body {
     deadline: Option<Pin<Box<Sleep>>>,
     /// `timeouts.read_ms` and its timer, re-armed by every frame.
     read: Option<(Duration, Pin<Box<Sleep>>)>,
-    /// The deadline passed and its trailers were sent: nothing more.
+    /// The deadline passed (its trailers were sent) or the body failed: nothing more.
     ended: bool,
 }
 
@@ -327,10 +327,18 @@ impl Body for H2Body {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Error::UpstreamBroken {
-                addr: this.addr,
-                reason: e.to_string(),
-            }))),
+            Poll::Ready(Some(Err(e))) => {
+                // Nothing follows an error (a gRPC response turns it into its last frame).
+                this.ended = true;
+                let reason = match std::error::Error::source(&e) {
+                    Some(cause) => format!("{e}: {cause}"),
+                    None => e.to_string(),
+                };
+                Poll::Ready(Some(Err(Error::UpstreamBroken {
+                    addr: this.addr,
+                    reason,
+                })))
+            }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 if let Some(deadline) = &mut this.deadline {
@@ -345,6 +353,7 @@ impl Body for H2Body {
                 }
                 if let Some((_, timer)) = &mut this.read {
                     ready!(timer.as_mut().poll(cx));
+                    this.ended = true;
                     return Poll::Ready(Some(Err(Error::UpstreamTimeout {
                         addr: this.addr,
                         phase: "body",

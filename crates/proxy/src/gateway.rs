@@ -94,6 +94,7 @@ impl Snapshot {
             let h2_settings = H2Settings {
                 connect_timeout: settings.connect_timeout,
                 max_streams: *u.max_concurrent_streams.get_ref() as usize,
+                idle_timeout: settings.idle_timeout,
                 header_bytes: u32::try_from(config.limits.header_bytes).unwrap_or(u32::MAX),
             };
             let h2_for = |addr: SocketAddr| {

@@ -650,7 +650,11 @@ fn serve_thread(gateway: Arc<Gateway>, exit: tokio::sync::oneshot::Receiver<()>,
             loop {
                 tick.tick().await;
                 let now = std::time::Instant::now();
-                for pool in gateway.snapshot().endpoint_pools() {
+                let snapshot = gateway.snapshot();
+                for pool in snapshot.endpoint_pools() {
+                    pool.evict(now);
+                }
+                for pool in snapshot.h2_pools() {
                     pool.evict(now);
                 }
             }

@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -33,6 +33,8 @@ pub struct H2Settings {
     pub connect_timeout: Option<Duration>,
     /// Streams one connection carries at once (`max_concurrent_streams`).
     pub max_streams: usize,
+    /// A connection with no stream for this long is closed (`timeouts.idle_ms`).
+    pub idle_timeout: Option<Duration>,
     /// Largest response head accepted (`limits.header_bytes`).
     pub header_bytes: u32,
 }
@@ -54,6 +56,8 @@ type Opened = Arc<tokio::sync::OnceCell<Result<SendRequest<RequestBody>, Failed>
 struct H2Conn {
     opened: Opened,
     streams: Arc<AtomicUsize>,
+    /// When the eviction pass first saw it without streams (`None`: busy when last seen).
+    idle_since: Option<Instant>,
 }
 
 impl H2Conn {
@@ -154,6 +158,7 @@ impl H2Pool {
                 let conn = H2Conn {
                     opened: Arc::default(),
                     streams: Arc::default(),
+                    idle_since: None,
                 };
                 let taken = (Arc::clone(&conn.opened), Arc::clone(&conn.streams));
                 if !self.retired.load(Ordering::Relaxed) {
@@ -283,6 +288,39 @@ impl H2Pool {
     /// Seam: `h2` (HTTP/2 over TLS) wraps `tcp` here in the upstream's TLS with ALPN `h2`.
     async fn transport(&self, tcp: TcpStream) -> Result<TokioIo<TcpStream>, Failed> {
         Ok(TokioIo::new(tcp))
+    }
+
+    /// Closes this thread's connections that carried no stream for `timeouts.idle_ms`, and
+    /// drops closed ones. Called by each serving thread about once a second, so a
+    /// connection's idle time is measured from the first pass that saw it idle (the request
+    /// path reads no clock for it).
+    pub(crate) fn evict(&self, now: Instant) {
+        let Some(limit) = self.settings.idle_timeout else {
+            return;
+        };
+        let idle: Vec<H2Conn> = {
+            let mut slot = self.slot();
+            if slot.is_empty() {
+                return;
+            }
+            for c in slot.iter_mut() {
+                let busy = c.streams.load(Ordering::Relaxed) > 0 || !c.opened.initialized();
+                c.idle_since = if busy {
+                    None
+                } else {
+                    c.idle_since.or(Some(now))
+                };
+            }
+            let (keep, idle) = std::mem::take(&mut *slot).into_iter().partition(|c| {
+                !c.is_gone()
+                    && c.idle_since
+                        .is_none_or(|since| now.saturating_duration_since(since) < limit)
+            });
+            *slot = keep;
+            idle
+        };
+        // Closed outside the lock (dropping the last handle ends the connection).
+        drop(idle);
     }
 
     /// The endpoint left the config: its connections are dropped from the slots (each one

@@ -223,6 +223,33 @@ async fn a_long_quiet_stream_is_not_cut_by_the_http_read_timeout() {
 }
 
 #[tokio::test]
+async fn a_stream_the_upstream_breaks_ends_with_unavailable_not_a_reset() {
+    let upstream = GrpcUpstream::start().await;
+    let (_server, url) = support::start(h2c_to(upstream.addr, "", ""));
+    let mut client = grpc_client(&url).await;
+    let mut stream = within(client.server_stream(Msg::new("tick", 20)))
+        .await
+        .expect("stream starts");
+    for i in 0..2 {
+        let m = within(stream.message()).await.expect("a message");
+        assert_eq!(m, Some(Msg::new("tick", i)));
+    }
+    // The upstream process goes away mid-stream.
+    drop(upstream);
+    let status = loop {
+        match within(stream.message()).await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended as if complete"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Unavailable, "upstream connection failed")
+    );
+}
+
+#[tokio::test]
 async fn a_dead_endpoint_gives_grpc_clients_unavailable() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = dead.local_addr().expect("addr");
@@ -348,6 +375,72 @@ async fn concurrent_requests_share_a_connection_up_to_max_concurrent_streams() {
     );
     // With the default bound of 100, one connection carries them all.
     assert_eq!(connections_for_a_burst("").await, 1);
+}
+
+/// The value of an unlabelled series in the gateway's metrics.
+fn gauge(server: &Server, name: &str) -> f64 {
+    let text = metrics_text(server);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_is_replaced_and_a_reload_keeps_an_open_one() {
+    let upstream = GrpcUpstream::start().await;
+    let addr = upstream.addr;
+    let config = || h2c_to(addr, "", "");
+    let (server, url) = support::start(config());
+    let mut client = grpc_client(&url).await;
+    within(client.unary(Msg::new("one", 1), None))
+        .await
+        .expect("first call");
+    assert_eq!(upstream.connections(), 1);
+
+    // A reload that keeps the endpoint keeps its connection.
+    server.reload(config()).expect("reload");
+    within(client.unary(Msg::new("two", 2), None))
+        .await
+        .expect("after the reload");
+    assert_eq!(upstream.connections(), 1, "the reload kept the connection");
+
+    // The upstream goes away (its connections with it) and comes back on the same port.
+    drop(upstream);
+    within(async {
+        while gauge(&server, "tailguard_upstream_connections_open") > 0.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let upstream = GrpcUpstream::start_on(addr).await.expect("the same port");
+    let back = within(client.unary(Msg::new("three", 3), None))
+        .await
+        .expect("a new connection serves the call");
+    assert_eq!(back.get_ref(), &Msg::new("three", 3));
+    assert_eq!(upstream.connections(), 1);
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let upstream = GrpcUpstream::start().await;
+    let (server, url) = support::start(h2c_to(upstream.addr, "", "[timeouts]\nidle_ms = 200\n"));
+    let mut client = grpc_client(&url).await;
+    within(client.unary(Msg::new("one", 1), None))
+        .await
+        .expect("a call");
+    assert_eq!(gauge(&server, "tailguard_upstream_connections_open"), 1.0);
+    // Closed by the serving thread's eviction pass (about once a second).
+    within(async {
+        while gauge(&server, "tailguard_upstream_connections_open") > 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The next call opens a new one.
+    within(client.unary(Msg::new("two", 2), None))
+        .await
+        .expect("a call");
+    assert_eq!(upstream.connections(), 2);
 }
 
 #[tokio::test]

@@ -215,9 +215,16 @@ impl Drop for GrpcUpstream {
 impl GrpcUpstream {
     /// Starts the service on an ephemeral port (plaintext HTTP/2, h2c).
     pub async fn start() -> GrpcUpstream {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        GrpcUpstream::start_on(addr)
             .await
-            .expect("bind 127.0.0.1:0");
+            .expect("bind 127.0.0.1:0")
+    }
+
+    /// Starts the service on `addr` (plaintext HTTP/2, h2c): a port of the test's choosing,
+    /// or one a stopped service used.
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<GrpcUpstream> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr().expect("local addr");
         let service = EchoService::default();
         let calls = Arc::clone(&service.calls);
@@ -237,12 +244,12 @@ impl GrpcUpstream {
                 });
             }
         });
-        GrpcUpstream {
+        Ok(GrpcUpstream {
             addr,
             calls,
             connections,
             task,
-        }
+        })
     }
 
     /// Calls the service received (every method, any outcome).
