@@ -336,6 +336,27 @@ async fn http1_and_http2_clients_reach_an_h2c_upstream() {
     assert_eq!(upstream.requests(), 4);
 }
 
+#[tokio::test]
+async fn a_streamed_body_over_the_limit_is_refused_with_413() {
+    let upstream = Upstream::start().await;
+    let (_server, url) = support::start(h2c_to(upstream.addr, "", "[limits]\nbody_bytes = 1000\n"));
+    // No declared length (a stream of frames): the limit is found while forwarding.
+    let chunks: Vec<Result<http_body::Frame<Bytes>, std::convert::Infallible>> = (0..5)
+        .map(|_| Ok(http_body::Frame::data(Bytes::from(vec![b'x'; 1000]))))
+        .collect();
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(chunks)).boxed();
+    let resp = within(
+        h2c_client().request(
+            Request::post(format!("{url}/sink"))
+                .body(body)
+                .expect("request"),
+        ),
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(resp.status(), 413);
+}
+
 /// Runs 12 requests of 300 ms at once over one HTTP/2 client connection (one serving
 /// thread) after a first one, and returns the connections the upstream accepted.
 async fn connections_for_a_burst(fields: &str) -> usize {
