@@ -142,13 +142,21 @@ pub struct UpstreamConfig {
     /// needs no other process. Exactly one of `endpoints` and `builtin`.
     #[serde(default)]
     pub builtin: Option<BuiltinConfig>,
+    /// How often endpoint names are looked up again (an answer's TTL, if shorter, wins).
+    #[serde(default = "default_dns_refresh_ms")]
+    pub dns_refresh_ms: u64,
+}
+
+fn default_dns_refresh_ms() -> u64 {
+    5000
 }
 
 /// One address of an upstream.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointConfig {
-    /// `IP:PORT` (resolved at load; no DNS on the request path).
+    /// `IP:PORT`, `[IPv6]:PORT` or `NAME:PORT`. A name becomes one endpoint per address it
+    /// resolves to, looked up by the resolver thread (never on the request path).
     pub address: Spanned<String>,
     /// Relative share of requests, 1..=1000.
     #[serde(default = "default_weight")]
@@ -360,6 +368,8 @@ pub struct Config {
     /// Peers whose `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are kept (the gateway's
     /// own values appended); from anyone else they are dropped (`trusted_proxies`).
     pub trusted_proxies: Vec<crate::cidr::Cidr>,
+    /// How endpoint names are resolved (`[dns]`).
+    pub dns: crate::dns::DnsConfig,
     /// Where each listener's address came from, for errors found after parsing (a reload
     /// that cannot bind): its line and column in the file, or the `--listen` override.
     listen_origins: Vec<ListenOrigin>,
@@ -490,6 +500,7 @@ impl Config {
         let mut metrics = tailguard_metrics::MetricsConfig::default();
         let mut overload = tailguard_overload::OverloadConfig::default();
         let mut trusted_proxies = Vec::new();
+        let mut dns = crate::dns::DnsConfig::default();
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -544,12 +555,17 @@ impl Config {
                     }
                 }
                 "trusted_proxies" => trusted_proxies = cidrs(&mut diags, "trusted_proxies", value),
+                "dns" => {
+                    if let Some(d) = one_of(&mut diags, "dns", value) {
+                        dns = d;
+                    }
+                }
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
                      `timeouts`, `limits`, `access_log`, `metrics`, `overload`, \
-                     `trusted_proxies`",
+                     `trusted_proxies`, `dns`",
                 ),
             }
         }
@@ -573,6 +589,7 @@ impl Config {
             metrics,
             overload,
             trusted_proxies,
+            dns,
         };
         for (field, message) in config.metrics.check() {
             diags.push(None, field, message);
@@ -699,12 +716,19 @@ impl Config {
                     format!("{} is not an HTTP status", b.status),
                 );
             }
+            if u.dns_refresh_ms < 100 {
+                d.push(
+                    Some(u.name.span()),
+                    format!("upstreams[{i}].dns_refresh_ms"),
+                    format!("{} ms is below the 100 ms floor", u.dns_refresh_ms),
+                );
+            }
             for (j, e) in u.endpoints.iter().enumerate() {
-                if e.address.get_ref().parse::<SocketAddr>().is_err() {
+                if let Err(message) = crate::dns::Target::parse(e.address.get_ref()) {
                     d.push(
                         Some(e.address.span()),
                         format!("upstreams[{i}].endpoints[{j}].address"),
-                        format!("`{}` is not an IP:PORT address", e.address.get_ref()),
+                        message,
                     );
                 }
                 let w = *e.weight.get_ref();
@@ -716,6 +740,19 @@ impl Config {
                     );
                 }
             }
+        }
+
+        for (i, server) in self.dns.servers.iter().enumerate() {
+            if let Err(message) = crate::dns::parse_server(server.get_ref()) {
+                d.push(Some(server.span()), format!("dns.servers[{i}]"), message);
+            }
+        }
+        if self.dns.timeout_ms == 0 || self.dns.attempts == 0 {
+            d.push(
+                None,
+                "dns",
+                "`timeout_ms` and `attempts` must be at least 1",
+            );
         }
 
         let mut ids = HashSet::new();

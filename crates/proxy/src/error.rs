@@ -114,6 +114,14 @@ pub enum Error {
         /// What hyper said.
         reason: String,
     },
+    /// The upstream has no endpoint to send to: none of its names has resolved yet.
+    #[error("upstream {upstream} has no endpoints: {reason}")]
+    NoEndpoint {
+        /// The upstream.
+        upstream: std::sync::Arc<str>,
+        /// Why (each name and the resolver's error).
+        reason: std::sync::Arc<str>,
+    },
     /// TLS setup failed (bad certificate or key).
     #[error("tls: {0}")]
     Tls(String),
@@ -148,7 +156,8 @@ impl Error {
             | Error::DownstreamBody(_) => Blame::Downstream,
             Error::UpstreamConnect { .. }
             | Error::UpstreamTimeout { .. }
-            | Error::UpstreamBroken { .. } => Blame::Upstream,
+            | Error::UpstreamBroken { .. }
+            | Error::NoEndpoint { .. } => Blame::Upstream,
             Error::Config(_)
             | Error::Read { .. }
             | Error::Bind { .. }
@@ -177,7 +186,7 @@ impl Error {
             Error::UriTooLong => StatusCode::URI_TOO_LONG,
             Error::VersionUnsupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             Error::DownstreamTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Overloaded | Error::NoEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Error::Config(_)
@@ -195,9 +204,10 @@ impl Error {
     pub fn grpc_status(&self) -> u8 {
         use crate::grpc::code;
         match self {
-            Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } | Error::Overloaded => {
-                code::UNAVAILABLE
-            }
+            Error::UpstreamConnect { .. }
+            | Error::UpstreamBroken { .. }
+            | Error::Overloaded
+            | Error::NoEndpoint { .. } => code::UNAVAILABLE,
             Error::UpstreamTimeout { .. } | Error::DownstreamTimeout { .. } => {
                 code::DEADLINE_EXCEEDED
             }
@@ -238,6 +248,7 @@ impl Error {
             Error::UpstreamConnect { .. } => "upstream connect failed\n",
             Error::UpstreamBroken { .. } => "upstream connection failed\n",
             Error::UpstreamTimeout { .. } => "upstream timed out\n",
+            Error::NoEndpoint { .. } => "upstream unavailable\n",
             _ => "internal error\n",
         }
     }
@@ -261,6 +272,7 @@ impl Error {
             Error::UpstreamConnect { .. } => "upstream_connect",
             Error::UpstreamTimeout { .. } => "upstream_timeout",
             Error::UpstreamBroken { .. } => "upstream_broken",
+            Error::NoEndpoint { .. } => "no_endpoint",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
         }

@@ -81,18 +81,19 @@ pub(crate) async fn serve(
 }
 
 /// The request's `:authority` upstream: the route's `host_rewrite`, else what the client
-/// named (`:authority` or `Host`), else the endpoint's address.
+/// named (`:authority` or `Host`), else the endpoint's name (or address) and port.
 fn authority(
     rewrite: Option<&HeaderValue>,
     req: &Request<RequestBody>,
-    endpoint: &Authority,
+    endpoint: &crate::upstream::Endpoint,
 ) -> Authority {
     let named = rewrite
         .or_else(|| req.headers().get(HOST))
         .and_then(|h| Authority::try_from(h.as_bytes()).ok());
     named
         .or_else(|| req.uri().authority().cloned())
-        .unwrap_or_else(|| endpoint.clone())
+        .or_else(|| Authority::try_from(endpoint.host.as_bytes()).ok())
+        .unwrap_or_else(|| endpoint.authority.clone())
 }
 
 async fn forward(
@@ -121,6 +122,12 @@ async fn forward(
     }
 
     let upstream = &snap.upstreams[route.upstream];
+    if let Some(reason) = &upstream.unavailable {
+        return Err(Error::NoEndpoint {
+            upstream: Arc::clone(&upstream.name),
+            reason: Arc::clone(reason),
+        });
+    }
     let mut endpoint_index = upstream.balance.pick();
     snap.metrics.picked(route.upstream, endpoint_index);
     record.endpoint = Some((route.upstream, endpoint_index));
@@ -143,7 +150,7 @@ async fn forward(
     let authority = authority(
         route.host_rewrite.as_ref(),
         &req,
-        &upstream.endpoints[endpoint_index].authority,
+        &upstream.endpoints[endpoint_index],
     );
     let headers = req.headers_mut();
     headers::remove_hop_by_hop(headers);

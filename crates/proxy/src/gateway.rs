@@ -3,8 +3,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -24,7 +24,8 @@ use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
 use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::builtin::Responder;
-use crate::config::{Config, Protocol, Timeouts};
+use crate::config::{BuiltinConfig, Config, Protocol, Timeouts, UpstreamConfig};
+use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
 use crate::headers;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
@@ -33,7 +34,7 @@ use crate::pool::{EndpointPool, PoolSettings};
 use crate::record::{Finish, RequestRecord};
 use crate::recycle;
 use crate::route::{Route, Router};
-use crate::upstream::Upstream;
+use crate::upstream::{EndpointAddr, Upstream};
 use crate::upstream_h2::{H2Pool, H2Settings};
 
 /// An upstream response whose body streams from its connection.
@@ -61,7 +62,8 @@ pub struct Snapshot {
     /// Set when a newer snapshot replaced this one: connections that cached this snapshot
     /// switch to the current one for their next request.
     retired: AtomicBool,
-    _responders: Vec<Responder>,
+    /// Built-in responders by upstream name and config (a rebuild keeps the unchanged).
+    responders: Vec<(Arc<str>, BuiltinConfig, Arc<Responder>)>,
     /// Metric handles of the routes and endpoints, by index.
     pub(crate) metrics: SnapshotMetrics,
 }
@@ -69,11 +71,14 @@ pub struct Snapshot {
 impl Snapshot {
     /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
     /// An endpoint of `previous` with the same address and pool settings keeps its pool, so
-    /// a reload keeps warm upstream connections.
+    /// a reload keeps warm upstream connections; a built-in responder with the same config
+    /// keeps running. Endpoint names take their addresses from `names` (none resolved
+    /// without it).
     pub fn build(
         config: Config,
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
+        names: Option<&Names>,
     ) -> Result<Snapshot, Error> {
         let settings = pool_settings(&config.timeouts);
         let mut pool_for = |addr: SocketAddr| {
@@ -105,20 +110,37 @@ impl Snapshot {
                         Arc::new(H2Pool::new(addr, h2_settings, Arc::clone(metrics.pool())))
                     })
             };
-            let addrs: Vec<(SocketAddr, u32)> = match &u.builtin {
+            let (addrs, unavailable) = match &u.builtin {
                 Some(b) => {
-                    let r = Responder::start(b)?;
-                    let addr = r.addr();
-                    responders.push(r);
-                    vec![(addr, 1)]
+                    let kept = previous.and_then(|p| {
+                        p.responders
+                            .iter()
+                            .find(|(name, config, _)| {
+                                **name == *u.name.get_ref().as_str() && config == b
+                            })
+                            .map(|(_, _, r)| Arc::clone(r))
+                    });
+                    let r = match kept {
+                        Some(r) => r,
+                        None => Arc::new(Responder::start(b)?),
+                    };
+                    let addr = EndpointAddr {
+                        addr: r.addr(),
+                        weight: 1,
+                        name: None,
+                    };
+                    responders.push((Arc::from(u.name.get_ref().as_str()), b.clone(), r));
+                    (vec![addr], None)
                 }
-                None => u
-                    .endpoints
-                    .iter()
-                    .filter_map(|e| Some((e.address.get_ref().parse().ok()?, *e.weight.get_ref())))
-                    .collect(),
+                None => endpoint_addrs(u, names),
             };
-            upstreams.push(Upstream::build(u, &addrs, &mut pool_for, h2_for));
+            upstreams.push(Upstream::build(
+                u,
+                &addrs,
+                unavailable,
+                &mut pool_for,
+                h2_for,
+            ));
         }
         let routes = config
             .routes
@@ -155,7 +177,7 @@ impl Snapshot {
             overload,
             upstreams,
             retired: AtomicBool::new(false),
-            _responders: responders,
+            responders,
             config,
         })
     }
@@ -189,6 +211,43 @@ impl Snapshot {
     }
 }
 
+/// The addresses of an upstream's endpoints: IP literals as written, names as last resolved
+/// (each address with the name's weight). With none, why.
+fn endpoint_addrs(
+    u: &UpstreamConfig,
+    names: Option<&Names>,
+) -> (Vec<EndpointAddr>, Option<String>) {
+    let mut addrs = Vec::with_capacity(u.endpoints.len());
+    let mut unresolved = Vec::new();
+    for e in &u.endpoints {
+        let weight = *e.weight.get_ref();
+        match Target::parse(e.address.get_ref()) {
+            Ok(Target::Ip(addr)) => addrs.push(EndpointAddr {
+                addr,
+                weight,
+                name: None,
+            }),
+            Ok(Target::Name { host, port }) => {
+                let answer = names.and_then(|n| n.get(&host)).unwrap_or_default();
+                if answer.addrs.is_empty() {
+                    let why = answer.error.as_deref().unwrap_or("no answer yet");
+                    unresolved.push(format!("{host} did not resolve: {why}"));
+                }
+                let name: Arc<str> = Arc::from(host.as_str());
+                addrs.extend(answer.addrs.iter().map(|&ip| EndpointAddr {
+                    addr: SocketAddr::new(ip, port),
+                    weight,
+                    name: Some(Arc::clone(&name)),
+                }));
+            }
+            // Validation refused it; a config that is here has none.
+            Err(_) => {}
+        }
+    }
+    let unavailable = addrs.is_empty().then(|| unresolved.join("; "));
+    (addrs, unavailable)
+}
+
 fn pool_settings(t: &Timeouts) -> PoolSettings {
     PoolSettings {
         connect_timeout: millis(t.connect_ms),
@@ -201,6 +260,12 @@ fn pool_settings(t: &Timeouts) -> PoolSettings {
 pub struct Gateway {
     current: ArcSwap<Snapshot>,
     metrics: Arc<GatewayMetrics>,
+    /// Looks up endpoint names off the request path; rebuilds the snapshot on a change.
+    resolver: Resolver,
+    /// Held while a snapshot is built and swapped in, so a reload and a DNS refresh never
+    /// build from the same old snapshot and lose one another's change. Only off-path
+    /// threads (the reloading thread, the resolver thread) take it.
+    rebuilding: Mutex<()>,
 }
 
 impl Gateway {
@@ -215,11 +280,19 @@ impl Gateway {
         config: Config,
         metrics: Arc<GatewayMetrics>,
     ) -> Result<Arc<Gateway>, Error> {
-        let snapshot = Snapshot::build(config, None, &metrics)?;
-        Ok(Arc::new(Gateway {
+        let resolver = Resolver::start(&config.dns, metrics.registry())?;
+        resolver.resolve_new(&config);
+        let snapshot = Snapshot::build(config, None, &metrics, Some(resolver.names()))?;
+        let gateway = Arc::new(Gateway {
             current: ArcSwap::from_pointee(snapshot),
             metrics,
-        }))
+            resolver,
+            rebuilding: Mutex::new(()),
+        });
+        gateway
+            .resolver
+            .watch(&gateway.snapshot().config, Arc::downgrade(&gateway));
+        Ok(gateway)
     }
 
     /// The gateway's metrics.
@@ -229,12 +302,54 @@ impl Gateway {
 
     /// Swaps in a new config. Requests already running finish on the old snapshot; every
     /// request that starts after this returns uses the new one. On error nothing changes.
-    pub fn reload(&self, config: Config) -> Result<(), Error> {
+    pub fn reload(self: &Arc<Self>, config: Config) -> Result<(), Error> {
+        // Names new to this config are looked up before the lock: the resolver thread may
+        // itself be waiting for it to apply a refresh.
+        self.resolver.resolve_new(&config);
+        let _rebuilding = self
+            .rebuilding
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let old = self.current.load_full();
-        let new = Snapshot::build(config, Some(&old), &self.metrics);
+        let new = Snapshot::build(
+            config,
+            Some(&old),
+            &self.metrics,
+            Some(self.resolver.names()),
+        );
         self.metrics.reloaded(new.is_ok());
         let new = Arc::new(new?);
-        let old = self.current.swap(Arc::clone(&new));
+        self.swap_in(&new);
+        self.resolver.watch(&new.config, Arc::downgrade(self));
+        Ok(())
+    }
+
+    /// Rebuilds the snapshot from the running config with the resolver's latest answers
+    /// (called by the resolver thread when a name's addresses change): endpoints of
+    /// unchanged addresses keep their pools, as on a reload.
+    pub fn refresh_endpoints(&self) {
+        let _rebuilding = self
+            .rebuilding
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = self.current.load_full();
+        match Snapshot::build(
+            old.config.clone(),
+            Some(&old),
+            &self.metrics,
+            Some(self.resolver.names()),
+        ) {
+            Ok(new) => self.swap_in(&Arc::new(new)),
+            Err(e) => tracing::error!(
+                target: "tailguard::dns",
+                "applying new endpoint addresses failed, the old ones stay: {e}"
+            ),
+        }
+    }
+
+    /// Makes `new` the current snapshot and retires what the old one had alone.
+    fn swap_in(&self, new: &Arc<Snapshot>) {
+        let old = self.current.swap(Arc::clone(new));
         old.retired.store(true, Ordering::Release);
         // Pools the new snapshot did not take over close their idle connections now; their
         // busy ones close when their requests finish.
@@ -248,7 +363,6 @@ impl Gateway {
                 pool.retire();
             }
         }
-        Ok(())
     }
 
     /// The current snapshot.
@@ -605,6 +719,12 @@ async fn forward(
     }
 
     let upstream = &snap.upstreams[route.upstream];
+    if let Some(reason) = &upstream.unavailable {
+        return Err(Error::NoEndpoint {
+            upstream: Arc::clone(&upstream.name),
+            reason: Arc::clone(reason),
+        });
+    }
     let endpoint_index = upstream.balance.pick();
     snap.metrics.picked(route.upstream, endpoint_index);
     let endpoint = &upstream.endpoints[endpoint_index];

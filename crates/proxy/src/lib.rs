@@ -45,6 +45,7 @@ pub mod body;
 pub mod builtin;
 pub mod cidr;
 pub mod config;
+pub mod dns;
 pub(crate) mod drain;
 pub mod error;
 pub(crate) mod forward_h2;

@@ -23,7 +23,7 @@ use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 18] = [
+const ERROR_KINDS: [&str; 19] = [
     "config",
     "read",
     "bind",
@@ -40,6 +40,7 @@ const ERROR_KINDS: [&str; 18] = [
     "upstream_connect",
     "upstream_timeout",
     "upstream_broken",
+    "no_endpoint",
     "tls",
     "internal",
 ];

@@ -21,9 +21,12 @@ use crate::upstream_h2::H2Pool;
 pub struct Endpoint {
     /// The socket address.
     pub addr: SocketAddr,
+    /// The DNS name `addr` was resolved from (`None` for an IP literal in the config).
+    pub name: Option<Arc<str>>,
     /// `addr` as a URI authority, made once so a request does not format it.
     pub authority: Authority,
-    /// `addr` as a `Host` header, for a request that arrived without one (HTTP/1.0).
+    /// `name:port` (or `addr`) as a `Host` header, for a request that arrived without one
+    /// (HTTP/1.0).
     pub host: HeaderValue,
     /// Idle keep-alive connections to `addr`, per serving thread (kept across reloads).
     pub pool: Arc<EndpointPool>,
@@ -47,34 +50,56 @@ pub struct Upstream {
     pub balance: Box<dyn Balance>,
     /// What the gateway speaks to the endpoints; a request branches on it once.
     pub protocol: Protocol,
+    /// Why the upstream has no endpoints (its names have not resolved), if it has none:
+    /// its requests are answered 503 with this reason.
+    pub unavailable: Option<Arc<str>>,
+}
+
+/// One address an endpoint of the config stands for: an IP literal, or one address of a
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointAddr {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// The endpoint's weight (a name's addresses each get the name's).
+    pub weight: u32,
+    /// The name it was resolved from.
+    pub name: Option<Arc<str>>,
 }
 
 impl Upstream {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
     /// connection pool (a reload passes the previous snapshot's, so warm connections stay),
-    /// and `h2_for` its HTTP/2 connections when the upstream speaks HTTP/2.
+    /// and `h2_for` its HTTP/2 connections when the upstream speaks HTTP/2. With no
+    /// addresses, `unavailable` says why.
     pub fn build(
         config: &UpstreamConfig,
-        addrs: &[(SocketAddr, u32)],
+        addrs: &[EndpointAddr],
+        unavailable: Option<String>,
         mut pool_for: impl FnMut(SocketAddr) -> Arc<EndpointPool>,
         mut h2_for: impl FnMut(SocketAddr) -> Arc<H2Pool>,
     ) -> Upstream {
         let protocol = *config.protocol.get_ref();
         let endpoints: Vec<Endpoint> = addrs
             .iter()
-            .map(|&(addr, weight)| {
-                let text = addr.to_string();
+            .map(|a| {
+                let addr_text = a.addr.to_string();
+                let host_text = match &a.name {
+                    Some(name) => format!("{name}:{}", a.addr.port()),
+                    None => addr_text.clone(),
+                };
                 Endpoint {
-                    addr,
-                    authority: text
+                    addr: a.addr,
+                    name: a.name.clone(),
+                    authority: addr_text
                         .parse()
                         .expect("a socket address is a valid URI authority"),
-                    host: HeaderValue::from_str(&text)
-                        .expect("a socket address is a valid header value"),
-                    pool: pool_for(addr),
-                    h2: (protocol != Protocol::Http1).then(|| h2_for(addr)),
-                    weight,
+                    host: HeaderValue::from_str(&host_text)
+                        .expect("a socket address or DNS name is a valid header value"),
+                    pool: pool_for(a.addr),
+                    h2: (protocol != Protocol::Http1).then(|| h2_for(a.addr)),
+                    weight: a.weight,
                 }
             })
             .collect();
@@ -83,11 +108,19 @@ impl Upstream {
             BalanceKind::RoundRobin => Box::new(RoundRobin::new(&weights)),
             BalanceKind::P2cEwma => Box::new(crate::overload::P2cEwma::new(endpoints.len())),
         };
+        let unavailable = if endpoints.is_empty() {
+            Some(Arc::from(
+                unavailable.unwrap_or_else(|| "no endpoints".to_owned()),
+            ))
+        } else {
+            None
+        };
         Upstream {
             name: Arc::from(config.name.get_ref().as_str()),
             endpoints,
             balance,
             protocol,
+            unavailable,
         }
     }
 }

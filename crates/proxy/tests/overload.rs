@@ -317,7 +317,8 @@ async fn an_overloaded_upstream_is_limited_by_its_response_times_and_another_is_
     assert_eq!(
         count(&to_fast, 200),
         to_fast.len(),
-        "the other upstream is untouched"
+        "the other upstream is untouched: {:?}",
+        to_fast.iter().filter(|&&s| s != 200).collect::<Vec<_>>()
     );
 
     let limit = server

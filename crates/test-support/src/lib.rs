@@ -27,6 +27,7 @@
 //! # });
 //! ```
 
+pub mod dns;
 pub mod grpc;
 pub mod h2_frames;
 mod recording;
@@ -65,6 +66,8 @@ pub struct UpstreamBuilder {
     /// At most this many default answers are being delayed at once, the rest wait in
     /// arrival order (a service with a fixed pool of workers).
     workers: Option<Arc<tokio::sync::Semaphore>>,
+    /// Where to listen (127.0.0.1:0).
+    bind: SocketAddr,
 }
 
 impl UpstreamBuilder {
@@ -93,11 +96,19 @@ impl UpstreamBuilder {
         self
     }
 
-    /// Binds 127.0.0.1:0 and serves until the [`Upstream`] is dropped.
+    /// Listen on `addr` instead of 127.0.0.1:0 (e.g. another loopback address, so that
+    /// several upstreams share a port as the addresses of one DNS name do).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    /// Binds (127.0.0.1:0 unless [`UpstreamBuilder::bind`] said otherwise) and serves until
+    /// the [`Upstream`] is dropped.
     pub async fn start(self) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind(self.bind)
             .await
-            .expect("bind 127.0.0.1:0");
+            .expect("bind the test upstream");
         let addr = listener.local_addr().expect("local addr");
         let stats = Arc::new(Stats::default());
         let config = Arc::new(self);
@@ -152,6 +163,7 @@ impl Upstream {
             body: Bytes::from_static(b"ok"),
             delay: Duration::ZERO,
             workers: None,
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
     }
 

@@ -1,0 +1,704 @@
+//! Endpoints by DNS name: resolved by one thread per gateway (never a serving thread),
+//! re-resolved every `dns_refresh_ms` and when an answer's TTL runs out; a changed set of
+//! addresses rebuilds the snapshot the way a reload does.
+//!
+//! How it fits together: every name the config uses is kept in [`Names`], the last good
+//! answer of each with its error if the latest lookup failed. [`Snapshot::build`] reads it to
+//! turn a named endpoint into one endpoint per address (each with the name's weight). The
+//! resolver thread owns a hickory resolver on its own current-thread runtime and keeps a
+//! schedule of the names in the running config; when a lookup changes an answer it calls
+//! [`Gateway::refresh_endpoints`], which rebuilds the snapshot from the same config (pools,
+//! breakers and health of unchanged addresses are carried over, as on a reload). A failed
+//! lookup keeps the last good answer; a name that never resolved leaves its upstream
+//! without endpoints, and the upstream answers 503 with the resolver's error as the reason.
+//!
+//! Why hickory and not `getaddrinfo` on a blocking thread: the answer's TTL is needed to
+//! re-resolve when it expires, and the name servers must be configurable (`[dns] servers`,
+//! which the tests point at a responder of their own); libc gives neither. `/etc/hosts` is
+//! read first either way, so `localhost` resolves with no name server.
+//!
+//! [`Snapshot::build`]: crate::gateway::Snapshot::build
+//! [`Gateway::refresh_endpoints`]: crate::gateway::Gateway::refresh_endpoints
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use serde::Deserialize;
+use tailguard_metrics::{Counter, Family, Gauge, Registry};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use toml::Spanned;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::gateway::Gateway;
+
+/// `[dns]`: how names are resolved.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsConfig {
+    /// Name servers, `IP` or `IP:PORT` (port 53 if none); empty: `/etc/resolv.conf`.
+    #[serde(default)]
+    pub servers: Vec<Spanned<String>>,
+    /// How long one query waits for an answer.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Queries per lookup before it fails (each server in turn).
+    #[serde(default = "default_attempts")]
+    pub attempts: usize,
+}
+
+impl Default for DnsConfig {
+    fn default() -> DnsConfig {
+        DnsConfig {
+            servers: Vec::new(),
+            timeout_ms: default_timeout_ms(),
+            attempts: default_attempts(),
+        }
+    }
+}
+
+fn default_timeout_ms() -> u64 {
+    2000
+}
+
+fn default_attempts() -> usize {
+    2
+}
+
+impl DnsConfig {
+    /// The servers as socket addresses (validation has checked each).
+    fn server_addrs(&self) -> Vec<SocketAddr> {
+        self.servers
+            .iter()
+            .filter_map(|s| parse_server(s.get_ref()).ok())
+            .collect()
+    }
+
+    /// Whether two configs resolve the same way (spans aside).
+    fn same_as(&self, other: &DnsConfig) -> bool {
+        self.server_addrs() == other.server_addrs()
+            && self.timeout_ms == other.timeout_ms
+            && self.attempts == other.attempts
+    }
+
+    /// The longest a lookup can take before it fails.
+    fn lookup_budget(&self) -> Duration {
+        let attempts = u32::try_from(self.attempts.max(1)).unwrap_or(u32::MAX);
+        Duration::from_millis(self.timeout_ms.max(1))
+            .saturating_mul(attempts)
+            .saturating_add(Duration::from_millis(500))
+    }
+}
+
+/// A name server as written in `[dns] servers`: `IP` or `IP:PORT`.
+pub(crate) fn parse_server(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    text.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("`{text}` is not an IP or IP:PORT address"))
+}
+
+/// Where an endpoint's `address` points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An IP literal: the endpoint as written.
+    Ip(SocketAddr),
+    /// A DNS name (lowercase) and port: one endpoint per address it resolves to.
+    Name {
+        /// The host name, lowercase, without a trailing dot.
+        host: String,
+        /// The port every address is reached on.
+        port: u16,
+    },
+}
+
+impl Target {
+    /// Parses `IP:PORT`, `[IPv6]:PORT` or `NAME:PORT`.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        if let Ok(addr) = text.parse::<SocketAddr>() {
+            return Ok(Target::Ip(addr));
+        }
+        let bad = || format!("`{text}` is not an IP:PORT or NAME:PORT address");
+        let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        if port == 0 {
+            return Err(format!("`{text}`: port 0 cannot be connected to"));
+        }
+        let host = host.strip_suffix('.').unwrap_or(host);
+        if !is_dns_name(host) {
+            return Err(bad());
+        }
+        Ok(Target::Name {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+}
+
+/// RFC 1123 host name: labels of letters, digits and inner hyphens, 1..=63 bytes each,
+/// 253 in all; not all digits (that would be a malformed IPv4 address).
+fn is_dns_name(host: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(label_ok)
+        && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+}
+
+/// The names a config's endpoints use, with the shortest refresh interval asked of each.
+pub(crate) fn names_in(config: &Config) -> HashMap<String, Duration> {
+    let mut names = HashMap::new();
+    for u in &config.upstreams {
+        let refresh = Duration::from_millis(u.dns_refresh_ms.max(1));
+        for e in &u.endpoints {
+            if let Ok(Target::Name { host, .. }) = Target::parse(e.address.get_ref()) {
+                names
+                    .entry(host)
+                    .and_modify(|r: &mut Duration| *r = (*r).min(refresh))
+                    .or_insert(refresh);
+            }
+        }
+    }
+    names
+}
+
+/// What is known of one name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolution {
+    /// The last good answer, sorted (empty if the name never resolved).
+    pub addrs: Vec<IpAddr>,
+    /// Why the latest lookup failed, if it did.
+    pub error: Option<String>,
+}
+
+/// The last answer for each name: written by the resolver thread, read when a snapshot is
+/// built (a reload or a refresh). Never touched by a serving thread.
+#[derive(Debug, Default)]
+pub struct Names {
+    answers: Mutex<HashMap<String, Resolution>>,
+}
+
+impl Names {
+    /// What is known of `host` (`None`: never looked up).
+    pub fn get(&self, host: &str) -> Option<Resolution> {
+        self.lock().get(host).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Resolution>> {
+        // Only whole entries are inserted: a panic cannot leave one half-written.
+        self.answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a lookup's result; returns whether the usable addresses changed.
+    fn record(&self, host: &str, result: Result<Vec<IpAddr>, String>) -> bool {
+        let mut answers = self.lock();
+        let entry = answers.entry(host.to_owned()).or_default();
+        match result {
+            Ok(addrs) => {
+                entry.error = None;
+                if entry.addrs == addrs {
+                    false
+                } else {
+                    entry.addrs = addrs;
+                    true
+                }
+            }
+            Err(e) => {
+                entry.error = Some(e);
+                false
+            }
+        }
+    }
+
+    fn forget_except(&self, keep: &HashMap<String, Duration>) {
+        self.lock().retain(|host, _| keep.contains_key(host));
+    }
+}
+
+/// The resolver's metric families.
+#[derive(Debug, Clone)]
+struct DnsMetrics {
+    lookups: Family<Counter>,
+    addresses: Family<Gauge>,
+}
+
+impl DnsMetrics {
+    fn register(registry: &Registry) -> Result<DnsMetrics, Error> {
+        let internal =
+            |e: tailguard_metrics::MetricsError| Error::Internal(format!("metrics: {e}"));
+        Ok(DnsMetrics {
+            lookups: registry
+                .counter(
+                    "tailguard_dns_lookups",
+                    "Lookups of endpoint names, by name and result (ok, changed, failed).",
+                    &["name", "result"],
+                )
+                .map_err(internal)?,
+            addresses: registry
+                .gauge(
+                    "tailguard_dns_addresses",
+                    "Addresses of each endpoint name in use (the last good answer).",
+                    &["name"],
+                )
+                .map_err(internal)?,
+        })
+    }
+
+    fn lookup(&self, host: &str, result: &str) {
+        if let Ok(c) = self.lookups.get_or_create(&[host, result]) {
+            c.inc();
+        }
+    }
+
+    fn addresses(&self, host: &str, n: usize) {
+        if let Ok(g) = self.addresses.get_or_create(&[host]) {
+            g.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+enum Command {
+    /// Look these names up now and say when done (a build is waiting for them).
+    Resolve(Vec<String>, std::sync::mpsc::Sender<()>),
+    /// The running config's names and resolver settings, and whom to tell of a change.
+    Watch {
+        names: HashMap<String, Duration>,
+        dns: DnsConfig,
+        gateway: Weak<Gateway>,
+    },
+}
+
+/// The resolver thread and the answers it keeps. Dropping it stops the thread.
+#[derive(Debug)]
+pub struct Resolver {
+    names: Arc<Names>,
+    commands: Option<mpsc::UnboundedSender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    budget: Mutex<Duration>,
+}
+
+impl Resolver {
+    /// Starts the resolver thread with `[dns]` settings.
+    pub fn start(dns: &DnsConfig, registry: &Registry) -> Result<Resolver, Error> {
+        let names = Arc::new(Names::default());
+        let metrics = DnsMetrics::register(registry)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Internal(format!("dns runtime: {e}")))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let thread = {
+            let names = Arc::clone(&names);
+            let dns = dns.clone();
+            std::thread::Builder::new()
+                .name("tailguard-dns".into())
+                .spawn(move || runtime.block_on(run(rx, names, dns, metrics)))
+                .map_err(|e| Error::Internal(format!("dns thread: {e}")))?
+        };
+        Ok(Resolver {
+            names,
+            commands: Some(tx),
+            thread: Some(thread),
+            budget: Mutex::new(dns.lookup_budget()),
+        })
+    }
+
+    /// The answers.
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    /// Looks up the names of `config` not looked up before, and waits for them (at most one
+    /// lookup's time budget): called before a snapshot is built, off the request path.
+    pub(crate) fn resolve_new(&self, config: &Config) {
+        let wanted: Vec<String> = names_in(config)
+            .into_keys()
+            .filter(|host| self.names.get(host).is_none())
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let budget = config_budget(config, &self.budget);
+        let (done, wait) = std::sync::mpsc::channel();
+        if let Some(commands) = &self.commands
+            && commands.send(Command::Resolve(wanted, done)).is_ok()
+        {
+            // A timeout leaves the names unresolved for this build; the thread goes on and
+            // a refresh brings them in when they answer.
+            let _ = wait.recv_timeout(budget);
+        }
+    }
+
+    /// Follows `config`'s names from now on, telling `gateway` when an answer changes.
+    pub(crate) fn watch(&self, config: &Config, gateway: Weak<Gateway>) {
+        let names = names_in(config);
+        self.names.forget_except(&names);
+        if let Some(commands) = &self.commands {
+            let _ = commands.send(Command::Watch {
+                names,
+                dns: config.dns.clone(),
+                gateway,
+            });
+        }
+    }
+}
+
+fn config_budget(config: &Config, budget: &Mutex<Duration>) -> Duration {
+    let mut b = budget
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *b = config.dns.lookup_budget();
+    *b
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop.
+        self.commands = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Re-resolves no sooner than this after an answer whose TTL is shorter (0 included), so a
+/// name with a tiny TTL is not looked up in a loop.
+const MIN_TTL_WAIT: Duration = Duration::from_secs(1);
+
+/// A name the running config uses.
+#[derive(Debug)]
+struct Watched {
+    refresh: Duration,
+    next: Instant,
+}
+
+fn build_resolver(dns: &DnsConfig) -> Result<TokioResolver, String> {
+    let servers = dns.server_addrs();
+    let mut builder = if servers.is_empty() {
+        TokioResolver::builder_tokio().map_err(|e| format!("reading /etc/resolv.conf: {e}"))?
+    } else {
+        let name_servers = servers
+            .iter()
+            .map(|addr| {
+                let mut udp = ConnectionConfig::udp();
+                udp.port = addr.port();
+                let mut tcp = ConnectionConfig::tcp();
+                tcp.port = addr.port();
+                NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
+            })
+            .collect();
+        TokioResolver::builder_with_config(
+            ResolverConfig::from_name_servers(name_servers),
+            TokioRuntimeProvider::default(),
+        )
+    };
+    let mut opts = ResolverOpts::default();
+    opts.timeout = Duration::from_millis(dns.timeout_ms.max(1));
+    opts.attempts = dns.attempts.max(1);
+    // Our own schedule decides when to ask again (refresh interval, TTL); a cache in front
+    // of the server would hide a changed answer until its TTL ran out.
+    opts.cache_size = 0;
+    *builder.options_mut() = opts;
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// Looks `host` up: its addresses sorted and deduplicated, and until when they are valid.
+async fn lookup(resolver: &TokioResolver, host: &str) -> Result<(Vec<IpAddr>, Instant), String> {
+    // A trailing dot: the name is absolute, no search domains are tried.
+    let answer = resolver
+        .lookup_ip(format!("{host}."))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut addrs: Vec<IpAddr> = answer.iter().collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err("no addresses in the answer".to_owned());
+    }
+    Ok((addrs, Instant::from_std(answer.valid_until())))
+}
+
+/// The resolver thread: answers `Resolve` commands at once and re-resolves watched names
+/// when they are due.
+async fn run(
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    names: Arc<Names>,
+    mut dns: DnsConfig,
+    metrics: DnsMetrics,
+) {
+    let mut resolver = build_resolver(&dns);
+    if let Err(e) = &resolver {
+        tracing::error!(target: "tailguard::dns", "cannot build the resolver: {e}");
+    }
+    let mut watched: HashMap<String, Watched> = HashMap::new();
+    let mut gateway: Weak<Gateway> = Weak::new();
+    // When each name's last answer expires (its TTL), kept for names not yet watched.
+    let mut expiry: HashMap<String, Instant> = HashMap::new();
+    loop {
+        let next = watched.values().map(|w| w.next).min();
+        let command = match next {
+            Some(at) => tokio::select! {
+                c = commands.recv() => Some(c),
+                () = tokio::time::sleep_until(at) => None,
+            },
+            None => Some(commands.recv().await),
+        };
+        match command {
+            // The gateway dropped its resolver.
+            Some(None) => return,
+            Some(Some(Command::Resolve(hosts, done))) => {
+                // No refresh on a change: the build that asked comes next and reads it.
+                resolve_all(
+                    &resolver,
+                    &hosts,
+                    &names,
+                    &metrics,
+                    &mut watched,
+                    &mut expiry,
+                )
+                .await;
+                let _ = done.send(());
+            }
+            Some(Some(Command::Watch {
+                names: wanted,
+                dns: new_dns,
+                gateway: g,
+            })) => {
+                gateway = g;
+                let mut resolve_now = Vec::new();
+                if !new_dns.same_as(&dns) {
+                    dns = new_dns;
+                    resolver = build_resolver(&dns);
+                    if let Err(e) = &resolver {
+                        tracing::error!(target: "tailguard::dns", "cannot build the resolver: {e}");
+                    }
+                    // New servers may answer differently: ask them now.
+                    resolve_now.extend(wanted.keys().cloned());
+                }
+                let now = Instant::now();
+                watched.retain(|host, _| wanted.contains_key(host));
+                expiry.retain(|host, _| wanted.contains_key(host));
+                for (host, refresh) in wanted {
+                    let first = next_lookup(now, refresh, expiry.get(&host).copied());
+                    let w = watched.entry(host.clone()).or_insert(Watched {
+                        refresh,
+                        next: first,
+                    });
+                    if refresh < w.refresh {
+                        w.next = w.next.min(now + refresh);
+                    }
+                    w.refresh = refresh;
+                    if names.get(&host).is_none() {
+                        resolve_now.push(host);
+                    }
+                }
+                resolve_now.sort_unstable();
+                resolve_now.dedup();
+                if !resolve_now.is_empty()
+                    && resolve_all(
+                        &resolver,
+                        &resolve_now,
+                        &names,
+                        &metrics,
+                        &mut watched,
+                        &mut expiry,
+                    )
+                    .await
+                {
+                    refresh(&gateway);
+                }
+            }
+            None => {
+                let now = Instant::now();
+                let due: Vec<String> = watched
+                    .iter()
+                    .filter(|(_, w)| w.next <= now)
+                    .map(|(h, _)| h.clone())
+                    .collect();
+                if resolve_all(&resolver, &due, &names, &metrics, &mut watched, &mut expiry).await {
+                    refresh(&gateway);
+                }
+            }
+        }
+    }
+}
+
+/// When to look a name up next: after `refresh`, or when its answer expires if sooner (but
+/// not sooner than [`MIN_TTL_WAIT`]).
+fn next_lookup(now: Instant, refresh: Duration, valid_until: Option<Instant>) -> Instant {
+    let ttl = valid_until.map_or(refresh, |until| {
+        until.saturating_duration_since(now).max(MIN_TTL_WAIT)
+    });
+    now + refresh.min(ttl)
+}
+
+fn refresh(gateway: &Weak<Gateway>) {
+    if let Some(gateway) = gateway.upgrade() {
+        gateway.refresh_endpoints();
+    }
+}
+
+/// Looks up `hosts` together, records the answers and schedules each name's next lookup;
+/// returns whether any name's addresses changed.
+async fn resolve_all(
+    resolver: &Result<TokioResolver, String>,
+    hosts: &[String],
+    names: &Names,
+    metrics: &DnsMetrics,
+    watched: &mut HashMap<String, Watched>,
+    expiry: &mut HashMap<String, Instant>,
+) -> bool {
+    let lookups = hosts.iter().map(|host| async move {
+        let result = match resolver {
+            Ok(r) => lookup(r, host).await,
+            Err(e) => Err(format!("no resolver: {e}")),
+        };
+        (host, result)
+    });
+    let results = futures_util::future::join_all(lookups).await;
+    let now = Instant::now();
+    let mut any_changed = false;
+    for (host, result) in results {
+        let previous = names.get(host);
+        let (recorded, valid_until) = match result {
+            Ok((addrs, until)) => (Ok(addrs), Some(until)),
+            Err(e) => (Err(e), None),
+        };
+        if let Some(until) = valid_until {
+            expiry.insert(host.clone(), until);
+        }
+        let failed = recorded.as_ref().err().cloned();
+        let changed = names.record(host, recorded);
+        any_changed |= changed;
+        let current = names.get(host).unwrap_or_default();
+        metrics.addresses(host, current.addrs.len());
+        match (&failed, changed) {
+            (Some(e), _) => {
+                metrics.lookup(host, "failed");
+                let kept = current.addrs.len();
+                // Logged once per change of error, not on every retry of a name that stays
+                // down.
+                if previous.as_ref().and_then(|p| p.error.as_ref()) != Some(e) {
+                    tracing::warn!(
+                        target: "tailguard::dns",
+                        name = %host,
+                        kept,
+                        "lookup failed, keeping the last good answer ({kept} addresses): {e}"
+                    );
+                }
+            }
+            (None, true) => {
+                metrics.lookup(host, "changed");
+                tracing::info!(
+                    target: "tailguard::dns",
+                    name = %host,
+                    addresses = ?current.addrs,
+                    "name resolved to a new set of addresses"
+                );
+            }
+            (None, false) => metrics.lookup(host, "ok"),
+        }
+        if let Some(w) = watched.get_mut(host) {
+            w.next = if failed.is_some() && current.addrs.is_empty() {
+                // A name that never resolved is asked again sooner than its refresh.
+                now + w.refresh.min(MIN_TTL_WAIT)
+            } else {
+                next_lookup(now, w.refresh, valid_until)
+            };
+        }
+    }
+    any_changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_ip_literals_or_names_with_a_port() {
+        assert_eq!(
+            Target::parse("10.0.0.1:80"),
+            Ok(Target::Ip("10.0.0.1:80".parse().expect("literal")))
+        );
+        assert_eq!(
+            Target::parse("[::1]:8080"),
+            Ok(Target::Ip("[::1]:8080".parse().expect("literal")))
+        );
+        assert_eq!(
+            Target::parse("API.Internal.:8080"),
+            Ok(Target::Name {
+                host: "api.internal".into(),
+                port: 8080
+            })
+        );
+        assert_eq!(
+            Target::parse("localhost:1"),
+            Ok(Target::Name {
+                host: "localhost".into(),
+                port: 1
+            })
+        );
+        for bad in [
+            "api.internal",
+            "api.internal:",
+            "api.internal:99999",
+            "api.internal:0",
+            "api_internal:80",
+            "-api:80",
+            "a..b:80",
+            "10.0.0:80",
+            "http://api:80",
+            ":80",
+            "::1:80",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn name_servers_default_to_port_53() {
+        assert_eq!(
+            parse_server("10.0.0.2"),
+            Ok("10.0.0.2:53".parse().expect("literal"))
+        );
+        assert_eq!(
+            parse_server("127.0.0.1:5353"),
+            Ok("127.0.0.1:5353".parse().expect("literal"))
+        );
+        assert!(parse_server("dns.internal").is_err());
+    }
+
+    #[test]
+    fn a_failed_lookup_keeps_the_last_good_answer() {
+        let names = Names::default();
+        let a: IpAddr = "10.0.0.1".parse().expect("literal");
+        assert!(names.record("api", Ok(vec![a])));
+        assert!(!names.record("api", Ok(vec![a])));
+        assert!(!names.record("api", Err("SERVFAIL".into())));
+        assert_eq!(
+            names.get("api"),
+            Some(Resolution {
+                addrs: vec![a],
+                error: Some("SERVFAIL".into())
+            })
+        );
+        assert!(!names.record("api", Ok(vec![a])));
+        assert_eq!(names.get("api").and_then(|r| r.error), None);
+    }
+}
