@@ -224,8 +224,26 @@ impl GrpcUpstream {
     /// Starts the service on `addr` (plaintext HTTP/2, h2c): a port of the test's choosing,
     /// or one a stopped service used.
     pub async fn start_on(addr: SocketAddr) -> std::io::Result<GrpcUpstream> {
+        GrpcUpstream::serve(addr, None).await
+    }
+
+    /// Starts the service on an ephemeral port over TLS (HTTP/2 with ALPN `h2`), with
+    /// `config`'s certificate (its ALPN is set to `h2` here).
+    pub async fn start_tls(config: rustls::ServerConfig) -> GrpcUpstream {
+        let mut config = config;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        GrpcUpstream::serve(SocketAddr::from(([127, 0, 0, 1], 0)), Some(acceptor))
+            .await
+            .expect("bind 127.0.0.1:0")
+    }
+
+    async fn serve(
+        addr: SocketAddr,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> std::io::Result<GrpcUpstream> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let addr = listener.local_addr().expect("local addr");
+        let addr = listener.local_addr()?;
         let service = EchoService::default();
         let calls = Arc::clone(&service.calls);
         let connections = Arc::new(AtomicUsize::new(0));
@@ -235,12 +253,26 @@ impl GrpcUpstream {
             while let Ok((stream, _)) = listener.accept().await {
                 accepted.fetch_add(1, Ordering::SeqCst);
                 let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                let tls = tls.clone();
                 open.spawn(async move {
-                    let _ = hyper::server::conn::http2::Builder::new(
+                    let http2 = hyper::server::conn::http2::Builder::new(
                         hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                    );
+                    let _ = match tls {
+                        None => {
+                            http2
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                                .await
+                        }
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(tls) => {
+                                http2
+                                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                                    .await
+                            }
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
