@@ -35,6 +35,7 @@ use crate::record::{Finish, RequestRecord};
 use crate::recycle;
 use crate::route::{Route, Router};
 use crate::upstream::{EndpointAddr, Upstream};
+use crate::upstream_tls::{self, TlsTarget, UpstreamTls};
 
 /// An upstream response whose body streams from its connection.
 type UpstreamBody = client::UpstreamBody<RequestBody>;
@@ -69,32 +70,33 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
-    /// An endpoint of `previous` with the same address and pool settings keeps its pool, so
-    /// a reload keeps warm upstream connections; a built-in responder with the same config
-    /// keeps running. Endpoint names take their addresses from `names` (none resolved
-    /// without it).
+    /// An endpoint of `previous` with the same address, pool settings and TLS keeps its
+    /// pool, so a reload keeps warm upstream connections; a built-in responder with the
+    /// same config keeps running. Endpoint names take their addresses from `names` (none
+    /// resolved without it). TLS files are read here (a reload reads them again; one that
+    /// fails fails the build, naming the file).
     pub fn build(
         config: Config,
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
         names: Option<&Names>,
     ) -> Result<Snapshot, Error> {
+        Snapshot::build_with(config, previous, metrics, names, TlsFiles::Read)
+    }
+
+    /// [`Snapshot::build`], reading the TLS files or keeping the running ones (`files`).
+    fn build_with(
+        config: Config,
+        previous: Option<&Snapshot>,
+        metrics: &Arc<GatewayMetrics>,
+        names: Option<&Names>,
+        files: TlsFiles,
+    ) -> Result<Snapshot, Error> {
         let settings = pool_settings(&config.timeouts);
-        let mut pool_for = |addr: SocketAddr| {
-            previous
-                .and_then(|p| p.pool_of(addr))
-                .filter(|pool| pool.settings() == settings)
-                .unwrap_or_else(|| {
-                    Arc::new(EndpointPool::new(
-                        addr,
-                        settings,
-                        Arc::clone(metrics.pool()),
-                    ))
-                })
-        };
         let mut responders = Vec::new();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
+            let tls = upstream_tls_of(&config, u, previous, files)?;
             let (addrs, unavailable) = match &u.builtin {
                 Some(b) => {
                     let kept = previous.and_then(|p| {
@@ -119,7 +121,34 @@ impl Snapshot {
                 }
                 None => endpoint_addrs(u, names),
             };
-            upstreams.push(Upstream::build(u, &addrs, unavailable, &mut pool_for));
+            let pool_for = |a: &EndpointAddr| {
+                let target = tls.as_ref().map(|tls| TlsTarget {
+                    name: match &a.name {
+                        Some(host) => tls
+                            .server_name(host)
+                            .unwrap_or_else(|| tls.server_name_of_addr(a.addr)),
+                        None => tls.server_name_of_addr(a.addr),
+                    },
+                    tls: Arc::clone(tls),
+                });
+                previous
+                    .and_then(|p| p.pool_of(a.addr, settings, target.as_ref()))
+                    .unwrap_or_else(|| {
+                        Arc::new(EndpointPool::new(
+                            a.addr,
+                            settings,
+                            target,
+                            Arc::clone(metrics.pool()),
+                        ))
+                    })
+            };
+            upstreams.push(Upstream::build(
+                u,
+                &addrs,
+                unavailable,
+                tls.clone(),
+                pool_for,
+            ));
         }
         let routes = config
             .routes
@@ -163,10 +192,16 @@ impl Snapshot {
 }
 
 impl Snapshot {
-    /// The pool of the endpoint at `addr`, if this snapshot has one.
-    fn pool_of(&self, addr: SocketAddr) -> Option<Arc<EndpointPool>> {
+    /// A pool of this snapshot that makes the connections a new pool for `addr` with
+    /// `settings` and `tls` would, if there is one.
+    fn pool_of(
+        &self,
+        addr: SocketAddr,
+        settings: PoolSettings,
+        tls: Option<&TlsTarget>,
+    ) -> Option<Arc<EndpointPool>> {
         self.endpoint_pools()
-            .find(|p| p.addr() == addr)
+            .find(|p| p.makes_same(addr, settings, tls))
             .map(Arc::clone)
     }
 
@@ -213,6 +248,49 @@ fn endpoint_addrs(
     }
     let unavailable = addrs.is_empty().then(|| unresolved.join("; "));
     (addrs, unavailable)
+}
+
+/// Whether a build reads the TLS files again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TlsFiles {
+    /// Start and reload (SIGHUP): read, so renewed certificates apply.
+    Read,
+    /// A rebuild of the running config for new endpoint addresses (DNS): the running
+    /// upstreams keep their TLS as loaded; certificates change on a reload only.
+    KeepRunning,
+}
+
+/// Loads upstream `u`'s `[upstreams.tls]`, or keeps the previous snapshot's if it was
+/// loaded from the same settings and file contents (its session cache and pools stay).
+fn upstream_tls_of(
+    config: &Config,
+    u: &UpstreamConfig,
+    previous: Option<&Snapshot>,
+    files: TlsFiles,
+) -> Result<Option<Arc<UpstreamTls>>, Error> {
+    let Some(tls) = &u.tls else {
+        return Ok(None);
+    };
+    let name = u.name.get_ref();
+    let running = previous
+        .and_then(|p| p.upstreams.iter().find(|old| *old.name == **name))
+        .and_then(|old| old.tls.as_ref());
+    if let (TlsFiles::KeepRunning, Some(running)) = (files, running) {
+        return Ok(Some(Arc::clone(running)));
+    }
+    let loaded = UpstreamTls::load(&config.base_dir, tls, upstream_tls::ALPN_HTTP1)
+        .map_err(|e| Error::Tls(format!("upstream `{name}`: {e}")))?;
+    if !loaded.verifies() {
+        // At every load, so a reload's log says it too.
+        tracing::warn!(
+            upstream = %name,
+            "tls.verify = false: any certificate is accepted from this upstream's endpoints"
+        );
+    }
+    Ok(Some(match running.filter(|old| old.same_as(&loaded)) {
+        Some(old) => Arc::clone(old),
+        None => Arc::new(loaded),
+    }))
 }
 
 fn pool_settings(t: &Timeouts) -> PoolSettings {
@@ -300,11 +378,12 @@ impl Gateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let old = self.current.load_full();
-        match Snapshot::build(
+        match Snapshot::build_with(
             old.config.clone(),
             Some(&old),
             &self.metrics,
             Some(self.resolver.names()),
+            TlsFiles::KeepRunning,
         ) {
             Ok(new) => self.swap_in(&Arc::new(new)),
             Err(e) => tracing::error!(
@@ -758,7 +837,7 @@ async fn forward(
     record.upstream_time = Some(elapsed);
     let outcome = match &result {
         Ok(r) => Outcome::Status(r.status().as_u16()),
-        Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
+        Err(Error::UpstreamConnect { .. } | Error::UpstreamTls { .. }) => Outcome::ConnectFailed,
         Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
         Err(_) => Outcome::Aborted,
@@ -941,6 +1020,7 @@ fn retry_endpoint<B: http_body::Body>(
     let connect_failed = matches!(
         err,
         Error::UpstreamConnect { .. }
+            | Error::UpstreamTls { .. }
             | Error::UpstreamTimeout {
                 phase: "connect",
                 ..

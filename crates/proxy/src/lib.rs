@@ -60,6 +60,7 @@ pub mod server;
 pub mod shard;
 pub mod tls;
 pub mod upstream;
+pub mod upstream_tls;
 
 pub use config::Config;
 pub use error::{Blame, Error};

@@ -23,7 +23,7 @@ use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 19] = [
+const ERROR_KINDS: [&str; 20] = [
     "config",
     "read",
     "bind",
@@ -41,6 +41,7 @@ const ERROR_KINDS: [&str; 19] = [
     "upstream_timeout",
     "upstream_broken",
     "no_endpoint",
+    "upstream_tls",
     "tls",
     "internal",
 ];

@@ -10,6 +10,7 @@ use http::uri::Authority;
 use crate::balance::{Balance, RoundRobin};
 use crate::config::{BalanceKind, UpstreamConfig};
 use crate::pool::EndpointPool;
+use crate::upstream_tls::UpstreamTls;
 
 /// One address of an upstream, as built at config load.
 ///
@@ -47,6 +48,8 @@ pub struct Upstream {
     /// Why the upstream has no endpoints (its names have not resolved), if it has none:
     /// its requests are answered 503 with this reason.
     pub unavailable: Option<Arc<str>>,
+    /// TLS to the endpoints (`[upstreams.tls]`), shared by their pools.
+    pub tls: Option<Arc<UpstreamTls>>,
 }
 
 /// One address an endpoint of the config stands for: an IP literal, or one address of a
@@ -65,12 +68,14 @@ impl Upstream {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
     /// connection pool (a reload passes the previous snapshot's, so warm connections stay).
-    /// With no addresses, `unavailable` says why.
+    /// With no addresses, `unavailable` says why. `tls` is the loaded `[upstreams.tls]`,
+    /// which `pool_for` gives the pools too.
     pub fn build(
         config: &UpstreamConfig,
         addrs: &[EndpointAddr],
         unavailable: Option<String>,
-        mut pool_for: impl FnMut(SocketAddr) -> Arc<EndpointPool>,
+        tls: Option<Arc<UpstreamTls>>,
+        mut pool_for: impl FnMut(&EndpointAddr) -> Arc<EndpointPool>,
     ) -> Upstream {
         let endpoints: Vec<Endpoint> = addrs
             .iter()
@@ -88,7 +93,7 @@ impl Upstream {
                         .expect("a socket address is a valid URI authority"),
                     host: HeaderValue::from_str(&host_text)
                         .expect("a socket address or DNS name is a valid header value"),
-                    pool: pool_for(a.addr),
+                    pool: pool_for(a),
                     weight: a.weight,
                 }
             })
@@ -110,6 +115,7 @@ impl Upstream {
             endpoints,
             balance,
             unavailable,
+            tls,
         }
     }
 }

@@ -15,3 +15,4 @@ mod pool;
 mod routing;
 mod support;
 mod upstream_http1;
+mod upstream_tls;

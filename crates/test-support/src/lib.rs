@@ -15,7 +15,8 @@
 //! Clients: [`http1_client`], [`h2c_client`], [`tls_get`], and [`h2_frames`] for HTTP/2 frames
 //! written byte by byte; certificates: [`TestCert`]; a free port named before the gateway
 //! binds it: [`reserve_port`]. [`RecordingUpstream`] records every byte it receives, per
-//! connection, for tests of what may never reach an upstream.
+//! connection, for tests of what may never reach an upstream. [`TlsUpstream`] is an HTTPS
+//! upstream with certificates from a [`TestCa`], counting full and resumed handshakes.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -30,8 +31,10 @@
 pub mod dns;
 pub mod h2_frames;
 mod recording;
+mod tls_upstream;
 
 pub use recording::{ConnectionLog, RecordedRequest, RecordingUpstream, parse_request};
+pub use tls_upstream::{AfterResponse, IssuedCert, TestCa, TlsUpstream, TlsUpstreamBuilder};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
