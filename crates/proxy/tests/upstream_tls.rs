@@ -60,6 +60,11 @@ fn lines_about(addr: SocketAddr) -> Vec<String> {
 /// One upstream `up` at `addr` with `[upstreams.tls]` = `tls` (TOML lines), files relative
 /// to `dir`.
 fn tls_config(dir: &Path, addr: SocketAddr, tls: &str) -> Result<Config, tailguard_proxy::Error> {
+    tls_config_at(dir, &addr.to_string(), tls)
+}
+
+/// [`tls_config`] with the endpoint's address as written (`IP:PORT` or `NAME:PORT`).
+fn tls_config_at(dir: &Path, addr: &str, tls: &str) -> Result<Config, tailguard_proxy::Error> {
     Config::parse(
         &format!(
             "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
@@ -114,6 +119,18 @@ async fn send(method: Method, url: &str) -> (u16, String, String, String) {
 async fn get(url: &str) -> (u16, String) {
     let (status, _, _, body) = send(Method::GET, url).await;
     (status, body)
+}
+
+/// Waits (at most 5 s) until `done` holds: the upstream counts a failed handshake when its
+/// side of it ends, which may be just after the gateway answered.
+async fn eventually(done: impl Fn() -> bool) -> bool {
+    for _ in 0..500 {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    done()
 }
 
 /// Asserts one log line about `addr` says the TLS handshake failed with `reason` in it,
@@ -179,6 +196,31 @@ async fn a_certificate_for_another_name_is_502_and_an_sni_override_makes_it_pass
 }
 
 #[tokio::test]
+async fn an_endpoint_by_name_is_verified_against_its_name_not_its_address() {
+    log();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    let by_name = TlsUpstream::builder(ca.issue(&["localhost"])).start().await;
+    let by_addr = TlsUpstream::builder(ca.issue(&["127.0.0.1"])).start().await;
+    for (upstream, expected) in [(&by_name, 200), (&by_addr, 502)] {
+        let endpoint = format!("localhost:{}", upstream.addr.port());
+        let config = tls_config_at(dir.path(), &endpoint, "ca = \"ca.pem\"").expect("config");
+        let server = Server::start(config, 1).expect("gateway starts");
+        let url = format!("http://{}", server.local_addrs()[0]);
+        assert_eq!(get(&url).await.0, expected, "{endpoint}");
+    }
+    assert_eq!(by_name.requests(), 1);
+    // `localhost` may also resolve to ::1, where nothing listens: the failed handshake is
+    // then retried there, and the log line is that connect's; the handshake count is not.
+    assert_eq!(by_addr.requests(), 0);
+    assert!(
+        eventually(|| by_addr.failed_handshakes() >= 1).await,
+        "the gateway refused the certificate"
+    );
+}
+
+#[tokio::test]
 async fn an_expired_certificate_is_502() {
     log();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -233,7 +275,7 @@ async fn an_upstream_that_requires_a_client_certificate_gets_it_with_mtls_and_re
     let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
     assert_eq!(get(&url).await.0, 502);
     assert_eq!(upstream.requests(), 0);
-    assert!(upstream.failed_handshakes() >= 1);
+    assert!(eventually(|| upstream.failed_handshakes() >= 1).await);
     let lines = lines_about(upstream.addr);
     assert!(
         lines
@@ -310,6 +352,31 @@ async fn a_close_notify_on_an_idle_connection_makes_it_unusable() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(send(Method::POST, &url).await.0, 200);
     assert_eq!(upstream.handshakes(), 2);
+}
+
+#[tokio::test]
+async fn request_bodies_small_and_large_go_whole_over_one_tls_connection() {
+    log();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    // The upstream reads a body only after a pause, so a 12 MiB one fills the socket
+    // buffers and the writer waits for room over TLS (backpressure through the TLS layer).
+    let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"]))
+        .body_delay(Duration::from_millis(200))
+        .start()
+        .await;
+    let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    let client = http1_client();
+    for size in [5, 12 << 20, 7] {
+        let req = Request::post(url.as_str())
+            .body(http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; size])).boxed())
+            .expect("request");
+        let resp = within(client.request(req)).await.expect("response");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(support::text(resp).await, format!("got {size}"));
+    }
+    assert_eq!(upstream.handshakes(), 1);
 }
 
 #[tokio::test]

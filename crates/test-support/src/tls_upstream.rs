@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
@@ -137,9 +138,17 @@ pub struct TlsUpstreamBuilder {
     client_ca: Option<CertificateDer<'static>>,
     after: AfterResponse,
     body: String,
+    body_delay: Duration,
 }
 
 impl TlsUpstreamBuilder {
+    /// Waits this long after a request head before reading its body, so a large body fills
+    /// the socket buffers and the sender must wait for room (0).
+    pub fn body_delay(mut self, delay: Duration) -> Self {
+        self.body_delay = delay;
+        self
+    }
+
     /// Requires a client certificate issued by `ca` (mTLS).
     pub fn client_ca(mut self, ca: &TestCa) -> Self {
         self.client_ca = Some(ca.cert_der.clone());
@@ -187,7 +196,7 @@ impl TlsUpstreamBuilder {
         let addr = listener.local_addr().expect("addr");
         let counts = Arc::new(Counts::default());
         let c = Arc::clone(&counts);
-        let (after, body) = (self.after, Arc::new(self.body));
+        let (after, body, body_delay) = (self.after, Arc::new(self.body), self.body_delay);
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (acceptor, c, body) = (acceptor.clone(), Arc::clone(&c), Arc::clone(&body));
@@ -200,7 +209,7 @@ impl TlsUpstreamBuilder {
                     if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
                         c.resumed.fetch_add(1, Ordering::SeqCst);
                     }
-                    serve(tls, after, &body, &c).await;
+                    serve(tls, after, &body, body_delay, &c).await;
                 });
             }
         });
@@ -216,12 +225,14 @@ struct Counts {
     requests: AtomicUsize,
 }
 
-/// Answers request heads (bodiless requests) on one TLS connection. A WebSocket upgrade is
-/// answered `101` and the connection then echoes what it receives.
+/// Answers requests on one TLS connection: a request with a `content-length` body is read
+/// whole and answered `got N`, others with the fixed body. A WebSocket upgrade is answered
+/// `101` and the connection then echoes what it receives.
 async fn serve(
     mut tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
     after: AfterResponse,
     body: &str,
+    body_delay: Duration,
     counts: &Counts,
 ) {
     let mut buf = Vec::new();
@@ -236,6 +247,21 @@ async fn serve(
         };
         let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
         buf.drain(..end + 4);
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if length > 0 && !body_delay.is_zero() {
+            tokio::time::sleep(body_delay).await;
+        }
+        while buf.len() < length {
+            match tls.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..length);
         counts.requests.fetch_add(1, Ordering::SeqCst);
         if head.contains("\nupgrade: websocket") {
             let answer = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n";
@@ -259,6 +285,11 @@ async fn serve(
             "connection: close\r\n"
         } else {
             ""
+        };
+        let body = if length > 0 {
+            format!("got {length}")
+        } else {
+            body.to_owned()
         };
         let answer = format!(
             "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nx-client-cert: {client_cert}\r\nx-tls-resumed: {resumed}\r\n{close}\r\n{body}",
@@ -289,7 +320,8 @@ async fn serve(
     }
 }
 
-/// An HTTPS upstream on 127.0.0.1:0 answering `200` with a fixed body, headers
+/// An HTTPS upstream on 127.0.0.1:0 answering `200` with a fixed body (`got N` to a request
+/// with an N-byte body), headers
 /// `x-client-cert` (whether the client sent a certificate) and `x-tls-resumed`.
 #[derive(Debug)]
 pub struct TlsUpstream {
@@ -306,6 +338,7 @@ impl TlsUpstream {
             client_ca: None,
             after: AfterResponse::Wait,
             body: "ok".to_owned(),
+            body_delay: Duration::ZERO,
         }
     }
 
