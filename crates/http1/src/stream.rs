@@ -130,3 +130,48 @@ impl AsyncWrite for Stream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt as _;
+
+    #[tokio::test]
+    async fn a_boxed_stream_is_idle_usable_until_the_peer_sends_or_closes() {
+        let (ours, mut peer) = tokio::io::duplex(64);
+        let mut stream = Stream::boxed(ours);
+        assert!(stream.is_idle_usable(), "nothing arrived: usable");
+        assert!(stream.is_idle_usable(), "asking again changes nothing");
+        peer.write_all(b"x").await.expect("write");
+        assert!(!stream.is_idle_usable(), "unasked bytes: unusable");
+
+        let (ours, peer) = tokio::io::duplex(64);
+        let mut stream = Stream::boxed(ours);
+        drop(peer);
+        assert!(!stream.is_idle_usable(), "end of stream: unusable");
+    }
+
+    #[tokio::test]
+    async fn a_tcp_stream_is_idle_usable_until_the_peer_closes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        let mut stream = Stream::from(client);
+        assert!(stream.is_idle_usable());
+        drop(server);
+        // The FIN arrives asynchronously; readiness follows within a moment.
+        let mut closed = false;
+        for _ in 0..200 {
+            if !stream.is_idle_usable() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(closed, "a closed connection is seen as unusable");
+    }
+}
