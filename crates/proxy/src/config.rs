@@ -106,6 +106,10 @@ pub struct UpstreamConfig {
     /// Connect to the endpoints over TLS (`[upstreams.tls]`).
     #[serde(default)]
     pub tls: Option<UpstreamTlsConfig>,
+    /// Active health checks and passive ejection (`[upstreams.health]`); none: every
+    /// endpoint always takes traffic.
+    #[serde(default)]
+    pub health: Option<crate::health::HealthConfig>,
 }
 
 /// TLS to an upstream's endpoints (`[upstreams.tls]`). Paths are relative to the config
@@ -691,6 +695,11 @@ impl Config {
             }
             if let Some(tls) = &u.tls {
                 self.validate_upstream_tls(d, i, u, tls);
+            }
+            if let Some(h) = &u.health {
+                for (span, field, message) in h.check() {
+                    d.push(span, format!("upstreams[{i}].health.{field}"), message);
+                }
             }
             for (j, e) in u.endpoints.iter().enumerate() {
                 if let Err(message) = crate::dns::Target::parse(e.address.get_ref()) {

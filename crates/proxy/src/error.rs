@@ -132,6 +132,13 @@ pub enum Error {
         /// What rustls said.
         reason: String,
     },
+    /// Every endpoint of the upstream is down (failing its health checks or ejected): the
+    /// request is answered at once, with no connect attempt.
+    #[error("no healthy endpoint in upstream `{upstream}`")]
+    NoHealthyEndpoint {
+        /// The upstream's name.
+        upstream: std::sync::Arc<str>,
+    },
     /// TLS setup failed (bad certificate or key).
     #[error("tls: {0}")]
     Tls(String),
@@ -168,7 +175,8 @@ impl Error {
             | Error::UpstreamTimeout { .. }
             | Error::UpstreamBroken { .. }
             | Error::NoEndpoint { .. }
-            | Error::UpstreamTls { .. } => Blame::Upstream,
+            | Error::UpstreamTls { .. }
+            | Error::NoHealthyEndpoint { .. } => Blame::Upstream,
             Error::Config(_)
             | Error::Read { .. }
             | Error::Bind { .. }
@@ -201,7 +209,9 @@ impl Error {
             Error::UriTooLong => StatusCode::URI_TOO_LONG,
             Error::VersionUnsupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             Error::DownstreamTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Error::Overloaded | Error::NoEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Overloaded | Error::NoEndpoint { .. } | Error::NoHealthyEndpoint { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Error::UpstreamConnect { .. }
             | Error::UpstreamBroken { .. }
             | Error::UpstreamTls { .. } => StatusCode::BAD_GATEWAY,
@@ -232,6 +242,7 @@ impl Error {
             Error::UpstreamTls { .. } => "upstream TLS handshake failed\n",
             Error::UpstreamTimeout { .. } => "upstream timed out\n",
             Error::NoEndpoint { .. } => "upstream unavailable\n",
+            Error::NoHealthyEndpoint { .. } => "no healthy endpoint\n",
             _ => "internal error\n",
         }
     }
@@ -257,6 +268,7 @@ impl Error {
             Error::UpstreamBroken { .. } => "upstream_broken",
             Error::NoEndpoint { .. } => "no_endpoint",
             Error::UpstreamTls { .. } => "upstream_tls",
+            Error::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
         }

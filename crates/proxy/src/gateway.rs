@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -28,6 +28,8 @@ use crate::config::{BuiltinConfig, Config, Timeouts, UpstreamConfig};
 use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
 use crate::headers;
+use crate::health::EndpointHealth;
+use crate::health::checker::Hub;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
@@ -72,16 +74,19 @@ impl Snapshot {
     /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
     /// An endpoint of `previous` with the same address, pool settings and TLS keeps its
     /// pool, so a reload keeps warm upstream connections; a built-in responder with the
-    /// same config keeps running. Endpoint names take their addresses from `names` (none
-    /// resolved without it). TLS files are read here (a reload reads them again; one that
-    /// fails fails the build, naming the file).
+    /// same config keeps running; an endpoint of a health-checked upstream keeps its health
+    /// state (by upstream name and address), so a reload keeps what checks learned.
+    /// Endpoint names take their addresses from `names` (none resolved without it). TLS
+    /// files are read here (a reload reads them again; one that fails fails the build,
+    /// naming the file).
     pub fn build(
         config: Config,
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
         names: Option<&Names>,
+        health: &Hub,
     ) -> Result<Snapshot, Error> {
-        Snapshot::build_with(config, previous, metrics, names, TlsFiles::Read)
+        Snapshot::build_with(config, previous, metrics, names, health, TlsFiles::Read)
     }
 
     /// [`Snapshot::build`], reading the TLS files or keeping the running ones (`files`).
@@ -90,6 +95,7 @@ impl Snapshot {
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
         names: Option<&Names>,
+        health: &Hub,
         files: TlsFiles,
     ) -> Result<Snapshot, Error> {
         let settings = pool_settings(&config.timeouts);
@@ -142,12 +148,39 @@ impl Snapshot {
                         ))
                     })
             };
+            let name = u.name.get_ref().as_str();
+            let states = addrs
+                .iter()
+                .map(|a| a.addr)
+                .map(
+                    |addr| match crate::health::carry(previous, name, addr, u.health.is_some()) {
+                        Some(kept) => Ok((addr, kept)),
+                        None => Ok((
+                            addr,
+                            Arc::new(EndpointHealth::new(
+                                Arc::from(name),
+                                addr,
+                                metrics.endpoint_up(name, addr)?,
+                                Arc::clone(health.wake()),
+                            )),
+                        )),
+                    },
+                )
+                .collect::<Result<Vec<_>, Error>>()?;
+            let health_for = |addr: SocketAddr| {
+                let (_, state) = states
+                    .iter()
+                    .find(|(a, _)| *a == addr)
+                    .expect("a state was made for every address above");
+                Arc::clone(state)
+            };
             upstreams.push(Upstream::build(
                 u,
                 &addrs,
                 unavailable,
                 tls.clone(),
                 pool_for,
+                health_for,
             ));
         }
         let routes = config
@@ -311,6 +344,10 @@ pub struct Gateway {
     /// build from the same old snapshot and lose one another's change. Only off-path
     /// threads (the reloading thread, the resolver thread) take it.
     rebuilding: Mutex<()>,
+    /// The health checker thread (started by the first snapshot that needs it).
+    health: Hub,
+    /// This gateway, for the checker thread (which must not keep it alive).
+    this: Weak<Gateway>,
 }
 
 impl Gateway {
@@ -327,16 +364,26 @@ impl Gateway {
     ) -> Result<Arc<Gateway>, Error> {
         let resolver = Resolver::start(&config.dns, metrics.registry())?;
         resolver.resolve_new(&config);
-        let snapshot = Snapshot::build(config, None, &metrics, Some(resolver.names()))?;
-        let gateway = Arc::new(Gateway {
-            current: ArcSwap::from_pointee(snapshot),
+        let health = Hub::default();
+        let snapshot = Arc::new(Snapshot::build(
+            config,
+            None,
+            &metrics,
+            Some(resolver.names()),
+            &health,
+        )?);
+        let gateway = Arc::new_cyclic(|this| Gateway {
+            current: ArcSwap::new(Arc::clone(&snapshot)),
             metrics,
             resolver,
             rebuilding: Mutex::new(()),
+            health,
+            this: this.clone(),
         });
         gateway
             .resolver
             .watch(&gateway.snapshot().config, Arc::downgrade(&gateway));
+        gateway.health.follow(&snapshot, Arc::downgrade(&gateway));
         Ok(gateway)
     }
 
@@ -361,6 +408,7 @@ impl Gateway {
             Some(&old),
             &self.metrics,
             Some(self.resolver.names()),
+            &self.health,
         );
         self.metrics.reloaded(new.is_ok());
         let new = Arc::new(new?);
@@ -383,6 +431,7 @@ impl Gateway {
             Some(&old),
             &self.metrics,
             Some(self.resolver.names()),
+            &self.health,
             TlsFiles::KeepRunning,
         ) {
             Ok(new) => self.swap_in(&Arc::new(new)),
@@ -404,6 +453,10 @@ impl Gateway {
                 pool.retire();
             }
         }
+        // Health states the new snapshot did not take over are retired; the checker
+        // follows the new one (started now if it is the first with a health table).
+        crate::health::retire_missing(&old, new);
+        self.health.follow(new, self.this.clone());
     }
 
     /// The current snapshot.
@@ -740,7 +793,11 @@ async fn forward(
             reason: Arc::clone(reason),
         });
     }
-    let endpoint_index = upstream.balance.pick();
+    // Every endpoint down: answered now, without a connect attempt that would only fail
+    // (or reach an endpoint its checks found broken).
+    let endpoint_index = upstream.pick().ok_or_else(|| Error::NoHealthyEndpoint {
+        upstream: Arc::clone(&upstream.name),
+    })?;
     snap.metrics.picked(route.upstream, endpoint_index);
     let endpoint = &upstream.endpoints[endpoint_index];
     record.endpoint = Some((route.upstream, endpoint_index));
@@ -843,6 +900,7 @@ async fn forward(
         Err(_) => Outcome::Aborted,
     };
     upstream.balance.complete(endpoint_index, outcome, elapsed);
+    upstream.record(endpoint_index, outcome);
     breaker.finish(outcome);
 
     let mut resp = result?;
@@ -950,6 +1008,7 @@ async fn exchange(
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());
+            upstream.record(first, Outcome::ConnectFailed);
             tracing::debug!(
                 target: "tailguard::request",
                 upstream = %upstream.name,
@@ -1007,7 +1066,8 @@ fn answered((resp, sent): client::Sent<RequestBody>) -> Response<UpstreamBody> {
 }
 
 /// The endpoint to retry a failed connect on, if the request may be retried: the
-/// balancer's next pick that is not `failed`.
+/// balancer's next pick that is not `failed` (never a down endpoint: the balancer skips
+/// those).
 fn retry_endpoint<B: http_body::Body>(
     snap: &Snapshot,
     upstream_index: usize,
@@ -1037,7 +1097,7 @@ fn retry_endpoint<B: http_body::Body>(
     // Every pick is completed exactly once (the balancer counts in-flight requests): a pick
     // of the failed endpoint is released unused, and after two such picks there is no retry.
     for _ in 0..2 {
-        let pick = upstream.balance.pick();
+        let pick = upstream.pick()?;
         snap.metrics.picked(upstream_index, pick);
         if pick != failed {
             return Some(pick);

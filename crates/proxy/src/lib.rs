@@ -50,6 +50,7 @@ pub(crate) mod drain;
 pub mod error;
 pub mod gateway;
 pub mod headers;
+pub mod health;
 pub mod metrics;
 pub mod overload;
 pub mod pool;

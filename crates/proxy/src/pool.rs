@@ -161,7 +161,10 @@ impl EndpointPool {
         ))
     }
 
-    async fn open(&self) -> Result<Stream, Error> {
+    /// The transport a connection of this pool runs over: TCP, then TLS when the upstream
+    /// has it (no timeout, nothing counted; health checks open theirs here too, so they
+    /// test what requests use).
+    pub(crate) async fn open(&self) -> Result<Stream, Error> {
         let addr = self.addr;
         let stream = TcpStream::connect(addr)
             .await

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use http::HeaderValue;
 use http::uri::Authority;
 
-use crate::balance::{Balance, RoundRobin};
+use crate::balance::{Balance, Outcome, RoundRobin};
 use crate::config::{BalanceKind, UpstreamConfig};
+use crate::health::{EndpointHealth, HealthSettings, Up};
 use crate::pool::EndpointPool;
 use crate::upstream_tls::UpstreamTls;
 
@@ -32,6 +33,9 @@ pub struct Endpoint {
     pub pool: Arc<EndpointPool>,
     /// Relative share of requests.
     pub weight: u32,
+    /// Whether it may take traffic (active checks, passive ejection); kept across reloads
+    /// by (upstream name, address).
+    pub health: Arc<EndpointHealth>,
 }
 
 /// A named service: endpoints plus the balancer over them.
@@ -45,6 +49,10 @@ pub struct Upstream {
     pub endpoints: Vec<Endpoint>,
     /// Picks the endpoint for each request.
     pub balance: Box<dyn Balance>,
+    /// `[upstreams.health]`, when the upstream has one.
+    pub health: Option<HealthSettings>,
+    /// Passive ejection's `consecutive_failures` (0: off), read per finished exchange.
+    eject_after: u32,
     /// Why the upstream has no endpoints (its names have not resolved), if it has none:
     /// its requests are answered 503 with this reason.
     pub unavailable: Option<Arc<str>>,
@@ -67,15 +75,17 @@ pub struct EndpointAddr {
 impl Upstream {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
-    /// connection pool (a reload passes the previous snapshot's, so warm connections stay).
-    /// With no addresses, `unavailable` says why. `tls` is the loaded `[upstreams.tls]`,
-    /// which `pool_for` gives the pools too.
+    /// connection pool (a reload passes the previous snapshot's, so warm connections stay)
+    /// and `health_for` its health state (likewise carried over). With no addresses,
+    /// `unavailable` says why. `tls` is the loaded `[upstreams.tls]`, which `pool_for`
+    /// gives the pools too.
     pub fn build(
         config: &UpstreamConfig,
         addrs: &[EndpointAddr],
         unavailable: Option<String>,
         tls: Option<Arc<UpstreamTls>>,
         mut pool_for: impl FnMut(&EndpointAddr) -> Arc<EndpointPool>,
+        mut health_for: impl FnMut(SocketAddr) -> Arc<EndpointHealth>,
     ) -> Upstream {
         let endpoints: Vec<Endpoint> = addrs
             .iter()
@@ -95,6 +105,7 @@ impl Upstream {
                         .expect("a socket address or DNS name is a valid header value"),
                     pool: pool_for(a),
                     weight: a.weight,
+                    health: health_for(a.addr),
                 }
             })
             .collect();
@@ -110,12 +121,36 @@ impl Upstream {
         } else {
             None
         };
+        let health = config.health.as_ref().map(HealthSettings::from_config);
         Upstream {
             name: Arc::from(config.name.get_ref().as_str()),
             endpoints,
             balance,
             unavailable,
             tls,
+            eject_after: health
+                .as_ref()
+                .and_then(|h| h.ejection)
+                .map_or(0, |e| e.consecutive_failures),
+            health,
+        }
+    }
+
+    /// The endpoint for the next request, skipping endpoints that are down (by checks or
+    /// ejected); `None` when every endpoint is down.
+    #[inline]
+    pub fn pick(&self) -> Option<usize> {
+        self.balance.pick(Up::new(&self.endpoints))
+    }
+
+    /// Counts how an exchange with `endpoint` ended for passive ejection (nothing without
+    /// it). Call once per exchange, beside [`Balance::complete`].
+    #[inline]
+    pub(crate) fn record(&self, endpoint: usize, outcome: Outcome) {
+        if self.eject_after > 0
+            && let Some(e) = self.endpoints.get(endpoint)
+        {
+            e.health.record(outcome, self.eject_after);
         }
     }
 }

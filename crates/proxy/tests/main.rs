@@ -8,6 +8,7 @@ mod downstream_http2;
 mod errors;
 mod forwarding;
 mod h2spec;
+mod health;
 mod lifecycle;
 mod listeners;
 mod overload;
