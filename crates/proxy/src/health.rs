@@ -349,6 +349,24 @@ impl EndpointHealth {
         None
     }
 
+    /// The upstream no longer has active checks: an endpoint they had taken down comes
+    /// back (nothing else would ever bring it back), and the counts restart. Checker
+    /// thread only.
+    pub(crate) fn unchecked(&self) {
+        if !self.is_probe_down() || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut t = self.track();
+        (t.passes, t.fails) = (0, 0);
+        drop(t);
+        self.set(
+            PROBE_DOWN,
+            false,
+            "endpoint back in service",
+            "active checks removed from the config",
+        );
+    }
+
     /// Marks a state no snapshot holds any more: late results for it are dropped.
     pub(crate) fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);

@@ -413,6 +413,28 @@ async fn a_reload_keeps_the_health_of_endpoints_it_keeps() {
         .expect("reload");
     assert_eq!(up_gauge(&server, b.addr), Some(0), "b left the config");
     assert_eq!(up_gauge(&server, a.addr), Some(0));
+
+    // A table without `path` (ejection only): nothing checks a any more, so it comes back.
+    server
+        .reload(config(
+            &[a.addr, c.addr],
+            "round_robin",
+            Some("consecutive_failures = 5"),
+        ))
+        .expect("reload");
+    eventually("a back without checks", || {
+        up_gauge(&server, a.addr) == Some(1)
+    })
+    .await;
+    let on_a = a.requests();
+    assert!(send(&url, 10).await.iter().all(|&s| s == 200));
+    assert!(a.requests() > on_a);
+
+    // Down again, then a reload without the table: every endpoint in service at once.
+    server
+        .reload(config(&[a.addr, c.addr], "round_robin", Some(health)))
+        .expect("reload");
+    eventually("a down again", || up_gauge(&server, a.addr) == Some(0)).await;
     server
         .reload(config(&[a.addr, c.addr], "round_robin", None))
         .expect("reload");

@@ -97,8 +97,9 @@ fn spawn(gateway: Weak<Gateway>, wake: Arc<Notify>) -> Option<Checker> {
 /// The thread's loop: start the rounds that are due, eject and un-eject, sleep until the
 /// next thing is due or a wake comes.
 async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Receiver<()>) {
-    // When each upstream's next round is due, by name (kept across snapshots).
-    let mut due: HashMap<Arc<str>, Instant> = HashMap::new();
+    // When each upstream's next round is due and at what interval, by name (kept across
+    // snapshots; a changed interval starts a round now).
+    let mut due: HashMap<Arc<str>, (Instant, Duration)> = HashMap::new();
     loop {
         let Some(snapshot) = gateway.upgrade().map(|g| g.snapshot()) else {
             return;
@@ -109,19 +110,33 @@ async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Re
             let Some(settings) = &upstream.health else {
                 continue;
             };
-            if let Some(ejection) = &settings.ejection
-                && let Some(at) = eject_and_expire(upstream, ejection, now)
-            {
+            // Ejections end on time even when a reload turned ejection off since.
+            let ejection = settings.ejection.as_ref();
+            if let Some(at) = eject_and_expire(upstream, ejection, now) {
                 next = next.min(at);
             }
-            if let Some(check) = &settings.active {
-                let at = due.entry(Arc::clone(&upstream.name)).or_insert(now);
-                if *at <= now {
-                    // Rounds never overlap: each probe ends within `timeout`.
-                    *at = now + check.interval.max(check.timeout);
-                    tokio::spawn(round(Arc::clone(&snapshot), index, check.clone()));
+            match &settings.active {
+                Some(check) => {
+                    let every = check.interval.max(check.timeout);
+                    let (at, interval) = due
+                        .entry(Arc::clone(&upstream.name))
+                        .or_insert((now, every));
+                    if *interval != every {
+                        (*at, *interval) = (now, every);
+                    }
+                    if *at <= now {
+                        // Rounds never overlap: each probe ends within `timeout`.
+                        *at = now + every;
+                        tokio::spawn(round(Arc::clone(&snapshot), index, check.clone()));
+                    }
+                    next = next.min(*at);
                 }
-                next = next.min(*at);
+                // A reload removed `path`: nothing would ever bring a down endpoint back.
+                None => {
+                    for e in &upstream.endpoints {
+                        e.health.unchecked();
+                    }
+                }
             }
         }
         due.retain(|name, _| {
@@ -139,10 +154,14 @@ async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Re
     }
 }
 
-/// Ends the ejections of `upstream` that are due and ejects the endpoints whose failures
-/// reached the threshold, as far as `max_ejected_percent` allows; returns when the next
-/// ejection ends.
-fn eject_and_expire(upstream: &Upstream, ejection: &Ejection, now: Instant) -> Option<Instant> {
+/// Ends the ejections of `upstream` that are due and (with `ejection` on) ejects the
+/// endpoints whose failures reached the threshold, as far as `max_ejected_percent` allows;
+/// returns when the next ejection ends.
+fn eject_and_expire(
+    upstream: &Upstream,
+    ejection: Option<&Ejection>,
+    now: Instant,
+) -> Option<Instant> {
     let mut next: Option<Instant> = None;
     let mut soonest = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
     for e in &upstream.endpoints {
@@ -150,6 +169,9 @@ fn eject_and_expire(upstream: &Upstream, ejection: &Ejection, now: Instant) -> O
             soonest(at);
         }
     }
+    let Some(ejection) = ejection else {
+        return next;
+    };
     let total = upstream.endpoints.len() as u64;
     for e in &upstream.endpoints {
         if e.health.failures() < ejection.consecutive_failures {
