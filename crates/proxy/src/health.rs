@@ -590,6 +590,86 @@ mod tests {
         assert_eq!(h.failures(), 0);
     }
 
+    /// Runs `f` with this thread's `info` and louder log lines captured as text.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone)]
+        struct Capture(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let capture = Capture(Arc::default());
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = capture.0.lock().unwrap().clone();
+        String::from_utf8(text).unwrap()
+    }
+
+    #[test]
+    fn every_transition_is_logged_once_with_its_reason() {
+        let h = state();
+        let c = check();
+        let log = logged(|| {
+            for _ in 0..5 {
+                h.probed(&c, Ok(500));
+            }
+            h.probed(&c, Ok(200));
+            h.probed(&c, Ok(200));
+            h.probed(&c, Ok(200));
+            h.record(Outcome::Timeout, 2);
+            h.record(Outcome::Timeout, 2);
+            let now = Instant::now();
+            let until = h.eject(&ejection(2, 100), now, true).unwrap();
+            assert_eq!(h.expire(now), Some(until));
+            assert_eq!(h.expire(until), None);
+        });
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 4, "{log}");
+        let expect = [
+            (
+                "WARN",
+                "endpoint fails its checks",
+                "from=\"up\" to=\"down\" reason=\"3 consecutive failed checks, last: status 500\"",
+            ),
+            (
+                "INFO",
+                "endpoint passes its checks again",
+                "from=\"down\" to=\"up\" reason=\"2 consecutive passed checks\"",
+            ),
+            (
+                "WARN",
+                "endpoint ejected",
+                "from=\"up\" to=\"ejected\" reason=\"2 consecutive failures; ejected for 100 ms\"",
+            ),
+            (
+                "INFO",
+                "endpoint back from ejection",
+                "from=\"ejected\" to=\"up\" reason=\"ejection time over\"",
+            ),
+        ];
+        for (line, (level, message, fields)) in lines.iter().zip(expect) {
+            for part in [
+                level,
+                "tailguard::health",
+                message,
+                "upstream=u endpoint=127.0.0.1:1",
+                fields,
+            ] {
+                assert!(line.contains(part), "{part:?} not in {line:?}");
+            }
+        }
+    }
+
     #[test]
     fn retired_state_ignores_late_results() {
         let h = state();

@@ -220,6 +220,16 @@ async fn every_endpoint_down_is_answered_503_at_once_without_reaching_one() {
         Some(1)
     );
 
+    // The request's log line (`warn`, target `tailguard::request`) carries the error's text.
+    let err = tailguard_proxy::Error::NoHealthyEndpoint {
+        upstream: std::sync::Arc::from("up"),
+    };
+    assert_eq!(err.to_string(), "no healthy endpoint in upstream `up`");
+    assert_eq!(
+        (err.kind(), err.blame().as_str()),
+        ("no_healthy_endpoint", "upstream")
+    );
+
     b.set_health_status(200);
     eventually("b up", || up_gauge(&server, b.addr) == Some(1)).await;
     assert!(send(&url, 5).await.iter().all(|&s| s == 200));
