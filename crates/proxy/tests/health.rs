@@ -11,6 +11,10 @@ use tailguard_test_support::{SwitchableUpstream, TestCa, TlsUpstream, http1_clie
 
 use crate::support::{get, start, with_listener};
 
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 /// Every wait for a state change gives up after this long: the checks below run every few
 /// tens of milliseconds, so only a broken gateway gets near it.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -299,7 +303,7 @@ async fn an_ejection_ends_on_time_and_a_repeat_lasts_twice_as_long() {
         SwitchableUpstream::start().await,
     );
     a.set_status(503);
-    let health = "consecutive_failures = 2\nejection_ms = 200";
+    let health = "consecutive_failures = 2\nejection_ms = 300";
     let (server, url) = start(config(&[a.addr, b.addr], "round_robin", Some(health)));
     // Steady traffic, so a returned endpoint fails again at once.
     let traffic = tokio::spawn(async move {
@@ -318,14 +322,16 @@ async fn an_ejection_ends_on_time_and_a_repeat_lasts_twice_as_long() {
         lengths.push(out);
     }
     traffic.abort();
-    // Seen through 5 ms polls: each at least its length less a poll, at most a few seconds.
-    assert!(lengths[0] >= Duration::from_millis(180), "{lengths:?}");
+    // Seen through polls of the exposition, each a few ms apart (more on a loaded machine):
+    // a length is seen short by at most one poll's delay, and long by the checker's.
+    // 300 ms then 600 ms; without doubling both would be about 300 ms.
+    assert!(lengths[0] >= Duration::from_millis(200), "{lengths:?}");
     assert!(
-        lengths[1] >= Duration::from_millis(380),
+        lengths[1] >= Duration::from_millis(450) && lengths[1] > lengths[0] + ms(150),
         "{lengths:?}: the repeat doubles"
     );
     assert!(
-        lengths.iter().all(|l| *l < Duration::from_secs(3)),
+        lengths.iter().all(|l| *l < Duration::from_secs(5)),
         "{lengths:?}"
     );
     server.shutdown(Duration::from_secs(1)).await;
@@ -485,7 +491,11 @@ async fn checks_go_over_the_upstreams_tls_and_a_certificate_that_fails_takes_it_
         up_gauge(&server, untrusted.addr) == Some(0)
     })
     .await;
-    assert!(untrusted.failed_handshakes() >= 2);
+    // (The upstream counts a refused handshake when it reads the alert: maybe later.)
+    eventually("two refused handshakes", || {
+        untrusted.failed_handshakes() >= 2
+    })
+    .await;
     assert_eq!(untrusted.requests(), 0);
     // The trusted one passes its checks over TLS: each a handshake and a request.
     eventually("three checks over TLS", || trusted.requests() >= 3).await;
