@@ -32,6 +32,10 @@
 //! its connection, instead of holding the request forever. The timer is created and armed
 //! only when a read would block; a body whose bytes are already there reads no clock.
 //!
+//! The connection's [`Stream`] is plain TCP or a transport the caller connected (the gateway
+//! hands in TLS); this crate knows no TLS library. Writes are flushed before the client
+//! waits (a no-op over TCP), so a TLS record never sits unsent while the upstream waits.
+//!
 //! A connection goes back to its pool only when the response said keep-alive (HTTP/1.1
 //! without `Connection: close`), its body was read to the end by its framing, the request
 //! body was sent whole, and nothing more arrived: any doubt closes it.
@@ -49,7 +53,8 @@ use http::header::UPGRADE;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+pub use crate::stream::Stream;
 
 use crate::error::UpstreamError;
 use crate::fields;
@@ -65,10 +70,10 @@ pub type Guard = Box<dyn std::any::Any + Send + Sync>;
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 const TOO_LARGE: &str = "response head larger than 64 KiB";
 
-/// One keep-alive connection to an upstream endpoint.
+/// One keep-alive connection to an upstream endpoint, over plain TCP or TLS ([`Stream`]).
 #[derive(Debug)]
 pub struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     addr: SocketAddr,
     /// Bytes read and not yet consumed; empty between exchanges.
     read_buf: BytesMut,
@@ -79,11 +84,12 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Wraps a connected socket, with the caller's `guard` (dropped with the connection).
-    /// Boxed once here, so that handing it between pool, request and body moves a pointer.
-    pub fn new(stream: TcpStream, addr: SocketAddr, guard: Guard) -> Box<Connection> {
+    /// Wraps a connected stream (a `TcpStream`, or a [`Stream`] the caller built, such as
+    /// TLS), with the caller's `guard` (dropped with the connection). Boxed once here, so
+    /// that handing it between pool, request and body moves a pointer.
+    pub fn new(stream: impl Into<Stream>, addr: SocketAddr, guard: Guard) -> Box<Connection> {
         Box::new(Connection {
-            stream,
+            stream: stream.into(),
             addr,
             read_buf: BytesMut::new(),
             head_buf: Vec::with_capacity(512),
@@ -93,18 +99,14 @@ impl Connection {
     }
 
     /// Whether an idle connection can take a request: the upstream has not closed it nor
-    /// sent anything unasked. Costs no syscall unless the socket was reported readable since
-    /// its last read (tokio keeps the readiness; an idle connection has none).
-    pub fn is_idle_usable(&self) -> bool {
-        if !self.read_buf.is_empty() {
-            return false;
-        }
-        let mut byte = [0u8; 1];
-        matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    /// sent anything unasked ([`Stream::is_idle_usable`]). Over TCP it costs no syscall
+    /// unless the socket was reported readable since its last read.
+    pub fn is_idle_usable(&mut self) -> bool {
+        self.read_buf.is_empty() && self.stream.is_idle_usable()
     }
 
-    /// The socket and whatever the upstream sent after the head of its `101`: for a tunnel.
-    pub fn into_upgraded(self) -> (TcpStream, Bytes, Guard) {
+    /// The stream and whatever the upstream sent after the head of its `101`: for a tunnel.
+    pub fn into_upgraded(self) -> (Stream, Bytes, Guard) {
         (self.stream, self.read_buf.freeze(), self.guard)
     }
 
@@ -190,7 +192,11 @@ where
             let Connection {
                 stream, head_buf, ..
             } = &mut *conn;
-            stream.write_all(head_buf).await
+            // The flush is nothing over TCP; TLS may hold the last record until asked.
+            match stream.write_all(head_buf).await {
+                Ok(()) => stream.flush().await,
+                Err(e) => Err(e),
+            }
         }
     };
     let head = match written {
@@ -885,7 +891,7 @@ impl<B: Body<Data = Bytes> + Unpin> BodyWriter<B> {
     fn poll_send(
         &mut self,
         cx: &mut Context<'_>,
-        stream: &mut TcpStream,
+        stream: &mut Stream,
     ) -> Poll<Result<(), WriteError<B::Error>>> {
         loop {
             if self.first {
@@ -910,6 +916,9 @@ impl<B: Body<Data = Bytes> + Unpin> BodyWriter<B> {
                 }
                 self.advance(n);
             }
+            // Before waiting for more of the body: a TLS layer may hold records it accepted
+            // but could not write yet (nothing over TCP), which must not wait on the client.
+            ready!(Pin::new(&mut *stream).poll_flush(cx)).map_err(WriteError::Io)?;
             if self.ended {
                 return Poll::Ready(Ok(()));
             }
@@ -973,6 +982,7 @@ impl<B: Body<Data = Bytes> + Unpin> BodyWriter<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
     #[test]
     fn response_framing_follows_rfc_9112() {

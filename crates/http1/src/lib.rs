@@ -54,6 +54,7 @@ mod last_waker;
 pub mod recycle;
 pub mod request;
 pub mod server;
+pub mod stream;
 pub mod timer;
 
 pub use error::{BodyError, RequestError, UpstreamError};

@@ -162,29 +162,74 @@ impl<E> P2c<E> {
         self.loads[index].inflight.fetch_sub(1, Ordering::Relaxed);
     }
 
-    fn pick_index_with(
+    /// [`pick_index`](Self::pick_index) among the endpoints `available(i)` allows (the
+    /// gateway's health checks): `None` when it allows none. A candidate that is not
+    /// available is replaced by the next available one after it, so each pick still
+    /// compares two endpoints when two are available; `available` is asked about each
+    /// candidate once on the usual path.
+    pub fn pick_index_where(
+        &self,
+        now: Duration,
+        available: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        self.pick_index_where_with(now, |n| fastrand::usize(..n), available)
+    }
+
+    fn pick_index_with(&self, now: Duration, rand: impl FnMut(usize) -> usize) -> Option<usize> {
+        self.pick_index_where_with(now, rand, |_| true)
+    }
+
+    fn pick_index_where_with(
         &self,
         now: Duration,
         mut rand: impl FnMut(usize) -> usize,
+        available: impl Fn(usize) -> bool,
     ) -> Option<usize> {
         let n = self.endpoints.len();
         let chosen = match n {
             0 => return None,
-            1 => 0,
-            2 => self.choose(now, 0, 1),
+            1 => {
+                if !available(0) {
+                    return None;
+                }
+                0
+            }
+            2 => match (available(0), available(1)) {
+                (true, true) => self.choose(now, 0, 1),
+                (true, false) => 0,
+                (false, true) => 1,
+                (false, false) => return None,
+            },
             _ => {
                 let (mut a, mut b) = (0, 1);
+                let (mut a_up, mut b_up) = (false, false);
                 for _ in 0..self.cfg.pick_attempts.max(1) {
                     a = rand(n);
                     b = rand(n - 1);
                     if b >= a {
                         b += 1;
                     }
-                    if self.healthy(a) && self.healthy(b) {
+                    a_up = available(a);
+                    b_up = available(b);
+                    if a_up && b_up && self.healthy(a) && self.healthy(b) {
                         break;
                     }
                 }
-                self.choose(now, a, b)
+                // The next available endpoint after `from`, other than `not`.
+                let next = |from: usize, not: Option<usize>| {
+                    (1..n)
+                        .map(|k| (from + k) % n)
+                        .find(|&i| Some(i) != not && available(i))
+                };
+                let a = if a_up { a } else { next(a, None)? };
+                match if b_up && b != a {
+                    Some(b)
+                } else {
+                    next(b, Some(a))
+                } {
+                    Some(b) => self.choose(now, a, b),
+                    None => a,
+                }
             }
         };
         let l = &self.loads[chosen];

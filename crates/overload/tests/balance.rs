@@ -120,3 +120,58 @@ fn deposit_many_counts_like_single_deposits() {
     let granted = (0..100).filter(|_| b.try_withdraw(ms(100))).count();
     assert_eq!(granted, 20, "10 % of 200, no floor");
 }
+
+#[test]
+fn pick_index_where_never_returns_an_unavailable_endpoint() {
+    for n in 1..=5 {
+        let p = P2c::new(vec![(); n], P2cConfig::default());
+        for down in 0..n {
+            for _ in 0..200 {
+                let i = p
+                    .pick_index_where(ms(0), |i| i != down)
+                    .inspect(|&i| p.release_index(i));
+                match i {
+                    Some(i) => assert_ne!(i, down, "n = {n}"),
+                    None => assert_eq!(n, 1, "only a lone endpoint leaves none"),
+                }
+            }
+        }
+        assert_eq!(p.pick_index_where(ms(0), |_| false), None);
+        assert!(
+            (0..n).all(|i| p.inflight(i) == 0),
+            "a refused pick counts nothing"
+        );
+        // With only endpoint n-1 available it takes every pick.
+        for _ in 0..50 {
+            let i = p.pick_index_where(ms(0), |i| i == n - 1).unwrap();
+            p.release_index(i);
+            assert_eq!(i, n - 1);
+        }
+    }
+}
+
+#[test]
+fn pick_index_where_still_compares_two_available_endpoints() {
+    // Five endpoints, 0 and 1 down; 2 is slow: the cheaper of the others wins nearly
+    // always, because an unavailable candidate is replaced, not picked alone.
+    let p = P2c::new(vec![(); 5], P2cConfig::default());
+    for i in 2..5 {
+        // Give each endpoint one sample: 2 answers in 300 ms, 3 and 4 in 5 ms.
+        while p.rtt_estimate(i) == P2cConfig::default().default_rtt {
+            let got = p.pick_index_where(ms(10), |j| j == i).unwrap();
+            let rtt = if i == 2 { ms(300) } else { ms(5) };
+            p.complete_index(got, ms(10), rtt, true);
+        }
+    }
+    let to_slow = (0..300)
+        .filter(|_| {
+            let i = p.pick_index_where(ms(20), |i| i >= 2).unwrap();
+            p.release_index(i);
+            assert!(i >= 2);
+            i == 2
+        })
+        .count();
+    // Forced picks of a starved endpoint happen at most once a second of the clock, which
+    // stands still here.
+    assert!(to_slow <= 1, "{to_slow} picks of the slow endpoint");
+}

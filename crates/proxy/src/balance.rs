@@ -4,11 +4,14 @@
 //! overload work): `pick` runs once per dispatch, `complete` once when that exchange ends,
 //! with its latency and outcome. Both run on the request path, so implementations follow
 //! design.md §2: no locks, no allocation, no cache line shared between serving threads.
+//! `pick` never returns an endpoint that is down (active checks, passive ejection: see
+//! `health.rs`); asking whether a candidate is up costs one relaxed atomic load.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::health::Up;
 use crate::shard::{PerThread, SHARDS};
 
 /// How an upstream exchange ended, as the balancer sees it.
@@ -30,8 +33,9 @@ pub enum Outcome {
 
 /// Picks one endpoint of an upstream per request.
 pub trait Balance: Send + Sync + fmt::Debug {
-    /// The endpoint (index into the upstream's endpoints) for the next request.
-    fn pick(&self) -> usize;
+    /// The endpoint (index into the upstream's endpoints) for the next request, among those
+    /// `up` says are up; `None` when none is.
+    fn pick(&self, up: Up<'_>) -> Option<usize>;
 
     /// Called exactly once for every `pick` whose request was dispatched, when the exchange
     /// ends (response head received or failure). `latency` runs from dispatch to then.
@@ -102,14 +106,34 @@ fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-impl Balance for RoundRobin {
-    fn pick(&self) -> usize {
+impl RoundRobin {
+    /// The next entry of the schedule whose endpoint `up(i)` says is up.
+    ///
+    /// A down endpoint's entries are stepped over, and the cursor moves past them: over one
+    /// turn of the schedule every up endpoint still gets exactly its entries, so the
+    /// remaining endpoints share its traffic in proportion to their weights (not the
+    /// endpoint after it in the schedule taking it all).
+    fn pick_where(&self, up: impl Fn(usize) -> bool) -> Option<usize> {
         let cursor = self.cursors.get();
         // Relaxed load + store, not fetch_add: the cursor is this thread's own; a rare race
         // (two threads on one shard) costs a repeated pick, never a wrong index.
         let n = cursor.load(Ordering::Relaxed);
+        let len = self.schedule.len();
+        for step in 0..len {
+            let i = self.schedule[n.wrapping_add(step) % len] as usize;
+            if up(i) {
+                cursor.store(n.wrapping_add(step + 1), Ordering::Relaxed);
+                return Some(i);
+            }
+        }
         cursor.store(n.wrapping_add(1), Ordering::Relaxed);
-        self.schedule[n % self.schedule.len()] as usize
+        None
+    }
+}
+
+impl Balance for RoundRobin {
+    fn pick(&self, up: Up<'_>) -> Option<usize> {
+        self.pick_where(|i| up.is_up(i))
     }
 }
 
@@ -124,9 +148,26 @@ mod tests {
         assert_eq!(&*rr.schedule, &[0, 0, 1, 0, 2, 0, 0]);
         let mut counts = [0; 3];
         for _ in 0..700 {
-            counts[rr.pick()] += 1;
+            counts[rr.pick_where(|_| true).unwrap()] += 1;
         }
         assert_eq!(counts, [500, 100, 100]);
+    }
+
+    #[test]
+    fn down_endpoints_are_skipped_and_the_rest_keep_their_proportions() {
+        let rr = RoundRobin::new(&[5, 2, 1]);
+        let mut counts = [0; 3];
+        for _ in 0..300 {
+            counts[rr.pick_where(|i| i != 0).unwrap()] += 1;
+        }
+        assert_eq!(counts, [0, 200, 100]);
+        assert_eq!(rr.pick_where(|_| false), None);
+        // Back up: the plain schedule again.
+        let mut counts = [0; 3];
+        for _ in 0..800 {
+            counts[rr.pick_where(|_| true).unwrap()] += 1;
+        }
+        assert_eq!(counts, [500, 200, 100]);
     }
 
     #[test]

@@ -145,6 +145,42 @@ pub struct UpstreamConfig {
     /// How often endpoint names are looked up again (an answer's TTL, if shorter, wins).
     #[serde(default = "default_dns_refresh_ms")]
     pub dns_refresh_ms: u64,
+    /// Connect to the endpoints over TLS (`[upstreams.tls]`).
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsConfig>,
+    /// Active health checks and passive ejection (`[upstreams.health]`); none: every
+    /// endpoint always takes traffic.
+    #[serde(default)]
+    pub health: Option<crate::health::HealthConfig>,
+}
+
+/// TLS to an upstream's endpoints (`[upstreams.tls]`). Paths are relative to the config
+/// file, like a listener's; the files are read at load and on each reload.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// The name sent as SNI and verified in the certificate (default: the endpoint's host,
+    /// for an IP literal the IP).
+    #[serde(default)]
+    pub sni: Option<Spanned<String>>,
+    /// CA certificates (PEM) the upstream's certificate must chain to (default: the system
+    /// roots).
+    #[serde(default)]
+    pub ca: Option<Spanned<PathBuf>>,
+    /// Verify the upstream's certificate (default true); false accepts any certificate, as
+    /// nginx's `proxy_ssl_verify off`, and is warned about at load.
+    #[serde(default = "default_verify")]
+    pub verify: bool,
+    /// Client certificate chain (PEM) for mTLS; needs `client_key`.
+    #[serde(default)]
+    pub client_cert: Option<Spanned<PathBuf>>,
+    /// The client certificate's private key (PEM); needs `client_cert`.
+    #[serde(default)]
+    pub client_key: Option<Spanned<PathBuf>>,
+}
+
+fn default_verify() -> bool {
+    true
 }
 
 fn default_dns_refresh_ms() -> u64 {
@@ -684,14 +720,19 @@ impl Config {
                 _ => {}
             }
             let protocol = *u.protocol.get_ref();
-            // Until upstream TLS exists, `h2` cannot have its `[upstreams.tls]`.
-            if protocol == Protocol::H2 {
-                d.push(
+            match (protocol, &u.tls) {
+                (Protocol::H2, None) => d.push(
                     Some(u.protocol.span()),
                     format!("upstreams[{i}].protocol"),
                     "`h2` is HTTP/2 over TLS and needs `[upstreams.tls]`; \
                      for plaintext HTTP/2 use `h2c`",
-                );
+                ),
+                (Protocol::H2c, Some(_)) => d.push(
+                    Some(u.protocol.span()),
+                    format!("upstreams[{i}].protocol"),
+                    "`h2c` is plaintext HTTP/2; with `[upstreams.tls]` use `h2`",
+                ),
+                _ => {}
             }
             if protocol != Protocol::Http1 && u.builtin.is_some() {
                 d.push(
@@ -722,6 +763,14 @@ impl Config {
                     format!("upstreams[{i}].dns_refresh_ms"),
                     format!("{} ms is below the 100 ms floor", u.dns_refresh_ms),
                 );
+            }
+            if let Some(tls) = &u.tls {
+                self.validate_upstream_tls(d, i, u, tls);
+            }
+            if let Some(h) = &u.health {
+                for (span, field, message) in h.check() {
+                    d.push(span, format!("upstreams[{i}].health.{field}"), message);
+                }
             }
             for (j, e) in u.endpoints.iter().enumerate() {
                 if let Err(message) = crate::dns::Target::parse(e.address.get_ref()) {
@@ -838,6 +887,60 @@ impl Config {
                     format!("no route with id `{id}`"),
                 );
             }
+        }
+    }
+
+    /// `upstreams[i].tls`: mTLS files come in pairs, and every file loads (the errors name
+    /// the field and the file, at the field's position).
+    fn validate_upstream_tls(
+        &self,
+        d: &mut Diags<'_>,
+        i: usize,
+        u: &UpstreamConfig,
+        tls: &UpstreamTlsConfig,
+    ) {
+        let field = |name: &str| format!("upstreams[{i}].tls.{name}");
+        if u.builtin.is_some() {
+            d.push(
+                Some(u.name.span()),
+                format!("upstreams[{i}].tls"),
+                "a `builtin` upstream is plain HTTP; remove `tls`",
+            );
+            return;
+        }
+        match (&tls.client_cert, &tls.client_key) {
+            (Some(cert), None) => {
+                d.push(
+                    Some(cert.span()),
+                    field("client_key"),
+                    "`client_cert` needs `client_key`",
+                );
+                return;
+            }
+            (None, Some(key)) => {
+                d.push(
+                    Some(key.span()),
+                    field("client_cert"),
+                    "`client_key` needs `client_cert`",
+                );
+                return;
+            }
+            _ => {}
+        }
+        if let Err(e) = crate::upstream_tls::UpstreamTls::load(
+            &self.base_dir,
+            tls,
+            crate::upstream_tls::ALPN_HTTP1,
+        ) {
+            let span = match e.field {
+                "sni" => tls.sni.as_ref().map(Spanned::span),
+                "ca" => tls.ca.as_ref().map(Spanned::span),
+                "client_cert" => tls.client_cert.as_ref().map(Spanned::span),
+                "client_key" => tls.client_key.as_ref().map(Spanned::span),
+                _ => None,
+            }
+            .or(Some(u.name.span()));
+            d.push(span, field(e.field), e.message);
         }
     }
 

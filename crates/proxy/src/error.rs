@@ -122,6 +122,23 @@ pub enum Error {
         /// Why (each name and the resolver's error).
         reason: std::sync::Arc<str>,
     },
+    /// The TLS handshake with an upstream endpoint failed: its certificate did not verify
+    /// (untrusted, expired, for another name), it refused ours, or it broke off. The request
+    /// was not sent, so it may be retried on another endpoint like a refused connect.
+    #[error("upstream TLS handshake with {addr} failed: {reason}")]
+    UpstreamTls {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// What rustls said.
+        reason: String,
+    },
+    /// Every endpoint of the upstream is down (failing its health checks or ejected): the
+    /// request is answered at once, with no connect attempt.
+    #[error("no healthy endpoint in upstream `{upstream}`")]
+    NoHealthyEndpoint {
+        /// The upstream's name.
+        upstream: std::sync::Arc<str>,
+    },
     /// TLS setup failed (bad certificate or key).
     #[error("tls: {0}")]
     Tls(String),
@@ -157,7 +174,9 @@ impl Error {
             Error::UpstreamConnect { .. }
             | Error::UpstreamTimeout { .. }
             | Error::UpstreamBroken { .. }
-            | Error::NoEndpoint { .. } => Blame::Upstream,
+            | Error::NoEndpoint { .. }
+            | Error::UpstreamTls { .. }
+            | Error::NoHealthyEndpoint { .. } => Blame::Upstream,
             Error::Config(_)
             | Error::Read { .. }
             | Error::Bind { .. }
@@ -169,9 +188,13 @@ impl Error {
 
     /// Whether sending the same request again (elsewhere, or later) may succeed without
     /// the client changing it. A refused connect never reached the upstream, so it is safe
-    /// to retry on another endpoint; a timeout or a broken exchange may have had effects.
+    /// to retry on another endpoint, and so is a failed TLS handshake (no request byte was
+    /// sent); a timeout or a broken exchange may have had effects.
     pub fn retryable(&self) -> bool {
-        matches!(self, Error::UpstreamConnect { .. } | Error::Overloaded)
+        matches!(
+            self,
+            Error::UpstreamConnect { .. } | Error::UpstreamTls { .. } | Error::Overloaded
+        )
     }
 
     /// THE mapping from error to HTTP status. Every error response the gateway makes goes
@@ -186,8 +209,12 @@ impl Error {
             Error::UriTooLong => StatusCode::URI_TOO_LONG,
             Error::VersionUnsupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             Error::DownstreamTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Error::Overloaded | Error::NoEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Error::UpstreamConnect { .. } | Error::UpstreamBroken { .. } => StatusCode::BAD_GATEWAY,
+            Error::Overloaded | Error::NoEndpoint { .. } | Error::NoHealthyEndpoint { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Error::UpstreamConnect { .. }
+            | Error::UpstreamBroken { .. }
+            | Error::UpstreamTls { .. } => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Error::Config(_)
             | Error::Read { .. }
@@ -207,7 +234,9 @@ impl Error {
             Error::UpstreamConnect { .. }
             | Error::UpstreamBroken { .. }
             | Error::Overloaded
-            | Error::NoEndpoint { .. } => code::UNAVAILABLE,
+            | Error::NoEndpoint { .. }
+            | Error::UpstreamTls { .. }
+            | Error::NoHealthyEndpoint { .. } => code::UNAVAILABLE,
             Error::UpstreamTimeout { .. } | Error::DownstreamTimeout { .. } => {
                 code::DEADLINE_EXCEEDED
             }
@@ -247,8 +276,10 @@ impl Error {
             Error::Overloaded => "overloaded, retry later\n",
             Error::UpstreamConnect { .. } => "upstream connect failed\n",
             Error::UpstreamBroken { .. } => "upstream connection failed\n",
+            Error::UpstreamTls { .. } => "upstream TLS handshake failed\n",
             Error::UpstreamTimeout { .. } => "upstream timed out\n",
             Error::NoEndpoint { .. } => "upstream unavailable\n",
+            Error::NoHealthyEndpoint { .. } => "no healthy endpoint\n",
             _ => "internal error\n",
         }
     }
@@ -273,6 +304,8 @@ impl Error {
             Error::UpstreamTimeout { .. } => "upstream_timeout",
             Error::UpstreamBroken { .. } => "upstream_broken",
             Error::NoEndpoint { .. } => "no_endpoint",
+            Error::UpstreamTls { .. } => "upstream_tls",
+            Error::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
         }

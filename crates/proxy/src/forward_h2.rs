@@ -128,7 +128,10 @@ async fn forward(
             reason: Arc::clone(reason),
         });
     }
-    let mut endpoint_index = upstream.balance.pick();
+    // Every endpoint down: answered now, as on HTTP/1.1.
+    let mut endpoint_index = upstream.pick().ok_or_else(|| Error::NoHealthyEndpoint {
+        upstream: Arc::clone(&upstream.name),
+    })?;
     snap.metrics.picked(route.upstream, endpoint_index);
     record.endpoint = Some((route.upstream, endpoint_index));
 
@@ -211,6 +214,7 @@ async fn forward(
                     Outcome::ConnectFailed,
                     dispatched.elapsed(),
                 );
+                upstream.record(endpoint_index, Outcome::ConnectFailed);
                 endpoint_index = next;
                 pool = upstream.endpoints[next]
                     .h2
@@ -253,12 +257,13 @@ async fn forward(
     record.upstream_time = Some(elapsed);
     let outcome = match &result {
         Ok((r, _)) => Outcome::Status(r.status().as_u16()),
-        Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
+        Err(Error::UpstreamConnect { .. } | Error::UpstreamTls { .. }) => Outcome::ConnectFailed,
         Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
         Err(_) => Outcome::Aborted,
     };
     upstream.balance.complete(endpoint_index, outcome, elapsed);
+    upstream.record(endpoint_index, outcome);
     breaker.finish(outcome);
 
     let (resp, stream) = result?;

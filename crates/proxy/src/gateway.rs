@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -28,6 +28,8 @@ use crate::config::{BuiltinConfig, Config, Protocol, Timeouts, UpstreamConfig};
 use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
 use crate::headers;
+use crate::health::EndpointHealth;
+use crate::health::checker::Hub;
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
@@ -36,6 +38,7 @@ use crate::recycle;
 use crate::route::{Route, Router};
 use crate::upstream::{EndpointAddr, Upstream};
 use crate::upstream_h2::{H2Pool, H2Settings};
+use crate::upstream_tls::{self, TlsTarget, UpstreamTls};
 
 /// An upstream response whose body streams from its connection.
 type UpstreamBody = client::UpstreamBody<RequestBody>;
@@ -70,46 +73,37 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds a snapshot. Must run inside a tokio runtime (built-in responders start on it).
-    /// An endpoint of `previous` with the same address and pool settings keeps its pool, so
-    /// a reload keeps warm upstream connections; a built-in responder with the same config
-    /// keeps running. Endpoint names take their addresses from `names` (none resolved
-    /// without it).
+    /// An endpoint of `previous` with the same address, pool settings and TLS keeps its
+    /// pool, so a reload keeps warm upstream connections; a built-in responder with the
+    /// same config keeps running; an endpoint of a health-checked upstream keeps its health
+    /// state (by upstream name and address), so a reload keeps what checks learned.
+    /// Endpoint names take their addresses from `names` (none resolved without it). TLS
+    /// files are read here (a reload reads them again; one that fails fails the build,
+    /// naming the file).
     pub fn build(
         config: Config,
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
         names: Option<&Names>,
+        health: &Hub,
+    ) -> Result<Snapshot, Error> {
+        Snapshot::build_with(config, previous, metrics, names, health, TlsFiles::Read)
+    }
+
+    /// [`Snapshot::build`], reading the TLS files or keeping the running ones (`files`).
+    fn build_with(
+        config: Config,
+        previous: Option<&Snapshot>,
+        metrics: &Arc<GatewayMetrics>,
+        names: Option<&Names>,
+        health: &Hub,
+        files: TlsFiles,
     ) -> Result<Snapshot, Error> {
         let settings = pool_settings(&config.timeouts);
-        let mut pool_for = |addr: SocketAddr| {
-            previous
-                .and_then(|p| p.pool_of(addr))
-                .filter(|pool| pool.settings() == settings)
-                .unwrap_or_else(|| {
-                    Arc::new(EndpointPool::new(
-                        addr,
-                        settings,
-                        Arc::clone(metrics.pool()),
-                    ))
-                })
-        };
         let mut responders = Vec::new();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
-            let h2_settings = H2Settings {
-                connect_timeout: settings.connect_timeout,
-                max_streams: *u.max_concurrent_streams.get_ref() as usize,
-                idle_timeout: settings.idle_timeout,
-                header_bytes: u32::try_from(config.limits.header_bytes).unwrap_or(u32::MAX),
-            };
-            let h2_for = |addr: SocketAddr| {
-                previous
-                    .and_then(|p| p.h2_pool_of(addr))
-                    .filter(|pool| pool.settings() == h2_settings)
-                    .unwrap_or_else(|| {
-                        Arc::new(H2Pool::new(addr, h2_settings, Arc::clone(metrics.pool())))
-                    })
-            };
+            let tls = upstream_tls_of(&config, u, previous, files)?;
             let (addrs, unavailable) = match &u.builtin {
                 Some(b) => {
                     let kept = previous.and_then(|p| {
@@ -134,12 +128,84 @@ impl Snapshot {
                 }
                 None => endpoint_addrs(u, names),
             };
+            // The name each endpoint is verified against and sent as SNI.
+            let target_of = |a: &EndpointAddr| {
+                tls.as_ref().map(|tls| TlsTarget {
+                    name: match &a.name {
+                        Some(host) => tls
+                            .server_name(host)
+                            .unwrap_or_else(|| tls.server_name_of_addr(a.addr)),
+                        None => tls.server_name_of_addr(a.addr),
+                    },
+                    tls: Arc::clone(tls),
+                })
+            };
+            let pool_for = |a: &EndpointAddr| {
+                let target = target_of(a);
+                previous
+                    .and_then(|p| p.pool_of(a.addr, settings, target.as_ref()))
+                    .unwrap_or_else(|| {
+                        Arc::new(EndpointPool::new(
+                            a.addr,
+                            settings,
+                            target,
+                            Arc::clone(metrics.pool()),
+                        ))
+                    })
+            };
+            let name = u.name.get_ref().as_str();
+            let states = addrs
+                .iter()
+                .map(|a| a.addr)
+                .map(
+                    |addr| match crate::health::carry(previous, name, addr, u.health.is_some()) {
+                        Some(kept) => Ok((addr, kept)),
+                        None => Ok((
+                            addr,
+                            Arc::new(EndpointHealth::new(
+                                Arc::from(name),
+                                addr,
+                                metrics.endpoint_up(name, addr)?,
+                                Arc::clone(health.wake()),
+                            )),
+                        )),
+                    },
+                )
+                .collect::<Result<Vec<_>, Error>>()?;
+            let health_for = |addr: SocketAddr| {
+                let (_, state) = states
+                    .iter()
+                    .find(|(a, _)| *a == addr)
+                    .expect("a state was made for every address above");
+                Arc::clone(state)
+            };
+            let h2_settings = H2Settings {
+                connect_timeout: settings.connect_timeout,
+                max_streams: *u.max_concurrent_streams.get_ref() as usize,
+                idle_timeout: settings.idle_timeout,
+                header_bytes: u32::try_from(config.limits.header_bytes).unwrap_or(u32::MAX),
+            };
+            let h2_for = |a: &EndpointAddr| {
+                let target = target_of(a);
+                previous
+                    .and_then(|p| p.h2_pool_of(a.addr, h2_settings, target.as_ref()))
+                    .unwrap_or_else(|| {
+                        Arc::new(H2Pool::new(
+                            a.addr,
+                            h2_settings,
+                            target,
+                            Arc::clone(metrics.pool()),
+                        ))
+                    })
+            };
             upstreams.push(Upstream::build(
                 u,
                 &addrs,
                 unavailable,
-                &mut pool_for,
+                tls.clone(),
+                pool_for,
                 h2_for,
+                health_for,
             ));
         }
         let routes = config
@@ -184,16 +250,30 @@ impl Snapshot {
 }
 
 impl Snapshot {
-    /// The pool of the endpoint at `addr`, if this snapshot has one.
-    fn pool_of(&self, addr: SocketAddr) -> Option<Arc<EndpointPool>> {
+    /// A pool of this snapshot that makes the connections a new pool for `addr` with
+    /// `settings` and `tls` would, if there is one.
+    fn pool_of(
+        &self,
+        addr: SocketAddr,
+        settings: PoolSettings,
+        tls: Option<&TlsTarget>,
+    ) -> Option<Arc<EndpointPool>> {
         self.endpoint_pools()
-            .find(|p| p.addr() == addr)
+            .find(|p| p.makes_same(addr, settings, tls))
             .map(Arc::clone)
     }
 
-    /// The HTTP/2 connections of the endpoint at `addr`, if this snapshot has them.
-    fn h2_pool_of(&self, addr: SocketAddr) -> Option<Arc<H2Pool>> {
-        self.h2_pools().find(|p| p.addr() == addr).map(Arc::clone)
+    /// The HTTP/2 connections of the endpoint at `addr` that make the connections
+    /// `settings` and `tls` would, if this snapshot has them.
+    fn h2_pool_of(
+        &self,
+        addr: SocketAddr,
+        settings: H2Settings,
+        tls: Option<&TlsTarget>,
+    ) -> Option<Arc<H2Pool>> {
+        self.h2_pools()
+            .find(|p| p.makes_same(addr, settings, tls))
+            .map(Arc::clone)
     }
 
     /// Every HTTP/2 endpoint's connections.
@@ -248,6 +328,54 @@ fn endpoint_addrs(
     (addrs, unavailable)
 }
 
+/// Whether a build reads the TLS files again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TlsFiles {
+    /// Start and reload (SIGHUP): read, so renewed certificates apply.
+    Read,
+    /// A rebuild of the running config for new endpoint addresses (DNS): the running
+    /// upstreams keep their TLS as loaded; certificates change on a reload only.
+    KeepRunning,
+}
+
+/// Loads upstream `u`'s `[upstreams.tls]`, or keeps the previous snapshot's if it was
+/// loaded from the same settings and file contents (its session cache and pools stay).
+fn upstream_tls_of(
+    config: &Config,
+    u: &UpstreamConfig,
+    previous: Option<&Snapshot>,
+    files: TlsFiles,
+) -> Result<Option<Arc<UpstreamTls>>, Error> {
+    let Some(tls) = &u.tls else {
+        return Ok(None);
+    };
+    let name = u.name.get_ref();
+    let running = previous
+        .and_then(|p| p.upstreams.iter().find(|old| *old.name == **name))
+        .and_then(|old| old.tls.as_ref());
+    if let (TlsFiles::KeepRunning, Some(running)) = (files, running) {
+        return Ok(Some(Arc::clone(running)));
+    }
+    // ALPN says which protocol the endpoints must speak inside TLS.
+    let alpn = match u.protocol.get_ref() {
+        crate::config::Protocol::H2 => upstream_tls::ALPN_H2,
+        _ => upstream_tls::ALPN_HTTP1,
+    };
+    let loaded = UpstreamTls::load(&config.base_dir, tls, alpn)
+        .map_err(|e| Error::Tls(format!("upstream `{name}`: {e}")))?;
+    if !loaded.verifies() {
+        // At every load, so a reload's log says it too.
+        tracing::warn!(
+            upstream = %name,
+            "tls.verify = false: any certificate is accepted from this upstream's endpoints"
+        );
+    }
+    Ok(Some(match running.filter(|old| old.same_as(&loaded)) {
+        Some(old) => Arc::clone(old),
+        None => Arc::new(loaded),
+    }))
+}
+
 fn pool_settings(t: &Timeouts) -> PoolSettings {
     PoolSettings {
         connect_timeout: millis(t.connect_ms),
@@ -266,6 +394,10 @@ pub struct Gateway {
     /// build from the same old snapshot and lose one another's change. Only off-path
     /// threads (the reloading thread, the resolver thread) take it.
     rebuilding: Mutex<()>,
+    /// The health checker thread (started by the first snapshot that needs it).
+    health: Hub,
+    /// This gateway, for the checker thread (which must not keep it alive).
+    this: Weak<Gateway>,
 }
 
 impl Gateway {
@@ -282,16 +414,26 @@ impl Gateway {
     ) -> Result<Arc<Gateway>, Error> {
         let resolver = Resolver::start(&config.dns, metrics.registry())?;
         resolver.resolve_new(&config);
-        let snapshot = Snapshot::build(config, None, &metrics, Some(resolver.names()))?;
-        let gateway = Arc::new(Gateway {
-            current: ArcSwap::from_pointee(snapshot),
+        let health = Hub::default();
+        let snapshot = Arc::new(Snapshot::build(
+            config,
+            None,
+            &metrics,
+            Some(resolver.names()),
+            &health,
+        )?);
+        let gateway = Arc::new_cyclic(|this| Gateway {
+            current: ArcSwap::new(Arc::clone(&snapshot)),
             metrics,
             resolver,
             rebuilding: Mutex::new(()),
+            health,
+            this: this.clone(),
         });
         gateway
             .resolver
             .watch(&gateway.snapshot().config, Arc::downgrade(&gateway));
+        gateway.health.follow(&snapshot, Arc::downgrade(&gateway));
         Ok(gateway)
     }
 
@@ -316,6 +458,7 @@ impl Gateway {
             Some(&old),
             &self.metrics,
             Some(self.resolver.names()),
+            &self.health,
         );
         self.metrics.reloaded(new.is_ok());
         let new = Arc::new(new?);
@@ -333,11 +476,13 @@ impl Gateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let old = self.current.load_full();
-        match Snapshot::build(
+        match Snapshot::build_with(
             old.config.clone(),
             Some(&old),
             &self.metrics,
             Some(self.resolver.names()),
+            &self.health,
+            TlsFiles::KeepRunning,
         ) {
             Ok(new) => self.swap_in(&Arc::new(new)),
             Err(e) => tracing::error!(
@@ -363,6 +508,10 @@ impl Gateway {
                 pool.retire();
             }
         }
+        // Health states the new snapshot did not take over are retired; the checker
+        // follows the new one (started now if it is the first with a health table).
+        crate::health::retire_missing(&old, new);
+        self.health.follow(new, self.this.clone());
     }
 
     /// The current snapshot.
@@ -475,7 +624,7 @@ fn hold(conn: &Arc<ConnCtx>) -> Held {
     }
 }
 
-pub(crate) fn local_response(
+fn local_response(
     status: StatusCode,
     body: &'static str,
     finish: Option<Finish>,
@@ -725,7 +874,11 @@ async fn forward(
             reason: Arc::clone(reason),
         });
     }
-    let endpoint_index = upstream.balance.pick();
+    // Every endpoint down: answered now, without a connect attempt that would only fail
+    // (or reach an endpoint its checks found broken).
+    let endpoint_index = upstream.pick().ok_or_else(|| Error::NoHealthyEndpoint {
+        upstream: Arc::clone(&upstream.name),
+    })?;
     snap.metrics.picked(route.upstream, endpoint_index);
     let endpoint = &upstream.endpoints[endpoint_index];
     record.endpoint = Some((route.upstream, endpoint_index));
@@ -822,12 +975,13 @@ async fn forward(
     record.upstream_time = Some(elapsed);
     let outcome = match &result {
         Ok(r) => Outcome::Status(r.status().as_u16()),
-        Err(Error::UpstreamConnect { .. }) => Outcome::ConnectFailed,
+        Err(Error::UpstreamConnect { .. } | Error::UpstreamTls { .. }) => Outcome::ConnectFailed,
         Err(Error::UpstreamTimeout { .. }) => Outcome::Timeout,
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
         Err(_) => Outcome::Aborted,
     };
     upstream.balance.complete(endpoint_index, outcome, elapsed);
+    upstream.record(endpoint_index, outcome);
     breaker.finish(outcome);
 
     let mut resp = result?;
@@ -935,6 +1089,7 @@ async fn exchange(
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());
+            upstream.record(first, Outcome::ConnectFailed);
             tracing::debug!(
                 target: "tailguard::request",
                 upstream = %upstream.name,
@@ -992,7 +1147,8 @@ fn answered((resp, sent): client::Sent<RequestBody>) -> Response<UpstreamBody> {
 }
 
 /// The endpoint to retry a failed connect on, if the request may be retried: the
-/// balancer's next pick that is not `failed`.
+/// balancer's next pick that is not `failed` (never a down endpoint: the balancer skips
+/// those).
 pub(crate) fn retry_endpoint<B: http_body::Body>(
     snap: &Snapshot,
     upstream_index: usize,
@@ -1005,6 +1161,7 @@ pub(crate) fn retry_endpoint<B: http_body::Body>(
     let connect_failed = matches!(
         err,
         Error::UpstreamConnect { .. }
+            | Error::UpstreamTls { .. }
             | Error::UpstreamTimeout {
                 phase: "connect",
                 ..
@@ -1021,7 +1178,7 @@ pub(crate) fn retry_endpoint<B: http_body::Body>(
     // Every pick is completed exactly once (the balancer counts in-flight requests): a pick
     // of the failed endpoint is released unused, and after two such picks there is no retry.
     for _ in 0..2 {
-        let pick = upstream.balance.pick();
+        let pick = upstream.pick()?;
         snap.metrics.picked(upstream_index, pick);
         if pick != failed {
             return Some(pick);

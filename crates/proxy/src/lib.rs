@@ -52,6 +52,7 @@ pub(crate) mod forward_h2;
 pub mod gateway;
 pub mod grpc;
 pub mod headers;
+pub mod health;
 pub mod metrics;
 pub mod overload;
 pub mod pool;
@@ -63,6 +64,7 @@ pub mod shard;
 pub mod tls;
 pub mod upstream;
 pub mod upstream_h2;
+pub mod upstream_tls;
 
 pub use config::Config;
 pub use error::{Blame, Error};

@@ -23,7 +23,7 @@ use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 19] = [
+const ERROR_KINDS: [&str; 21] = [
     "config",
     "read",
     "bind",
@@ -41,6 +41,8 @@ const ERROR_KINDS: [&str; 19] = [
     "upstream_timeout",
     "upstream_broken",
     "no_endpoint",
+    "upstream_tls",
+    "no_healthy_endpoint",
     "tls",
     "internal",
 ];
@@ -138,6 +140,7 @@ pub struct GatewayMetrics {
     duration: Family<Histogram>,
     upstream_duration: Family<Histogram>,
     picks: Family<Counter>,
+    endpoint_up: Family<Gauge>,
     bytes_in: Family<Counter>,
     bytes_out: Family<Counter>,
     in_flight: Gauge,
@@ -193,6 +196,12 @@ impl GatewayMetrics {
         let picks = r.counter(
             "tailguard_balancer_picks",
             "Endpoint picks by the upstream's balancer (round robin or p2c-EWMA).",
+            &["upstream", "endpoint"],
+        )?;
+        let endpoint_up = r.gauge(
+            "tailguard_upstream_endpoint_up",
+            "1 if the endpoint may take traffic, 0 if health checks took it down or it is \
+             ejected (or it left the config).",
             &["upstream", "endpoint"],
         )?;
         let bytes_in = r.counter(
@@ -286,6 +295,7 @@ impl GatewayMetrics {
             duration,
             upstream_duration,
             picks,
+            endpoint_up,
             bytes_in,
             bytes_out,
             in_flight,
@@ -357,6 +367,15 @@ impl GatewayMetrics {
         });
         endpoints.insert(key, Arc::clone(&handles));
         Ok(handles)
+    }
+
+    /// The `tailguard_upstream_endpoint_up` gauge of endpoint `addr` of `upstream`
+    /// (resolved when the endpoint's health state is made, never per request).
+    pub(crate) fn endpoint_up(&self, upstream: &str, addr: SocketAddr) -> Result<Gauge, Error> {
+        let addr_label = addr.to_string();
+        self.endpoint_up
+            .get_or_create(&[upstream, addr_label.as_str()])
+            .map_err(internal)
     }
 
     /// A request head arrived (paired with [`finish`] through the request's record).

@@ -28,6 +28,7 @@ use tailguard_overload::{
 
 use crate::balance::{Balance, Outcome};
 use crate::error::Error;
+use crate::health::Up;
 use crate::route::Router;
 use crate::shard::PerThread;
 
@@ -445,8 +446,9 @@ impl P2cEwma {
 }
 
 impl Balance for P2cEwma {
-    fn pick(&self) -> usize {
-        self.p2c.pick_index(MonotonicClock.now()).unwrap_or(0)
+    fn pick(&self, up: Up<'_>) -> Option<usize> {
+        self.p2c
+            .pick_index_where(MonotonicClock.now(), |i| up.is_up(i))
     }
 
     fn complete(&self, endpoint: usize, outcome: Outcome, latency: Duration) {
@@ -552,14 +554,16 @@ mod tests {
     #[test]
     fn p2c_balance_prefers_the_faster_endpoint() {
         let b = P2cEwma::new(2);
+        let endpoints = crate::health::test_endpoints(2);
+        let up = Up::new(&endpoints);
         // Both start at the default estimate: a tie goes to endpoint 0, which is slow.
-        assert_eq!(b.pick(), 0);
+        assert_eq!(b.pick(up), Some(0));
         b.complete(0, Outcome::Status(200), Duration::from_millis(200));
-        assert_eq!(b.pick(), 1);
+        assert_eq!(b.pick(up), Some(1));
         b.complete(1, Outcome::Status(200), Duration::from_millis(1));
         let to_fast = (0..20)
             .filter(|_| {
-                let i = b.pick();
+                let i = b.pick(up).unwrap();
                 b.complete(i, Outcome::Aborted, Duration::ZERO);
                 i == 1
             })

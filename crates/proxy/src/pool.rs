@@ -13,6 +13,10 @@
 //! A connection whose body was not read to the end is closed instead (its unread bytes would
 //! otherwise be taken for the next response). The connections are the `client` module's: no
 //! task runs per connection, and an idle one is only a socket in a list.
+//!
+//! An upstream with `[upstreams.tls]` gives its pools a [`TlsTarget`]: a new connection is
+//! a TCP connect then a TLS handshake, both within `timeouts.connect_ms`; everything after
+//! is the same, over the TLS stream.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +28,9 @@ use tokio::net::TcpStream;
 use crate::error::Error;
 use crate::metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
+use crate::upstream_tls::TlsTarget;
 use tailguard_http1::client::Connection;
+use tailguard_http1::stream::Stream;
 
 /// Idle connections one serving thread keeps per endpoint (nginx's `keepalive` is the same
 /// cap, per worker); a connection released beyond it is closed.
@@ -51,6 +57,8 @@ struct Idle {
 pub struct EndpointPool {
     addr: SocketAddr,
     settings: PoolSettings,
+    /// TLS to the endpoint (`None`: plain TCP).
+    tls: Option<TlsTarget>,
     slots: PerThread<Mutex<Vec<Idle>>>,
     metrics: Arc<PoolMetrics>,
     /// Set when a reload removed the endpoint: released connections are closed, not kept.
@@ -58,15 +66,17 @@ pub struct EndpointPool {
 }
 
 impl EndpointPool {
-    /// An empty pool for `addr`.
+    /// An empty pool for `addr`, connecting over TLS when `tls` is set.
     pub(crate) fn new(
         addr: SocketAddr,
         settings: PoolSettings,
+        tls: Option<TlsTarget>,
         metrics: Arc<PoolMetrics>,
     ) -> EndpointPool {
         EndpointPool {
             addr,
             settings,
+            tls,
             slots: PerThread::new(|_| Mutex::new(Vec::new())),
             metrics,
             retired: AtomicBool::new(false),
@@ -83,6 +93,23 @@ impl EndpointPool {
         self.settings
     }
 
+    /// Whether a pool for `addr` built with `settings` and `tls` would make the same
+    /// connections as this one (a reload keeps this one then, with its warm connections).
+    pub fn makes_same(
+        &self,
+        addr: SocketAddr,
+        settings: PoolSettings,
+        tls: Option<&TlsTarget>,
+    ) -> bool {
+        self.addr == addr
+            && self.settings == settings
+            && match (&self.tls, tls) {
+                (None, None) => true,
+                (Some(mine), Some(theirs)) => mine.same_as(theirs),
+                _ => false,
+            }
+    }
+
     fn slot(&self) -> MutexGuard<'_, Vec<Idle>> {
         // A panic while holding a slot cannot leave the Vec half-changed (push and pop only).
         self.slots
@@ -96,7 +123,7 @@ impl EndpointPool {
     /// the connection and whether it served a request before.
     pub(crate) async fn checkout(&self, now: Instant) -> Result<(Box<Connection>, bool), Error> {
         loop {
-            let Some(idle) = self.slot().pop() else {
+            let Some(mut idle) = self.slot().pop() else {
                 break;
             };
             // Dropped (closed) if the upstream closed it or it idled too long.
@@ -110,10 +137,11 @@ impl EndpointPool {
         Ok((Box::pin(self.connect()).await?, false))
     }
 
-    /// Opens a new connection.
+    /// Opens a new connection (TCP, then TLS if the upstream has it, both within the
+    /// connect timeout).
     pub(crate) async fn connect(&self) -> Result<Box<Connection>, Error> {
         let addr = self.addr;
-        let connecting = TcpStream::connect(addr);
+        let connecting = self.open();
         let stream = match self.settings.connect_timeout {
             Some(limit) => match tokio::time::timeout(limit, connecting).await {
                 Ok(r) => r,
@@ -125,15 +153,35 @@ impl EndpointPool {
                 }
             },
             None => connecting.await,
-        }
-        .map_err(|e| connect_error(addr, &e))?;
-        // Requests are written whole; waiting for an ACK (Nagle) would only add latency.
-        let _ = stream.set_nodelay(true);
+        }?;
         Ok(Connection::new(
             stream,
             addr,
             Box::new(OpenConnection::new(&self.metrics)),
         ))
+    }
+
+    /// The transport a connection of this pool runs over: TCP, then TLS when the upstream
+    /// has it (no timeout, nothing counted; health checks open theirs here too, so they
+    /// test what requests use).
+    pub(crate) async fn open(&self) -> Result<Stream, Error> {
+        let addr = self.addr;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| connect_error(addr, &e))?;
+        // Requests are written whole; waiting for an ACK (Nagle) would only add latency.
+        let _ = stream.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return Ok(Stream::Tcp(stream));
+        };
+        // Boxed: the handshake's state is large and only a new TLS connection needs it.
+        match Box::pin(tls.connect(stream)).await {
+            Ok(tls) => Ok(Stream::boxed(tls)),
+            Err(e) => Err(Error::UpstreamTls {
+                addr,
+                reason: e.to_string(),
+            }),
+        }
     }
 
     /// Gives back a connection whose response was read to its end, to this thread's slot.
@@ -162,9 +210,15 @@ impl EndpointPool {
             if slot.is_empty() {
                 return;
             }
-            let (keep, expired) = std::mem::take(&mut *slot)
-                .into_iter()
-                .partition(|idle| idle.conn.is_idle_usable() && !self.expired(idle, now));
+            let mut keep = Vec::with_capacity(slot.len());
+            let mut expired = Vec::new();
+            for mut idle in std::mem::take(&mut *slot) {
+                if idle.conn.is_idle_usable() && !self.expired(&idle, now) {
+                    keep.push(idle);
+                } else {
+                    expired.push(idle);
+                }
+            }
             *slot = keep;
             expired
         };

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use http::HeaderValue;
 use http::uri::Authority;
 
-use crate::balance::{Balance, RoundRobin};
+use crate::balance::{Balance, Outcome, RoundRobin};
 use crate::config::{BalanceKind, Protocol, UpstreamConfig};
+use crate::health::{EndpointHealth, HealthSettings, Up};
 use crate::pool::EndpointPool;
 use crate::upstream_h2::H2Pool;
+use crate::upstream_tls::UpstreamTls;
 
 /// One address of an upstream, as built at config load.
 ///
@@ -35,6 +37,9 @@ pub struct Endpoint {
     pub h2: Option<Arc<H2Pool>>,
     /// Relative share of requests.
     pub weight: u32,
+    /// Whether it may take traffic (active checks, passive ejection); kept across reloads
+    /// by (upstream name, address).
+    pub health: Arc<EndpointHealth>,
 }
 
 /// A named service: endpoints plus the balancer over them.
@@ -50,9 +55,15 @@ pub struct Upstream {
     pub balance: Box<dyn Balance>,
     /// What the gateway speaks to the endpoints; a request branches on it once.
     pub protocol: Protocol,
+    /// `[upstreams.health]`, when the upstream has one.
+    pub health: Option<HealthSettings>,
+    /// Passive ejection's `consecutive_failures` (0: off), read per finished exchange.
+    eject_after: u32,
     /// Why the upstream has no endpoints (its names have not resolved), if it has none:
     /// its requests are answered 503 with this reason.
     pub unavailable: Option<Arc<str>>,
+    /// TLS to the endpoints (`[upstreams.tls]`), shared by their pools.
+    pub tls: Option<Arc<UpstreamTls>>,
 }
 
 /// One address an endpoint of the config stands for: an IP literal, or one address of a
@@ -71,14 +82,18 @@ impl Upstream {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
     /// connection pool (a reload passes the previous snapshot's, so warm connections stay),
-    /// and `h2_for` its HTTP/2 connections when the upstream speaks HTTP/2. With no
-    /// addresses, `unavailable` says why.
+    /// `h2_for` its HTTP/2 connections when the upstream speaks HTTP/2, and `health_for`
+    /// its health state (likewise carried over). With no addresses, `unavailable` says why.
+    /// `tls` is the loaded `[upstreams.tls]`, which `pool_for` and `h2_for` give the pools
+    /// too.
     pub fn build(
         config: &UpstreamConfig,
         addrs: &[EndpointAddr],
         unavailable: Option<String>,
-        mut pool_for: impl FnMut(SocketAddr) -> Arc<EndpointPool>,
-        mut h2_for: impl FnMut(SocketAddr) -> Arc<H2Pool>,
+        tls: Option<Arc<UpstreamTls>>,
+        mut pool_for: impl FnMut(&EndpointAddr) -> Arc<EndpointPool>,
+        mut h2_for: impl FnMut(&EndpointAddr) -> Arc<H2Pool>,
+        mut health_for: impl FnMut(SocketAddr) -> Arc<EndpointHealth>,
     ) -> Upstream {
         let protocol = *config.protocol.get_ref();
         let endpoints: Vec<Endpoint> = addrs
@@ -97,9 +112,10 @@ impl Upstream {
                         .expect("a socket address is a valid URI authority"),
                     host: HeaderValue::from_str(&host_text)
                         .expect("a socket address or DNS name is a valid header value"),
-                    pool: pool_for(a.addr),
-                    h2: (protocol != Protocol::Http1).then(|| h2_for(a.addr)),
+                    pool: pool_for(a),
+                    h2: (protocol != Protocol::Http1).then(|| h2_for(a)),
                     weight: a.weight,
+                    health: health_for(a.addr),
                 }
             })
             .collect();
@@ -115,12 +131,37 @@ impl Upstream {
         } else {
             None
         };
+        let health = config.health.as_ref().map(HealthSettings::from_config);
         Upstream {
             name: Arc::from(config.name.get_ref().as_str()),
             endpoints,
             balance,
             protocol,
             unavailable,
+            tls,
+            eject_after: health
+                .as_ref()
+                .and_then(|h| h.ejection)
+                .map_or(0, |e| e.consecutive_failures),
+            health,
+        }
+    }
+
+    /// The endpoint for the next request, skipping endpoints that are down (by checks or
+    /// ejected); `None` when every endpoint is down.
+    #[inline]
+    pub fn pick(&self) -> Option<usize> {
+        self.balance.pick(Up::new(&self.endpoints))
+    }
+
+    /// Counts how an exchange with `endpoint` ended for passive ejection (nothing without
+    /// it). Call once per exchange, beside [`Balance::complete`].
+    #[inline]
+    pub(crate) fn record(&self, endpoint: usize, outcome: Outcome) {
+        if self.eject_after > 0
+            && let Some(e) = self.endpoints.get(endpoint)
+        {
+            e.health.record(outcome, self.eject_after);
         }
     }
 }

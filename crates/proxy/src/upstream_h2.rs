@@ -24,6 +24,7 @@ use crate::body::RequestBody;
 use crate::error::Error;
 use crate::metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
+use crate::upstream_tls::TlsTarget;
 
 /// What an HTTP/2 pool is built with; two pools with equal settings are interchangeable,
 /// which is how a reload keeps the connections of endpoints it did not change.
@@ -44,8 +45,12 @@ pub struct H2Settings {
 enum Failed {
     Timeout,
     Refused(String),
+    Tls(String),
     Handshake(String),
 }
+
+/// A connection's driver task, before it is spawned.
+type Driver = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// A connection's handle once open, shared by the requests that waited for it to open.
 type Opened = Arc<tokio::sync::OnceCell<Result<SendRequest<RequestBody>, Failed>>>;
@@ -94,6 +99,8 @@ pub(crate) struct Taken {
 pub struct H2Pool {
     addr: SocketAddr,
     settings: H2Settings,
+    /// `h2`: the upstream's TLS and the name this endpoint is verified against.
+    tls: Option<TlsTarget>,
     slots: PerThread<Mutex<Vec<H2Conn>>>,
     metrics: Arc<PoolMetrics>,
     /// Set when a reload removed the endpoint: connections are no longer kept for reuse.
@@ -101,11 +108,17 @@ pub struct H2Pool {
 }
 
 impl H2Pool {
-    /// An empty pool for `addr`.
-    pub(crate) fn new(addr: SocketAddr, settings: H2Settings, metrics: Arc<PoolMetrics>) -> H2Pool {
+    /// An empty pool for `addr`, connecting over TLS (ALPN `h2`) when `tls` is set.
+    pub(crate) fn new(
+        addr: SocketAddr,
+        settings: H2Settings,
+        tls: Option<TlsTarget>,
+        metrics: Arc<PoolMetrics>,
+    ) -> H2Pool {
         H2Pool {
             addr,
             settings,
+            tls,
             slots: PerThread::new(|_| Mutex::new(Vec::new())),
             metrics,
             retired: AtomicBool::new(false),
@@ -120,6 +133,23 @@ impl H2Pool {
     /// The settings the pool was built with.
     pub fn settings(&self) -> H2Settings {
         self.settings
+    }
+
+    /// Whether a pool for `addr` built with `settings` and `tls` would make the same
+    /// connections (a reload keeps this one then, with its open connections).
+    pub fn makes_same(
+        &self,
+        addr: SocketAddr,
+        settings: H2Settings,
+        tls: Option<&TlsTarget>,
+    ) -> bool {
+        self.addr == addr
+            && self.settings == settings
+            && match (&self.tls, tls) {
+                (None, None) => true,
+                (Some(mine), Some(theirs)) => mine.same_as(theirs),
+                _ => false,
+            }
     }
 
     fn slot(&self) -> MutexGuard<'_, Vec<H2Conn>> {
@@ -198,6 +228,10 @@ impl H2Pool {
                 addr: self.addr,
                 reason: reason.clone(),
             }),
+            Err(Failed::Tls(reason)) => Err(Error::UpstreamTls {
+                addr: self.addr,
+                reason: reason.clone(),
+            }),
             Err(Failed::Handshake(reason)) => Err(Error::UpstreamConnect {
                 addr: self.addr,
                 reason: format!("HTTP/2 handshake: {reason}"),
@@ -244,6 +278,45 @@ impl H2Pool {
 
     /// Opens a connection: TCP, the transport, the HTTP/2 handshake; spawns its driver.
     async fn connect(&self) -> Result<SendRequest<RequestBody>, Failed> {
+        let (send, driver) = self.handshake().await?;
+        let open = OpenConnection::new(&self.metrics);
+        tokio::spawn(async move {
+            let _open = open;
+            driver.await;
+        });
+        Ok(send)
+    }
+
+    /// A health check over HTTP/2 (`[upstreams.health]` of an `h2c`/`h2` upstream, whose
+    /// endpoints may speak nothing else): `GET path` with `authority` on a connection of its
+    /// own, opened like the pool's (TLS included) but neither kept nor counted; the status
+    /// of the answer, or why there is none. The caller bounds it in time.
+    pub(crate) async fn probe(&self, path: &str, authority: &str) -> Result<u16, String> {
+        let (mut send, driver) = self.handshake().await.map_err(|f| match f {
+            Failed::Timeout => "connect timed out".to_owned(),
+            Failed::Refused(why) => format!("connect: {why}"),
+            Failed::Tls(why) => format!("TLS: {why}"),
+            Failed::Handshake(why) => format!("HTTP/2 handshake: {why}"),
+        })?;
+        let driver = tokio::spawn(driver);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let req = Request::get(format!("{scheme}://{authority}{path}"))
+            .version(http::Version::HTTP_2)
+            .header(http::header::USER_AGENT, "tailguard-health-check")
+            .body(RequestBody::unlimited(crate::body::IncomingBody::Empty))
+            .map_err(|e| format!("request: {e}"))?;
+        let answer = send.send_request(req).await;
+        // Closing the connection: dropping its last handle lets the driver end it.
+        drop(send);
+        driver.abort();
+        answer
+            .map(|resp| resp.status().as_u16())
+            .map_err(|e| format!("HTTP/2: {e}"))
+    }
+
+    /// TCP, the transport, the HTTP/2 handshake, within the connect timeout; the
+    /// connection's handle and its driver (not yet spawned).
+    async fn handshake(&self) -> Result<(SendRequest<RequestBody>, Driver), Failed> {
         let addr = self.addr;
         let opening = async {
             let tcp = TcpStream::connect(addr).await.map_err(|e| {
@@ -255,39 +328,37 @@ impl H2Pool {
             })?;
             // Frames are written whole; waiting for an ACK (Nagle) would only add latency.
             let _ = tcp.set_nodelay(true);
-            let io = self.transport(tcp).await?;
             let mut builder = Builder::new(TokioExecutor::new());
             builder
                 .timer(TokioTimer::new())
                 .max_header_list_size(self.settings.header_bytes);
-            builder
-                .handshake(io)
-                .await
-                .map_err(|e| Failed::Handshake(e.to_string()))
+            // One handshake per transport type: the handle is the same either way, and each
+            // connection's driver is spawned for its own transport.
+            let (send, driver) = match &self.tls {
+                None => {
+                    let (send, conn) = builder
+                        .handshake(TokioIo::new(tcp))
+                        .await
+                        .map_err(|e| Failed::Handshake(e.to_string()))?;
+                    (send, drive(conn, addr))
+                }
+                Some(tls) => {
+                    let io = tls_h2(tls, tcp).await?;
+                    let (send, conn) = builder
+                        .handshake(TokioIo::new(io))
+                        .await
+                        .map_err(|e| Failed::Handshake(e.to_string()))?;
+                    (send, drive(conn, addr))
+                }
+            };
+            Ok::<_, Failed>((send, driver))
         };
-        let (send, conn) = match self.settings.connect_timeout {
+        match self.settings.connect_timeout {
             Some(limit) => tokio::time::timeout(limit, opening)
                 .await
-                .map_err(|_| Failed::Timeout)??,
-            None => opening.await?,
-        };
-        let open = OpenConnection::new(&self.metrics);
-        // The connection's driver: reads frames for every stream, writes what they send.
-        // It ends when the connection closes or when every handle to it is dropped.
-        tokio::spawn(async move {
-            let _open = open;
-            if let Err(e) = conn.await {
-                tracing::debug!(upstream = %addr, "HTTP/2 connection ended: {e}");
-            }
-        });
-        Ok(send)
-    }
-
-    /// The byte stream HTTP/2 runs on: for `h2c`, the TCP connection itself.
-    ///
-    /// Seam: `h2` (HTTP/2 over TLS) wraps `tcp` here in the upstream's TLS with ALPN `h2`.
-    async fn transport(&self, tcp: TcpStream) -> Result<TokioIo<TcpStream>, Failed> {
-        Ok(TokioIo::new(tcp))
+                .map_err(|_| Failed::Timeout)?,
+            None => opening.await,
+        }
     }
 
     /// Closes this thread's connections that carried no stream for `timeouts.idle_ms`, and
@@ -343,4 +414,39 @@ impl H2Pool {
             })
             .sum()
     }
+}
+
+/// `h2`: TLS over `tcp` with the upstream's config, which offers ALPN `h2` only; an endpoint
+/// that does not agree to it (an HTTP/1.1-only server) is refused here, before a byte of
+/// HTTP/2 is sent to it.
+async fn tls_h2(
+    tls: &TlsTarget,
+    tcp: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failed> {
+    let stream = tls
+        .connect(tcp)
+        .await
+        .map_err(|e| Failed::Tls(e.to_string()))?;
+    if stream.get_ref().1.alpn_protocol() != Some(b"h2".as_slice()) {
+        return Err(Failed::Tls(
+            "the endpoint did not agree to HTTP/2 (ALPN `h2`)".to_string(),
+        ));
+    }
+    Ok(stream)
+}
+
+/// A connection's driver: reads frames for every stream, writes what they send; ends when
+/// the connection closes or when every handle to it is dropped.
+fn drive<F>(
+    conn: F,
+    addr: SocketAddr,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+where
+    F: std::future::Future<Output = hyper::Result<()>> + Send + 'static,
+{
+    Box::pin(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(upstream = %addr, "HTTP/2 connection ended: {e}");
+        }
+    })
 }

@@ -170,3 +170,131 @@ fn trusted_proxies_are_networks_and_each_bad_one_is_reported_where_it_is() {
         ]
     );
 }
+
+#[test]
+fn health_table_is_checked_with_position_and_field() {
+    let text = r#"
+[[listeners]]
+address = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "a"
+endpoints = [{ address = "127.0.0.1:1" }]
+
+[upstreams.health]
+path = "health"
+interval_ms = 0
+healthy = 0
+expect_status = ["200-299", "399-300", 700]
+ejection_ms = 0
+max_ejected_percent = 101
+
+[[upstreams]]
+name = "b"
+endpoints = [{ address = "127.0.0.1:2" }]
+health = { expect_status = "2xx" }
+
+[[upstreams]]
+name = "c"
+endpoints = [{ address = "127.0.0.1:3" }]
+health = { expect_status = [[200]] }
+
+[[upstreams]]
+name = "d"
+endpoints = [{ address = "127.0.0.1:4" }]
+health = { timeout = 5 }
+"#;
+    let errs = errors(text);
+    let expected = [
+        "gw.toml:10:8: upstreams[0].health.path: `health` is not a request path (it must start with `/`)",
+        "gw.toml:11:15: upstreams[0].health.interval_ms: must be at least 1",
+        "gw.toml:12:11: upstreams[0].health.healthy: must be at least 1",
+        "gw.toml:13:17: upstreams[0].health.expect_status: range `399-300` is empty (its start is above its end)",
+        "gw.toml:14:15: upstreams[0].health.ejection_ms: must be at least 1 (set `consecutive_failures = 0` to disable ejection)",
+        "gw.toml:15:23: upstreams[0].health.max_ejected_percent: 101 is outside 0..=100",
+        "gw.toml:20:28: upstreams[1].health.expect_status: `2xx` is not a status or a range like \"200-399\"",
+    ];
+    for e in expected {
+        assert!(
+            errs.iter().any(|got| got == e),
+            "missing {e:?} in {errs:#?}"
+        );
+    }
+    assert!(
+        errs.iter().any(|e| e.starts_with("gw.toml:25:")
+            && e.contains("upstreams[2]")
+            && e.contains("a status (204), a range")),
+        "{errs:#?}"
+    );
+    assert!(
+        errs.iter().any(|e| e.starts_with("gw.toml:30:")
+            && e.contains("upstreams[3]")
+            && e.contains("unknown field `timeout`")),
+        "{errs:#?}"
+    );
+    assert_eq!(errs.len(), expected.len() + 2, "{errs:#?}");
+}
+
+#[test]
+fn health_table_defaults_and_a_single_status() {
+    let c = Config::parse(
+        r#"
+[[listeners]]
+address = "127.0.0.1:8080"
+
+[[upstreams]]
+name = "a"
+endpoints = [{ address = "127.0.0.1:1" }]
+health = { path = "/ready?full=1", expect_status = 204 }
+
+[[upstreams]]
+name = "b"
+endpoints = [{ address = "127.0.0.1:2" }]
+health = { consecutive_failures = 0 }
+"#,
+        "gw.toml",
+        Path::new("."),
+    )
+    .expect("valid");
+    let a = c.upstreams[0]
+        .health
+        .as_ref()
+        .expect("a has a health table");
+    let check = a.active().expect("a path: active checks");
+    assert_eq!(check.path, "/ready?full=1");
+    assert_eq!(
+        (check.interval.as_millis(), check.timeout.as_millis()),
+        (5000, 1000)
+    );
+    assert_eq!((check.healthy, check.unhealthy), (2, 3));
+    assert!(check.passes(204) && !check.passes(200));
+    let ejection = a.ejection().expect("on by default");
+    assert_eq!(
+        (
+            ejection.consecutive_failures,
+            ejection.base.as_millis(),
+            ejection.max_ejected_percent
+        ),
+        (5, 30_000, 50)
+    );
+    let b = c.upstreams[1]
+        .health
+        .as_ref()
+        .expect("b has a health table");
+    assert!(b.active().is_none() && b.ejection().is_none());
+    // The default range.
+    let default = Config::parse(
+        "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[upstreams]]\nname = \"a\"\n\
+         endpoints = [{ address = \"127.0.0.1:1\" }]\nhealth = { path = \"/\" }\n",
+        "gw.toml",
+        Path::new("."),
+    )
+    .expect("valid");
+    let check = default.upstreams[0]
+        .health
+        .as_ref()
+        .unwrap()
+        .active()
+        .unwrap();
+    assert!(check.passes(200) && check.passes(399) && !check.passes(400) && !check.passes(199));
+}

@@ -11,7 +11,9 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tailguard_proxy::{Config, Server};
 use tailguard_test_support::grpc::{GrpcClient, GrpcUpstream, Msg, frame, unframe};
-use tailguard_test_support::{TestBody, Upstream, h2c_client, http1_client};
+use tailguard_test_support::{
+    IssuedCert, TestBody, TestCa, TlsUpstream, Upstream, h2c_client, http1_client,
+};
 use tonic::Code;
 
 use crate::support::{self, within};
@@ -250,6 +252,27 @@ async fn a_stream_the_upstream_breaks_ends_with_unavailable_not_a_reset() {
 }
 
 #[tokio::test]
+async fn a_grpc_call_no_route_matches_gets_unimplemented() {
+    let upstream = GrpcUpstream::start().await;
+    let (_server, url) = support::start(support::config(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\n\
+         endpoints = [{{ address = \"{}\" }}]\n\n\
+         [[routes]]\nid = \"other\"\nupstream = \"up\"\npath = {{ prefix = \"/other.Service\" }}\n",
+        upstream.addr
+    )));
+    let mut client = grpc_client(&url).await;
+    let status = within(client.unary(Msg::new("hi", 0), None))
+        .await
+        .expect_err("no route");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Unimplemented, "no route")
+    );
+    assert_eq!(upstream.calls(), 0);
+}
+
+#[tokio::test]
 async fn a_dead_endpoint_gives_grpc_clients_unavailable() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = dead.local_addr().expect("addr");
@@ -465,6 +488,45 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout() {
 }
 
 #[tokio::test]
+async fn health_checks_of_an_h2c_upstream_speak_http2_and_take_a_dead_endpoint_out() {
+    let alive = GrpcUpstream::start().await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let (server, url) = support::start(support::config(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\n\
+         endpoints = [{{ address = \"{}\" }}, {{ address = \"{dead}\" }}]\n\
+         health = {{ path = \"/grpc.health.v1.Health/Check\", interval_ms = 50, \
+         timeout_ms = 500, unhealthy = 2, consecutive_failures = 0 }}\n\n\
+         [[routes]]\nid = \"all\"\nupstream = \"up\"\n",
+        alive.addr
+    )));
+    let up = |addr: SocketAddr| {
+        gauge(
+            &server,
+            &format!("tailguard_upstream_endpoint_up{{upstream=\"up\",endpoint=\"{addr}\"}}"),
+        )
+    };
+    within(async {
+        while up(dead) > 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The gRPC server answers the checks' HTTP/2 (an HTTP/1.1 check would fail it too).
+    assert_eq!(up(alive.addr), 1.0);
+    let mut client = grpc_client(&url).await;
+    for i in 0..10 {
+        within(client.unary(Msg::new("hi", i), None))
+            .await
+            .expect("every call goes to the endpoint that is up");
+    }
+    assert_eq!(alive.calls(), 10);
+}
+
+#[tokio::test]
 async fn grpc_status_is_counted_in_the_metrics_and_written_in_the_access_log() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("access.log");
@@ -548,6 +610,12 @@ fn protocol_config_is_validated() {
         "gw.toml:6:12: upstreams[0].protocol: `h2` is HTTP/2 over TLS and needs \
          `[upstreams.tls]`; for plaintext HTTP/2 use `h2c`"
     );
+    assert_eq!(
+        parse("protocol = \"h2c\"\ntls = { verify = false }").unwrap_err(),
+        "gw.toml:6:12: upstreams[0].protocol: `h2c` is plaintext HTTP/2; with \
+         `[upstreams.tls]` use `h2`"
+    );
+    assert_eq!(parse("protocol = \"h2\"\ntls = { verify = false }"), Ok(()));
     assert!(
         parse("protocol = \"h3\"")
             .unwrap_err()
@@ -557,4 +625,124 @@ fn protocol_config_is_validated() {
         parse("protocol = \"h2c\"\nmax_concurrent_streams = 0").unwrap_err(),
         "gw.toml:7:26: upstreams[0].max_concurrent_streams: must be at least 1"
     );
+}
+
+/// A gateway (one serving thread) in front of upstream `up` at `addr` with `protocol = "h2"`
+/// and `[upstreams.tls]` = `tls` (files relative to `dir`).
+fn h2_over_tls(dir: &std::path::Path, addr: SocketAddr, tls: &str) -> (Server, String) {
+    let config = Config::parse(
+        &format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+             [[upstreams]]\nname = \"up\"\nprotocol = \"h2\"\n\
+             endpoints = [{{ address = \"{addr}\" }}]\n\
+             [upstreams.tls]\n{tls}\n\n\
+             [[routes]]\nid = \"all\"\nupstream = \"up\"\n"
+        ),
+        "test.toml",
+        dir,
+    )
+    .unwrap_or_else(|e| panic!("invalid test config:\n{e}"));
+    let server = Server::start(config, 1).expect("gateway starts");
+    let url = format!("http://{}", server.local_addrs()[0]);
+    (server, url)
+}
+
+/// A TLS server config with `cert` (the gRPC service sets its ALPN to `h2`).
+fn server_tls(cert: &IssuedCert) -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certificate pem");
+    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).expect("key pem");
+    rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .expect("server certificate")
+}
+
+#[tokio::test]
+async fn grpc_over_h2_reaches_a_tls_upstream_with_every_kind_of_call_on_one_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    let upstream = GrpcUpstream::start_tls(server_tls(&ca.issue(&["127.0.0.1"]))).await;
+    let (_server, url) = h2_over_tls(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    let mut client = grpc_client(&url).await;
+
+    let resp = within(client.unary(Msg::new("hello", 7), None))
+        .await
+        .expect("unary over h2");
+    assert_eq!(resp.get_ref(), &Msg::new("hello", 7));
+    let mut stream = within(client.server_stream(Msg::new("s", 3)))
+        .await
+        .expect("server stream");
+    let mut got = Vec::new();
+    while let Some(m) = within(stream.message()).await.expect("message") {
+        got.push(m.text);
+    }
+    assert_eq!(got, ["s-0", "s-1", "s-2"]);
+    let joined = within(client.client_stream(vec![Msg::new("a", 0), Msg::new("b", 0)]))
+        .await
+        .expect("client stream");
+    assert_eq!(joined, Msg::new("a,b", 2));
+    let (tx, mut replies) = within(client.bidi()).await.expect("bidi");
+    for i in 0..3 {
+        tx.send(Msg::new(format!("m{i}"), i)).await.expect("send");
+        let reply = within(replies.message()).await.expect("reply");
+        assert_eq!(reply, Some(Msg::new(format!("m{i}"), i + 1)));
+    }
+    drop(tx);
+    assert_eq!(within(replies.message()).await.expect("end"), None);
+    let status = within(client.unary(Msg::new("fail:nope", 7), None))
+        .await
+        .expect_err("an error status");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::PermissionDenied, "nope")
+    );
+
+    // One serving thread, one TLS connection for every call.
+    assert_eq!(upstream.connections(), 1);
+    assert_eq!(upstream.calls(), 5);
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_unavailable_to_grpc_and_nothing_reaches_the_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trusted = TestCa::new("trusted ca");
+    trusted.write(&dir.path().join("ca.pem"));
+    let other = TestCa::new("another ca");
+    let upstream = GrpcUpstream::start_tls(server_tls(&other.issue(&["127.0.0.1"]))).await;
+    let (_server, url) = h2_over_tls(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    let mut client = grpc_client(&url).await;
+    let status = within(client.unary(Msg::new("hi", 0), None))
+        .await
+        .expect_err("the handshake fails");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Unavailable, "upstream TLS handshake failed")
+    );
+    assert_eq!(upstream.calls(), 0);
+}
+
+#[tokio::test]
+async fn an_http1_only_tls_endpoint_is_refused_for_h2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    // Offers ALPN `http/1.1` only.
+    let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"])).start().await;
+    let (_server, url) = h2_over_tls(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    let (status, _) = within(tailguard_test_support::get(
+        &http1_client(),
+        &format!("{url}/"),
+    ))
+    .await;
+    assert_eq!(status, 502);
+    assert_eq!(upstream.requests(), 0);
 }

@@ -15,7 +15,10 @@
 //! Clients: [`http1_client`], [`h2c_client`], [`tls_get`], and [`h2_frames`] for HTTP/2 frames
 //! written byte by byte; certificates: [`TestCert`]; a free port named before the gateway
 //! binds it: [`reserve_port`]. [`RecordingUpstream`] records every byte it receives, per
-//! connection, for tests of what may never reach an upstream.
+//! connection, for tests of what may never reach an upstream. [`TlsUpstream`] is an HTTPS
+//! upstream with certificates from a [`TestCa`], counting full and resumed handshakes.
+//! [`SwitchableUpstream`] changes its statuses, stops and comes back while a test runs
+//! (health checks, ejection).
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -31,8 +34,12 @@ pub mod dns;
 pub mod grpc;
 pub mod h2_frames;
 mod recording;
+mod switchable;
+mod tls_upstream;
 
 pub use recording::{ConnectionLog, RecordedRequest, RecordingUpstream, parse_request};
+pub use switchable::{HEALTH_PATH, SwitchableUpstream};
+pub use tls_upstream::{AfterResponse, IssuedCert, TestCa, TlsUpstream, TlsUpstreamBuilder};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
