@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{HOST, TE, VIA};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http::{HeaderValue, Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tailguard_http1::server::OnUpgrade;
@@ -30,7 +30,7 @@ use crate::balance::Outcome;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Protocol;
 use crate::error::Error;
-use crate::gateway::{ConnCtx, Held, Snapshot, error_response, head_bytes, retry_endpoint};
+use crate::gateway::{ConnCtx, Held, Snapshot, check_forwardable, error_response, retry_endpoint};
 use crate::grpc;
 use crate::headers;
 use crate::record::{Finish, RequestRecord};
@@ -104,34 +104,11 @@ async fn forward(
     record: &mut RequestRecord,
 ) -> Result<Response<H2Body>, Error> {
     let limits = &snap.config.limits;
-    if head_bytes(&req) > limits.header_bytes {
-        return Err(Error::HeadersTooLarge);
-    }
-    if req.method() == Method::CONNECT {
-        return Err(Error::ConnectUnsupported);
-    }
+    check_forwardable(limits, &req)?;
     record.route = Some(route_index);
     let route = snap.router.get(route_index);
-    let declared = if req.body().is_end_stream() {
-        None
-    } else {
-        req.body().size_hint().exact()
-    };
-    if declared.is_some_and(|n| n > limits.body_bytes) {
-        return Err(Error::BodyTooLarge);
-    }
-
     let upstream = &snap.upstreams[route.upstream];
-    if let Some(reason) = &upstream.unavailable {
-        return Err(Error::NoEndpoint {
-            upstream: Arc::clone(&upstream.name),
-            reason: Arc::clone(reason),
-        });
-    }
-    // Every endpoint down: answered now, as on HTTP/1.1.
-    let mut endpoint_index = upstream.pick().ok_or_else(|| Error::NoHealthyEndpoint {
-        upstream: Arc::clone(&upstream.name),
-    })?;
+    let mut endpoint_index = upstream.pick_endpoint()?;
     snap.metrics.picked(route.upstream, endpoint_index);
     record.endpoint = Some((route.upstream, endpoint_index));
 

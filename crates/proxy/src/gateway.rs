@@ -24,7 +24,7 @@ use crate::admission::{self, AdmitGuard};
 use crate::balance::Outcome;
 use crate::body::{IncomingBody, RequestBody, ResponseBody};
 use crate::builtin::Responder;
-use crate::config::{BuiltinConfig, Config, Protocol, Timeouts, UpstreamConfig};
+use crate::config::{BuiltinConfig, Config, Limits, Protocol, Timeouts, UpstreamConfig};
 use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
 use crate::headers;
@@ -824,6 +824,35 @@ pub(crate) fn host_of<B>(req: &Request<B>) -> &str {
     }
 }
 
+/// What a request passes before it goes to any upstream, whatever the upstream's protocol:
+/// a head within `limits.header_bytes`, not a CONNECT, a declared body within
+/// `limits.body_bytes`.
+pub(crate) fn check_forwardable<B: http_body::Body>(
+    limits: &Limits,
+    req: &Request<B>,
+) -> Result<(), Error> {
+    if head_bytes(req) > limits.header_bytes {
+        return Err(Error::HeadersTooLarge);
+    }
+    // Forwarded, a CONNECT would reach the upstream as `CONNECT /` (its target has no path),
+    // and a 2xx answer would leave the client believing it has a tunnel. (An HTTP/1.1
+    // CONNECT never gets here: its connection refuses it and closes; this is HTTP/2's.)
+    if req.method() == Method::CONNECT {
+        return Err(Error::ConnectUnsupported);
+    }
+    // The declared length, as the connection parsed it (HTTP/1.1 keeps no framing field;
+    // HTTP/2's `content-length` is checked against its DATA by the h2 layer).
+    let declared = if req.body().is_end_stream() {
+        None
+    } else {
+        req.body().size_hint().exact()
+    };
+    if declared.is_some_and(|n| n > limits.body_bytes) {
+        return Err(Error::BodyTooLarge);
+    }
+    Ok(())
+}
+
 /// Bytes of the request head as a limit sees them (request line and header lines).
 pub(crate) fn head_bytes<B>(req: &Request<B>) -> usize {
     let line = req.method().as_str().len()
@@ -843,42 +872,12 @@ async fn forward(
     timer: &mut LazyTimer,
 ) -> Result<(Response<UpstreamBody>, Option<Frame<Bytes>>), Error> {
     let limits = &snap.config.limits;
-    if head_bytes(&req) > limits.header_bytes {
-        return Err(Error::HeadersTooLarge);
-    }
-    // Forwarded, a CONNECT would reach the upstream as `CONNECT /` (its target has no path),
-    // and a 2xx answer would leave the client believing it has a tunnel. (An HTTP/1.1
-    // CONNECT never gets here: its connection refuses it and closes; this is HTTP/2's.)
-    if req.method() == Method::CONNECT {
-        return Err(Error::ConnectUnsupported);
-    }
+    check_forwardable(limits, &req)?;
     let route_index = route.ok_or(Error::NoRoute)?;
     record.route = Some(route_index);
     let route = snap.router.get(route_index);
-
-    // The declared length, as the connection parsed it (HTTP/1.1 keeps no framing field;
-    // HTTP/2's `content-length` is checked against its DATA by the h2 layer).
-    let declared = if req.body().is_end_stream() {
-        None
-    } else {
-        req.body().size_hint().exact()
-    };
-    if declared.is_some_and(|n| n > limits.body_bytes) {
-        return Err(Error::BodyTooLarge);
-    }
-
     let upstream = &snap.upstreams[route.upstream];
-    if let Some(reason) = &upstream.unavailable {
-        return Err(Error::NoEndpoint {
-            upstream: Arc::clone(&upstream.name),
-            reason: Arc::clone(reason),
-        });
-    }
-    // Every endpoint down: answered now, without a connect attempt that would only fail
-    // (or reach an endpoint its checks found broken).
-    let endpoint_index = upstream.pick().ok_or_else(|| Error::NoHealthyEndpoint {
-        upstream: Arc::clone(&upstream.name),
-    })?;
+    let endpoint_index = upstream.pick_endpoint()?;
     snap.metrics.picked(route.upstream, endpoint_index);
     let endpoint = &upstream.endpoints[endpoint_index];
     record.endpoint = Some((route.upstream, endpoint_index));

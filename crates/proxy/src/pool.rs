@@ -103,11 +103,7 @@ impl EndpointPool {
     ) -> bool {
         self.addr == addr
             && self.settings == settings
-            && match (&self.tls, tls) {
-                (None, None) => true,
-                (Some(mine), Some(theirs)) => mine.same_as(theirs),
-                _ => false,
-            }
+            && TlsTarget::same_option(self.tls.as_ref(), tls)
     }
 
     fn slot(&self) -> MutexGuard<'_, Vec<Idle>> {

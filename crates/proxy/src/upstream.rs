@@ -154,6 +154,22 @@ impl Upstream {
         self.balance.pick(Up::new(&self.endpoints))
     }
 
+    /// The endpoint for the next request, or why there is none: no address resolved
+    /// (`NoEndpoint`), or every endpoint down (`NoHealthyEndpoint`, answered at once rather
+    /// than after a connect attempt that would only fail or reach a broken endpoint).
+    pub(crate) fn pick_endpoint(&self) -> Result<usize, crate::error::Error> {
+        if let Some(reason) = &self.unavailable {
+            return Err(crate::error::Error::NoEndpoint {
+                upstream: Arc::clone(&self.name),
+                reason: Arc::clone(reason),
+            });
+        }
+        self.pick()
+            .ok_or_else(|| crate::error::Error::NoHealthyEndpoint {
+                upstream: Arc::clone(&self.name),
+            })
+    }
+
     /// Counts how an exchange with `endpoint` ended for passive ejection (nothing without
     /// it). Call once per exchange, beside [`Balance::complete`].
     #[inline]

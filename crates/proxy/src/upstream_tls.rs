@@ -243,6 +243,15 @@ impl TlsTarget {
     pub fn same_as(&self, other: &TlsTarget) -> bool {
         Arc::ptr_eq(&self.tls, &other.tls) && self.name == other.name
     }
+
+    /// [`TlsTarget::same_as`] for a pool's optional target: both plain, or the same TLS.
+    pub fn same_option(a: Option<&TlsTarget>, b: Option<&TlsTarget>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.same_as(b),
+            _ => false,
+        }
+    }
 }
 
 /// The system's trust anchors (rustls-native-certs: the OS store, e.g.

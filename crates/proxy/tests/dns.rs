@@ -82,17 +82,6 @@ async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bo
     false
 }
 
-fn metrics_text(server: &Server) -> String {
-    String::from_utf8(
-        server
-            .gateway()
-            .metrics()
-            .registry()
-            .render(tailguard_metrics::Format::Text),
-    )
-    .expect("UTF-8 exposition")
-}
-
 #[tokio::test]
 async fn a_name_becomes_one_endpoint_per_address_and_follows_a_changed_answer() {
     let (_a, _b, port) = two_upstreams().await;
@@ -122,7 +111,7 @@ async fn a_name_becomes_one_endpoint_per_address_and_follows_a_changed_answer() 
         .await,
         "the changed answer was not applied"
     );
-    let text = metrics_text(&server);
+    let text = crate::support::metrics_text(&server);
     // Two changes: from nothing to the first answer, and to the second.
     assert!(
         text.contains("tailguard_dns_lookups_total{name=\"api.internal\",result=\"changed\"} 2"),
@@ -154,7 +143,7 @@ async fn a_failed_lookup_keeps_the_last_good_addresses() {
     );
     assert_eq!(bodies(&url, 3).await, ["200 a"]);
     assert!(
-        metrics_text(&server)
+        crate::support::metrics_text(&server)
             .contains("tailguard_dns_lookups_total{name=\"api.internal\",result=\"failed\"}"),
         "the failure was not counted"
     );
@@ -208,7 +197,7 @@ async fn a_name_that_never_resolved_answers_503_with_the_reason_until_it_does() 
         "{reason}"
     );
     assert!(
-        metrics_text(&server)
+        crate::support::metrics_text(&server)
             .contains("tailguard_errors_total{kind=\"no_endpoint\",blame=\"upstream\"} 1"),
     );
 

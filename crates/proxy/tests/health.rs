@@ -34,21 +34,14 @@ fn config(endpoints: &[SocketAddr], balance: &str, health: Option<&str>) -> Conf
     ))
 }
 
-fn metrics_text(server: &Server) -> String {
-    let bytes = server
-        .gateway()
-        .metrics()
-        .registry()
-        .render(tailguard_metrics::Format::Text);
-    String::from_utf8(bytes).expect("exposition is UTF-8")
-}
-
 /// The value of a series of the rendered exposition, by its exact name and labels.
 fn series(server: &Server, name_and_labels: &str) -> Option<i64> {
-    metrics_text(server).lines().find_map(|line| {
-        let value = line.strip_prefix(name_and_labels)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
+    crate::support::metrics_text(server)
+        .lines()
+        .find_map(|line| {
+            let value = line.strip_prefix(name_and_labels)?.strip_prefix(' ')?;
+            value.parse().ok()
+        })
 }
 
 /// `tailguard_upstream_endpoint_up` of endpoint `addr` of upstream `up`.
@@ -184,7 +177,7 @@ async fn every_endpoint_down_is_answered_503_at_once_without_reaching_one() {
         SwitchableUpstream::start().await,
     );
     let (server, url) = start(config(&[a.addr, b.addr], "round_robin", Some(ACTIVE)));
-    let text = metrics_text(&server);
+    let text = crate::support::metrics_text(&server);
     for addr in [a.addr, b.addr] {
         let line =
             format!("tailguard_upstream_endpoint_up{{upstream=\"up\",endpoint=\"{addr}\"}} 1");
@@ -360,7 +353,7 @@ async fn max_ejected_percent_keeps_endpoints_in_service() {
     let statuses = send(&url, 40).await;
     assert!(statuses.iter().all(|&s| s == 503), "{statuses:?}");
     assert_eq!(gauges(&server), 1, "never both");
-    let text = metrics_text(&server);
+    let text = crate::support::metrics_text(&server);
     assert!(!text.contains("kind=\"no_healthy_endpoint\""), "{text}");
     server.shutdown(Duration::from_secs(1)).await;
 }

@@ -170,19 +170,13 @@ async fn p2c_ewma_prefers_the_fast_endpoint() {
     for (addr, n) in [(slow.addr, slow.requests()), (fast.addr, fast.requests())] {
         let line =
             format!("tailguard_balancer_picks_total{{upstream=\"up\",endpoint=\"{addr}\"}} {n}");
-        eventually(|| scrape(&server).lines().any(|l| l == line)).await;
+        eventually(|| {
+            crate::support::metrics_text(&server)
+                .lines()
+                .any(|l| l == line)
+        })
+        .await;
     }
-}
-
-fn scrape(server: &tailguard_proxy::Server) -> String {
-    String::from_utf8(
-        server
-            .gateway()
-            .metrics()
-            .registry()
-            .render(tailguard_metrics::Format::Text),
-    )
-    .expect("the text exposition is UTF-8")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +206,7 @@ async fn round_robin_picks_are_counted_per_endpoint_in_every_mode() {
             .unwrap_or(0)
     };
     eventually(|| {
-        let text = scrape(&server);
+        let text = crate::support::metrics_text(&server);
         picks(&text, dead_addr) >= 3 && picks(&text, a.addr) + picks(&text, b.addr) == 9
     })
     .await;
@@ -345,7 +339,7 @@ async fn an_overloaded_upstream_is_limited_by_its_response_times_and_another_is_
     );
     assert!(limit.probes >= 1, "{limit:?}");
     assert!(limit.rejected[1] as usize >= limited / 2, "{limit:?}");
-    let text = scrape(&server);
+    let text = crate::support::metrics_text(&server);
     for line in [
         "tailguard_upstream_limit{upstream=\"slow\"}",
         "tailguard_upstream_limit{upstream=\"fast\"}",

@@ -81,3 +81,15 @@ pub(crate) async fn read_more(
         }
     }
 }
+
+/// The gateway's metrics as a scrape renders them (Prometheus text).
+pub(crate) fn metrics_text(server: &Server) -> String {
+    String::from_utf8(
+        server
+            .gateway()
+            .metrics()
+            .registry()
+            .render(tailguard_metrics::Format::Text),
+    )
+    .expect("the text exposition is UTF-8")
+}

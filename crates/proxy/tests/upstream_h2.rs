@@ -45,17 +45,6 @@ fn raw_call(url: &str, method: &str, msg: &Msg, timeout: Option<&str>) -> Reques
     req.body(Full::new(frame(msg)).boxed()).expect("request")
 }
 
-fn metrics_text(server: &Server) -> String {
-    String::from_utf8(
-        server
-            .gateway()
-            .metrics()
-            .registry()
-            .render(tailguard_metrics::Format::Text),
-    )
-    .expect("the exposition is UTF-8")
-}
-
 #[tokio::test]
 async fn a_unary_grpc_call_passes_its_message_metadata_and_status() {
     let upstream = GrpcUpstream::start().await;
@@ -423,7 +412,7 @@ async fn concurrent_requests_share_a_connection_up_to_max_concurrent_streams() {
 
 /// The value of an unlabelled series in the gateway's metrics.
 fn gauge(server: &Server, name: &str) -> f64 {
-    let text = metrics_text(server);
+    let text = crate::support::metrics_text(server);
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
@@ -556,7 +545,7 @@ async fn grpc_status_is_counted_in_the_metrics_and_written_in_the_access_log() {
     .await;
     assert_eq!(status, 200);
 
-    let text = metrics_text(&server);
+    let text = crate::support::metrics_text(&server);
     for line in [
         "tailguard_grpc_requests_total{route=\"all\",grpc_status=\"0\"} 1",
         "tailguard_grpc_requests_total{route=\"all\",grpc_status=\"5\"} 1",
