@@ -156,7 +156,22 @@ impl WriterThread {
         }
         if !last {
             // A slot only the registry still holds belongs to a thread that has exited.
-            slots.retain(|s| Arc::strong_count(s) > 1);
+            // Its thread may have appended after the `take` above and then exited: what
+            // it left is taken now, or those lines would go with the slot.
+            let backlog = &mut self.backlog;
+            slots.retain(|s| {
+                if Arc::strong_count(s) > 1 {
+                    return true;
+                }
+                // Pairs with the Release decrement of the exiting thread's `Arc` drop: its
+                // last append is visible below.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                if let Some(mut buf) = lock(&s.buf).take() {
+                    buf.sealed = now;
+                    backlog.push_back(buf);
+                }
+                false
+            });
         }
     }
 
