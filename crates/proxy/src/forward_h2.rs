@@ -12,7 +12,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,9 @@ use crate::balance::Outcome;
 use crate::body::{RequestBody, ResponseBody};
 use crate::config::Protocol;
 use crate::error::Error;
-use crate::gateway::{ConnCtx, Held, Snapshot, check_forwardable, error_response, retry_endpoint};
+use crate::gateway::{
+    ConnCtx, Held, Snapshot, check_forwardable, error_response, limit_request_body, retry_endpoint,
+};
 use crate::grpc;
 use crate::headers;
 use crate::record::{Finish, RequestRecord};
@@ -161,9 +162,7 @@ async fn forward(
         .map_err(|_| Error::BadRequest("request target"))?;
     *req.version_mut() = Version::HTTP_2;
 
-    let count = (!req.body().is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
-    record.bytes_in = count.clone();
-    req.body_mut().limit(limits.body_bytes, count);
+    limit_request_body(&mut req, limits.body_bytes, record);
 
     let breaker = snap.overload.dispatch(route_index)?;
     snap.overload.count_request(route.upstream);

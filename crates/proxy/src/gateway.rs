@@ -853,6 +853,18 @@ pub(crate) fn check_forwardable<B: http_body::Body>(
     Ok(())
 }
 
+/// Puts the request body under `limit` (streamed bytes counted, 413 past it) and lets the
+/// record count what it reads, for either protocol's forwarding.
+pub(crate) fn limit_request_body(
+    req: &mut Request<RequestBody>,
+    limit: u64,
+    record: &mut RequestRecord,
+) {
+    let count = (!req.body().is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
+    record.bytes_in = count.clone();
+    req.body_mut().limit(limit, count);
+}
+
 /// Bytes of the request head as a limit sees them (request line and header lines).
 pub(crate) fn head_bytes<B>(req: &Request<B>) -> usize {
     let line = req.method().as_str().len()
@@ -928,9 +940,7 @@ async fn forward(
     }
     *req.version_mut() = Version::HTTP_11;
 
-    let count = (!req.body().is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
-    record.bytes_in = count.clone();
-    req.body_mut().limit(limits.body_bytes, count);
+    limit_request_body(&mut req, limits.body_bytes, record);
 
     let breaker = snap.overload.dispatch(route_index)?;
     snap.overload.count_request(route.upstream);

@@ -226,10 +226,7 @@ impl EndpointPool {
     /// from now on.
     pub(crate) fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);
-        for slot in self.slots.iter() {
-            let idle = std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()));
-            drop(idle);
-        }
+        self.slots.clear_all();
     }
 
     /// Idle connections in every slot (for tests and the idle gauge).

@@ -1,6 +1,7 @@
 //! Per-thread slots: each serving thread gets its own cache-line-padded copy of a value, so
 //! request-path state is never written by two threads (design.md §2, rule 3).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Number of slots; threads beyond this share slots round-robin (correct, just shared).
@@ -45,5 +46,17 @@ impl<T> PerThread<T> {
     /// Every slot, for summing.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().map(|p| &p.0)
+    }
+}
+
+impl<T> PerThread<Mutex<Vec<T>>> {
+    /// Empties every thread's list and drops what it held (outside each slot's lock): a
+    /// pool whose endpoint left the config closes its connections this way.
+    pub fn clear_all(&self) {
+        for slot in self.iter() {
+            // A panic while holding a slot cannot leave the Vec half-changed.
+            let held = std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()));
+            drop(held);
+        }
     }
 }

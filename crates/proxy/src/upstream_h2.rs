@@ -394,10 +394,7 @@ impl H2Pool {
     /// closes once its open streams end) and no new one is kept.
     pub(crate) fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);
-        for slot in self.slots.iter() {
-            let conns = std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()));
-            drop(conns);
-        }
+        self.slots.clear_all();
     }
 
     /// Connections kept in every slot and open (for tests).
