@@ -250,8 +250,9 @@ pub struct HeaderMatch {
 pub struct RouteConfig {
     /// Unique id, used in logs and metrics.
     pub id: Spanned<String>,
-    /// Name of the upstream.
-    pub upstream: Spanned<String>,
+    /// Name of the upstream. Exactly one of `upstream`, `redirect` and `respond`.
+    #[serde(default)]
+    pub upstream: Option<Spanned<String>>,
     /// Higher wins before any other precedence rule; default 0.
     #[serde(default)]
     pub priority: i32,
@@ -270,6 +271,21 @@ pub struct RouteConfig {
     /// Replace the `Host` header sent upstream.
     #[serde(default)]
     pub host_rewrite: Option<Spanned<String>>,
+    /// Replace the path sent upstream: `{ prefix = ".." }` or `{ path = ".." }`.
+    #[serde(default)]
+    pub rewrite: Option<Spanned<crate::policy::RewriteConfig>>,
+    /// Answer with a redirect, with no upstream.
+    #[serde(default)]
+    pub redirect: Option<Spanned<crate::policy::RedirectConfig>>,
+    /// Answer with a static response, with no upstream.
+    #[serde(default)]
+    pub respond: Option<Spanned<crate::policy::RespondConfig>>,
+    /// Header operations on the request sent upstream.
+    #[serde(default)]
+    pub request_headers: Option<Spanned<crate::policy::HeaderOpsConfig>>,
+    /// Header operations on the response sent downstream.
+    #[serde(default)]
+    pub response_headers: Option<Spanned<crate::policy::HeaderOpsConfig>>,
 }
 
 /// Timeouts, in milliseconds; 0 disables one.
@@ -814,12 +830,17 @@ impl Config {
                     format!("duplicate route id `{id}`"),
                 );
             }
-            if !declared.contains(r.upstream.get_ref()) {
+            if let Some(up) = &r.upstream
+                && !declared.contains(up.get_ref())
+            {
                 d.push(
-                    Some(r.upstream.span()),
+                    Some(up.span()),
                     format!("routes[{i}].upstream"),
-                    format!("unknown upstream `{}`", r.upstream.get_ref()),
+                    format!("unknown upstream `{}`", up.get_ref()),
                 );
+            }
+            for (span, field, message) in crate::policy::check(r) {
+                d.push(span, format!("routes[{i}]{field}"), message);
             }
             if let Some(p) = &r.path {
                 let (PathMatch::Exact(s) | PathMatch::Prefix(s)) = p.get_ref();

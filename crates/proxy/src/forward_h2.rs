@@ -128,6 +128,7 @@ async fn forward(
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
     });
     let version = req.version();
+    let mut vars = crate::policy::Vars::capture(route, &req);
     let authority = authority(
         route.host_rewrite.as_ref(),
         &req,
@@ -145,6 +146,7 @@ async fn forward(
         record.request_id = Some(id.clone());
     }
     headers::add_forwarding(headers, &conn.client, version);
+    crate::policy::on_request(route, &mut req, &conn.client, &mut vars);
     let scheme = match upstream.protocol {
         Protocol::H2 => Scheme::HTTPS,
         _ => Scheme::HTTP,
@@ -249,6 +251,7 @@ async fn forward(
     parts
         .headers
         .append(VIA, headers::via_value(Version::HTTP_2));
+    crate::policy::on_response(route, &mut parts.headers, &conn.client, &vars);
     // gRPC: the whole call within its deadline, and no read timeout between messages;
     // anything else: `timeouts.read_ms` between two reads, as from HTTP/1.1.
     let body = if record.grpc {

@@ -212,10 +212,13 @@ impl Snapshot {
             .routes
             .iter()
             .filter_map(|r| {
-                let up = config
-                    .upstreams
-                    .iter()
-                    .position(|u| u.name.get_ref() == r.upstream.get_ref())?;
+                let up = match &r.upstream {
+                    Some(name) => config
+                        .upstreams
+                        .iter()
+                        .position(|u| u.name.get_ref() == name.get_ref())?,
+                    None => Route::NO_UPSTREAM,
+                };
                 Some(Route::build(r, up))
             })
             .collect();
@@ -675,6 +678,11 @@ pub(crate) async fn serve(
         .snapshot()
         .router
         .find(host_of(&req), path, req.method(), req.headers());
+    if let Some(r) = route
+        && crate::policy::answers_locally(held.snapshot().router.get(r))
+    {
+        return Ok(crate::policy::answer(conn, held, req, r, record));
+    }
     let mut admitted = match admission::admit(held.snapshot(), route) {
         Ok(guard) => guard,
         Err(refused) => {
@@ -904,6 +912,7 @@ async fn forward(
         .remove::<OnUpgrade>()
         .and_then(|on| Some((headers::upgrade_requested(&req)?, on)));
     let version = req.version();
+    let mut vars = crate::policy::Vars::capture(route, &req);
     let headers = req.headers_mut();
     headers::remove_hop_by_hop(headers);
     if let Some((protocol, _)) = &upgrade {
@@ -929,6 +938,7 @@ async fn forward(
         record.request_id = Some(id.clone());
     }
     headers::add_forwarding(headers, &conn.client, version);
+    crate::policy::on_request(route, &mut req, &conn.client, &mut vars);
     // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req
@@ -1044,6 +1054,7 @@ async fn forward(
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
     resp.headers_mut().append(VIA, via);
+    crate::policy::on_response_h1(route, &mut resp, &conn.client, &vars);
     Ok((resp, first))
 }
 

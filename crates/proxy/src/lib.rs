@@ -34,7 +34,8 @@
 //! assert_eq!(
 //!     err,
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
-//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`"
+//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
+//!      `redirect`, `respond`, `request_headers`, `response_headers`"
 //! );
 //! ```
 
@@ -55,6 +56,7 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod overload;
+pub mod policy;
 pub mod pool;
 pub mod record;
 pub(crate) mod recycle;

@@ -227,9 +227,10 @@ impl Overload {
             .routes()
             .iter()
             .map(|r| {
-                let upstream = &*upstream_names[r.upstream];
-                let name = format!("{upstream}/{}", r.id);
-                let breaker = breaker_config.as_ref().map(|bc| {
+                // A route that answers by itself has no upstream, so no breaker or limit.
+                let upstream = upstream_names.get(r.upstream);
+                let breaker = breaker_config.as_ref().zip(upstream).map(|(bc, upstream)| {
+                    let name = format!("{upstream}/{}", r.id);
                     previous
                         .and_then(|p| p.breaker_named(&name))
                         .unwrap_or_else(|| {

@@ -33,7 +33,9 @@ pub enum HostMatch {
 pub struct Route {
     /// The route's id.
     pub id: Arc<str>,
-    /// Index of its upstream in the snapshot's upstream list.
+    /// Index of its upstream in the snapshot's upstream list; [`Route::NO_UPSTREAM`] for a
+    /// route that answers by itself (`redirect`, `respond`), which is answered right after
+    /// routing and never reaches admission or forwarding.
     pub upstream: usize,
     /// Explicit priority.
     pub priority: i32,
@@ -47,10 +49,18 @@ pub struct Route {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// `Host` to send upstream instead of the client's.
     pub host_rewrite: Option<HeaderValue>,
+    /// Rewrite, header operations, local answer (`None`: none of them).
+    pub policy: Option<Box<crate::policy::Policy>>,
 }
 
 impl Route {
-    /// Builds a route from its validated config; `upstream` is the index of its upstream.
+    /// The `upstream` of a route with none (it answers by itself). An index, not an
+    /// `Option`, so that forwarding, which only ever sees routes with an upstream, reads it
+    /// as it always has.
+    pub const NO_UPSTREAM: usize = usize::MAX;
+
+    /// Builds a route from its validated config; `upstream` is the index of its upstream
+    /// ([`Route::NO_UPSTREAM`] if it has none).
     pub fn build(config: &RouteConfig, upstream: usize) -> Route {
         let host = match config
             .host
@@ -89,6 +99,7 @@ impl Route {
                 .host_rewrite
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(h.get_ref()).ok()),
+            policy: crate::policy::Policy::build(config),
         }
     }
 

@@ -12,6 +12,7 @@ mod health;
 mod lifecycle;
 mod listeners;
 mod overload;
+mod policy;
 mod pool;
 mod routing;
 mod support;
