@@ -151,6 +151,7 @@ pub struct GatewayMetrics {
     error_table: Box<[OnceLock<Counter>]>,
     reloads_ok: Counter,
     reloads_failed: Counter,
+    last_reload_ok: Gauge,
     unrouted: Arc<RouteHandles>,
     routes: Mutex<HashMap<Arc<str>, Arc<RouteHandles>>>,
     endpoints: Mutex<HashMap<EndpointKey, Arc<EndpointHandles>>>,
@@ -268,6 +269,13 @@ impl GatewayMetrics {
             "Config reloads by result.",
             &["result"],
         )?;
+        // Whether the running config is the last one offered: a counter cannot say whether
+        // the latest attempt failed (the "reload failing" alert of deploy/prometheus).
+        let last_reload_ok = gauge(
+            "tailguard_config_last_reload_successful",
+            "1 if the last config reload was applied (or none was tried), 0 if it was rejected.",
+        )?;
+        last_reload_ok.set(1);
         r.gauge(
             "tailguard_build_info",
             "Always 1; the labels say which build is running.",
@@ -290,6 +298,7 @@ impl GatewayMetrics {
                 .collect(),
             reloads_ok: reloads.get_or_create(&["ok"])?,
             reloads_failed: reloads.get_or_create(&["failed"])?,
+            last_reload_ok,
             requests,
             grpc_requests,
             duration,
@@ -404,6 +413,7 @@ impl GatewayMetrics {
 
     /// A config reload was applied (`ok`) or rejected.
     pub fn reloaded(&self, ok: bool) {
+        self.last_reload_ok.set(i64::from(ok));
         if ok {
             self.reloads_ok.inc();
         } else {

@@ -1,6 +1,7 @@
 //! Tests of the built `tailguard` binary: run as a separate process, driven by signals.
 
 mod access_log;
+mod deploy;
 mod gateway;
 mod listeners;
 mod metrics;

@@ -175,3 +175,41 @@ fn gateway_scrape_counts_traffic_and_passes_promtool() {
         Some(1.0)
     );
 }
+
+#[test]
+fn rejected_reload_sets_last_reload_successful_to_0_until_one_is_applied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, CONFIG).expect("write config");
+    let config = path.to_str().expect("utf-8 path");
+    let gateway = Gateway::run(&["--config", config, "--metrics-listen", "127.0.0.1:0"]);
+    gateway.wait_for_log("/metrics", Duration::from_secs(20));
+    let metrics: SocketAddr = gateway
+        .log()
+        .split("tailguard: metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .expect("metrics address in the log");
+    let last = "tailguard_config_last_reload_successful";
+    assert_eq!(value(&scrape(metrics), last), Some(1.0), "at startup");
+
+    std::fs::write(&path, format!("{CONFIG}\n[[routes]]\nid = \"ghost\"\n")).expect("write");
+    gateway.signal("HUP");
+    gateway.wait_for_log("rejected", Duration::from_secs(20));
+    let text = scrape(metrics);
+    assert_eq!(value(&text, last), Some(0.0), "after a rejected reload");
+    assert_eq!(
+        value(&text, r#"tailguard_config_reloads_total{result="failed"}"#),
+        Some(1.0)
+    );
+
+    std::fs::write(&path, CONFIG).expect("write");
+    gateway.signal("HUP");
+    gateway.wait_for_log("reloaded", Duration::from_secs(20));
+    assert_eq!(
+        value(&scrape(metrics), last),
+        Some(1.0),
+        "after a good reload"
+    );
+}
