@@ -34,7 +34,7 @@
 //! assert_eq!(
 //!     err,
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
-//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`"
+//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `timeouts`, `retry`"
 //! );
 //! ```
 
@@ -58,6 +58,7 @@ pub mod overload;
 pub mod pool;
 pub mod record;
 pub(crate) mod recycle;
+pub mod retry;
 pub mod route;
 pub mod server;
 pub mod shard;

@@ -47,6 +47,8 @@ pub struct Route {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// `Host` to send upstream instead of the client's.
     pub host_rewrite: Option<HeaderValue>,
+    /// The route's own timeouts and retries.
+    pub(crate) policy: crate::retry::RoutePolicy,
 }
 
 impl Route {
@@ -89,6 +91,7 @@ impl Route {
                 .host_rewrite
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(h.get_ref()).ok()),
+            policy: crate::retry::RoutePolicy::build(config),
         }
     }
 
