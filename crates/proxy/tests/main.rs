@@ -13,6 +13,7 @@ mod lifecycle;
 mod listeners;
 mod overload;
 mod pool;
+mod retry;
 mod routing;
 mod support;
 mod upstream_h2;
