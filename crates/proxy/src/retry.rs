@@ -6,10 +6,12 @@
 //! more on the request path (the plain exchange of `gateway.rs`, unchanged, with its one
 //! connect retry). A route with `retry` takes the loop here, boxed so the plain exchange's
 //! future does not grow by it. A try that is retried pays what a retry costs anyway (a pick,
-//! a budget withdrawal, a backoff on the connection's own timer); the request head is reused
-//! (`client::send` gives a bodiless request back with its answer), except when `timeout` is
-//! a condition: a try cut by its timeout takes the request with it, so such a route copies
-//! the head before each try that may be retried (a `HeaderMap` clone into a recycled box).
+//! a budget withdrawal, a backoff on the connection's own timer). On HTTP/1.1 the request
+//! head is reused (`client::send` gives a bodiless request back with its answer), except
+//! when `timeout` is a condition: a try cut by its timeout takes the request with it, so
+//! such a route copies the head before each try that may be retried (a `HeaderMap` clone
+//! into a recycled box). An HTTP/2 send always consumes the request: a retrying route to an
+//! HTTP/2 upstream copies the head before each try that may be retried.
 //!
 //! The rules, for both protocols:
 //! - `attempts` counts tries, the first included (nginx `proxy_next_upstream_tries`, gRPC
