@@ -23,6 +23,7 @@ pub const COMBINED: &str = "$remote_addr - $remote_user [$time_local] \"$request
 pub const VARIABLES: &str = "remote_addr, remote_user, time_local, time_iso8601, msec, request, \
      request_method, request_uri, uri, args, server_protocol, status, body_bytes_sent, \
      bytes_sent, request_time, upstream_addr, upstream_status, upstream_response_time, \
+     upstream_tries, \
      http_referer, http_user_agent, http_<header name>, route, request_id, error, grpc_status";
 
 /// How records become lines. Cheap to clone; build it once per configuration.
@@ -63,6 +64,7 @@ enum Var {
     UpstreamAddr,
     UpstreamStatus,
     UpstreamResponseTime,
+    UpstreamTries,
     HttpReferer,
     HttpUserAgent,
     Header(http::HeaderName),
@@ -93,6 +95,7 @@ impl Var {
             "upstream_addr" => Self::UpstreamAddr,
             "upstream_status" => Self::UpstreamStatus,
             "upstream_response_time" => Self::UpstreamResponseTime,
+            "upstream_tries" => Self::UpstreamTries,
             "http_referer" => Self::HttpReferer,
             "http_user_agent" => Self::HttpUserAgent,
             "route" => Self::Route,
@@ -357,13 +360,29 @@ fn write_var(var: &Var, r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache
         Var::BodyBytesSent => int(out, r.body_bytes_sent),
         Var::BytesSent => int(out, r.bytes_sent),
         Var::RequestTime => secs_ms(out, r.request_time),
-        Var::UpstreamAddr => match r.upstream_addr {
-            Some(a) => sock(out, a),
-            None => out.push(b'-'),
-        },
-        Var::UpstreamStatus => match r.upstream_status {
-            Some(s) => int(out, u64::from(s)),
-            None => out.push(b'-'),
+        Var::UpstreamAddr => {
+            for t in r.earlier_tries {
+                sock(out, t.addr);
+                out.extend_from_slice(b", ");
+            }
+            match r.upstream_addr {
+                Some(a) => sock(out, a),
+                None => out.push(b'-'),
+            }
+        }
+        Var::UpstreamStatus => {
+            for t in r.earlier_tries {
+                int(out, u64::from(t.status));
+                out.extend_from_slice(b", ");
+            }
+            match r.upstream_status {
+                Some(s) => int(out, u64::from(s)),
+                None => out.push(b'-'),
+            }
+        }
+        Var::UpstreamTries => match tries(r) {
+            0 => out.push(b'-'),
+            n => int(out, n),
         },
         Var::UpstreamResponseTime => match r.upstream_response_time {
             Some(d) => secs_ms(out, d),
@@ -380,6 +399,11 @@ fn write_var(var: &Var, r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache
             None => out.push(b'-'),
         },
     }
+}
+
+/// Endpoints the request was sent to (0: none).
+fn tries(r: &Record<'_>) -> u64 {
+    r.earlier_tries.len() as u64 + u64::from(r.upstream_addr.is_some())
 }
 
 fn header<'a>(r: &Record<'a>, name: &http::HeaderName) -> Option<&'a [u8]> {
@@ -426,7 +450,12 @@ fn write_json(r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache) {
     out.extend_from_slice(b",\"upstream_addr\":");
     match r.upstream_addr {
         Some(a) => {
+            // A retried request's earlier endpoints first, as in the text formats.
             out.push(b'"');
+            for t in r.earlier_tries {
+                sock(out, t.addr);
+                out.extend_from_slice(b", ");
+            }
             sock(out, a);
             out.push(b'"');
         }
@@ -441,6 +470,11 @@ fn write_json(r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache) {
     match r.upstream_response_time {
         Some(d) => secs_ms(out, d),
         None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"upstream_tries\":");
+    match tries(r) {
+        0 => out.extend_from_slice(b"null"),
+        n => int(out, n),
     }
     out.extend_from_slice(b",\"http_referer\":");
     json_opt_str(out, r.referer);

@@ -64,7 +64,7 @@ pub use config::{
 };
 pub use error::Error;
 pub use format::{COMBINED, Format, VARIABLES};
-pub use record::Record;
+pub use record::{Record, UpstreamTry};
 pub use stats::{LogMetrics, Metrics, Stats};
 
 use buffer::{Msg, Shared};

@@ -32,8 +32,12 @@ pub struct Record<'a> {
     pub bytes_sent: u64,
     /// From the first request byte to the last response byte (`$request_time`).
     pub request_time: Duration,
-    /// The endpoint that answered (`$upstream_addr`).
+    /// The endpoint that answered (`$upstream_addr`); the last one tried.
     pub upstream_addr: Option<SocketAddr>,
+    /// The endpoints a retried request tried before `upstream_addr`, in order (empty for
+    /// a request tried once): `$upstream_addr` and `$upstream_status` list them first,
+    /// comma-separated as nginx does, and `$upstream_tries` counts them.
+    pub earlier_tries: &'a [UpstreamTry],
     /// The status the endpoint returned (`$upstream_status`).
     pub upstream_status: Option<u16>,
     /// Time spent waiting for and reading the endpoint (`$upstream_response_time`).
@@ -56,6 +60,18 @@ pub struct Record<'a> {
     pub grpc_status: Option<u8>,
 }
 
+/// One try of a retried request that did not give the answer: where it went and how it
+/// ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTry {
+    /// The endpoint tried.
+    pub addr: SocketAddr,
+    /// The status it answered (a `502`, `503` or `504` that was retried), or the one the
+    /// gateway gives the failure when the try got no answer (`502` for a failed connect,
+    /// `504` for a timeout), as nginx puts in `$upstream_status`.
+    pub status: u16,
+}
+
 impl Default for Record<'_> {
     /// An empty record at the Unix epoch; tests and examples fill in what they need.
     fn default() -> Self {
@@ -71,6 +87,7 @@ impl Default for Record<'_> {
             bytes_sent: 0,
             request_time: Duration::ZERO,
             upstream_addr: None,
+            earlier_tries: &[],
             upstream_status: None,
             upstream_response_time: None,
             referer: None,

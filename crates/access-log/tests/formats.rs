@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, UNIX_EPOCH};
 
-use tailguard_access_log::{Format, Record};
+use tailguard_access_log::{Format, Record, UpstreamTry};
 
 struct Case {
     name: &'static str,
@@ -155,8 +155,8 @@ fn template_with_every_variable() {
     let f = Format::template(
         "$remote_addr|$remote_user|$time_local|$time_iso8601|$msec|$request|$request_method|\
          $request_uri|$uri|$args|$server_protocol|$status|$body_bytes_sent|$bytes_sent|\
-         $request_time|$upstream_addr|$upstream_status|$upstream_response_time|$http_referer|\
-         $http_user_agent|$http_x_request_id|$route|$request_id|$error|$grpc_status",
+         $request_time|$upstream_addr|$upstream_status|$upstream_response_time|$upstream_tries|\
+         $http_referer|$http_user_agent|$http_x_request_id|$route|$request_id|$error|$grpc_status",
     )
     .unwrap();
     let mut headers = http::HeaderMap::new();
@@ -175,7 +175,7 @@ fn template_with_every_variable() {
         line(&f, &r),
         "192.0.2.7|-|21/Nov/2026:21:19:53 +0000|2026-11-21T21:19:53+00:00|1795295993.000|\
          GET /api/users?id=7 HTTP/1.1|GET|/api/users?id=7|/api/users|id=7|HTTP/1.1|200|512|700|\
-         0.012|127.0.0.1:9000|200|0.011|https://example.com/|curl/8.5.0|id\\x221|users|r-7|\
+         0.012|127.0.0.1:9000|200|0.011|1|https://example.com/|curl/8.5.0|id\\x221|users|r-7|\
          upstream_timeout|14\n"
     );
     let r = Record {
@@ -186,11 +186,11 @@ fn template_with_every_variable() {
         ..base()
     };
     let f = Format::template(
-        "$args $upstream_addr $upstream_status $upstream_response_time $http_x_request_id \
-         $grpc_status",
+        "$args $upstream_addr $upstream_status $upstream_response_time $upstream_tries \
+         $http_x_request_id $grpc_status",
     )
     .unwrap();
-    assert_eq!(line(&f, &r), "- - - - - -\n");
+    assert_eq!(line(&f, &r), "- - - - - - -\n");
 }
 
 #[test]
@@ -224,10 +224,12 @@ fn json_lines_parse_and_round_trip_every_field() {
                 assert_eq!(v["upstream_addr"], a.to_string());
                 assert_eq!(v["upstream_response_time"].as_f64().unwrap(), 0.011);
                 assert_eq!(v["upstream_status"], 200);
+                assert_eq!(v["upstream_tries"], 1);
             }
             None => {
                 assert!(v["upstream_addr"].is_null());
                 assert!(v["upstream_status"].is_null());
+                assert!(v["upstream_tries"].is_null());
             }
         }
         assert_eq!(v["route"].as_str(), r.route);
@@ -237,7 +239,7 @@ fn json_lines_parse_and_round_trip_every_field() {
         }
         assert_eq!(
             v.as_object().unwrap().len(),
-            19,
+            20,
             "case {}: {text}",
             case.name
         );
@@ -245,4 +247,34 @@ fn json_lines_parse_and_round_trip_every_field() {
     let v: serde_json::Value = serde_json::from_str(&line(&f, &cases()[3].record)).unwrap();
     assert_eq!(v["request_uri"], "/café");
     assert_eq!(v["remote_user"], "al\"ice");
+}
+
+#[test]
+fn a_retried_request_lists_every_try_as_nginx_does() {
+    let earlier = [
+        UpstreamTry {
+            addr: SocketAddr::from(([10, 0, 0, 1], 80)),
+            status: 503,
+        },
+        UpstreamTry {
+            addr: SocketAddr::from(([10, 0, 0, 2], 80)),
+            status: 502,
+        },
+    ];
+    let r = Record {
+        earlier_tries: &earlier,
+        ..base()
+    };
+    let f = Format::template("$upstream_addr|$upstream_status|$upstream_tries").unwrap();
+    assert_eq!(
+        line(&f, &r),
+        "10.0.0.1:80, 10.0.0.2:80, 127.0.0.1:9000|503, 502, 200|3\n"
+    );
+    let v: serde_json::Value = serde_json::from_str(&line(&Format::json(), &r)).unwrap();
+    assert_eq!(
+        v["upstream_addr"],
+        "10.0.0.1:80, 10.0.0.2:80, 127.0.0.1:9000"
+    );
+    assert_eq!(v["upstream_status"], 200, "the status that answered");
+    assert_eq!(v["upstream_tries"], 3);
 }

@@ -315,6 +315,7 @@ pub(crate) fn log(log: &AccessLog, r: &RequestRecord, snapshot: &Snapshot, end: 
         upstream_addr: r
             .endpoint
             .and_then(|(u, e)| Some(snapshot.upstreams.get(u)?.endpoints.get(e)?.addr)),
+        earlier_tries: &r.earlier_tries,
         upstream_status: r.upstream_status,
         upstream_response_time: r.upstream_time,
         referer: r.referer.as_ref().map(HeaderValue::as_bytes),

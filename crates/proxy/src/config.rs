@@ -286,6 +286,12 @@ pub struct RouteConfig {
     /// Header operations on the response sent downstream.
     #[serde(default)]
     pub response_headers: Option<Spanned<crate::policy::HeaderOpsConfig>>,
+    /// The route's own `connect_ms`, `request_ms`, `read_ms` (each overrides `[timeouts]`).
+    #[serde(default)]
+    pub timeouts: Option<Spanned<crate::retry::RouteTimeouts>>,
+    /// Retries of a failed try on another endpoint (`crate::retry`).
+    #[serde(default)]
+    pub retry: Option<Spanned<crate::retry::RetryConfig>>,
 }
 
 /// Timeouts, in milliseconds; 0 disables one.
@@ -873,6 +879,13 @@ impl Config {
                         format!("`{}` is not a host name", h.get_ref()),
                     );
                 }
+            }
+            for (span, field, message) in crate::retry::check(r, &self.timeouts) {
+                d.push(
+                    span.or(Some(r.id.span())),
+                    format!("routes[{i}].{field}"),
+                    message,
+                );
             }
             for (j, h) in r.headers.iter().enumerate() {
                 if http::HeaderName::from_bytes(h.name.get_ref().as_bytes()).is_err() {

@@ -171,55 +171,81 @@ async fn forward(
     let dispatched = Instant::now();
     let waiting = snap.metrics.gateway.upstream_dispatched();
     // The head must come within `timeouts.request_ms` and the call's own deadline.
-    let head_limit = match (snap.request_timeout, grpc_timeout) {
+    let request_timeout = route.tries.request_timeout(snap.request_timeout);
+    let head_limit = match (request_timeout, grpc_timeout) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let exchange = async {
-        let mut pool = upstream.endpoints[endpoint_index]
-            .h2
-            .as_ref()
-            .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
-        let (send, stream) = match pool.stream().await {
-            Ok(taken) => taken,
-            Err(e) => {
-                // Nothing was sent: as on HTTP/1.1, once more on another endpoint if the
-                // request may be retried.
-                let next =
-                    retry_endpoint(snap, route.upstream, endpoint_index, &req, &e).ok_or(e)?;
-                upstream.balance.complete(
-                    endpoint_index,
-                    Outcome::ConnectFailed,
-                    dispatched.elapsed(),
-                );
-                upstream.record(endpoint_index, Outcome::ConnectFailed);
-                endpoint_index = next;
-                pool = upstream.endpoints[next]
-                    .h2
-                    .as_ref()
-                    .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
-                pool.stream().await?
-            }
+    let connect = route.tries.h2_connect();
+    // A route with `retry` takes its own loop: `request_ms` bounds each try, the call's
+    // deadline all of them. Boxed, as on HTTP/1.1.
+    let mut last_try = dispatched;
+    let result = if let Some(policy) = &route.tries.retry {
+        let retried = Box::pin(crate::retry::exchange_h2(
+            snap,
+            route,
+            policy,
+            endpoint_index,
+            *req,
+            dispatched,
+            record,
+            request_timeout,
+            grpc_timeout.map(|t| dispatched + t),
+        ));
+        let (result, endpoint, started) = retried.await;
+        endpoint_index = endpoint;
+        last_try = started;
+        result
+    } else {
+        let exchange = async {
+            let mut pool = upstream.endpoints[endpoint_index]
+                .h2
+                .as_ref()
+                .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
+            let (send, stream) = match crate::retry::h2_stream(pool, connect).await {
+                Ok(taken) => taken,
+                Err(e) => {
+                    // Nothing was sent: as on HTTP/1.1, once more on another endpoint if the
+                    // request may be retried.
+                    let Some(next) = retry_endpoint(snap, route.upstream, endpoint_index, &req, &e)
+                    else {
+                        return Err(e);
+                    };
+                    crate::retry::note_connect_retry(snap, route, endpoint_index, &e, record);
+                    upstream.balance.complete(
+                        endpoint_index,
+                        Outcome::ConnectFailed,
+                        dispatched.elapsed(),
+                    );
+                    upstream.record(endpoint_index, Outcome::ConnectFailed);
+                    endpoint_index = next;
+                    pool = upstream.endpoints[next]
+                        .h2
+                        .as_ref()
+                        .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
+                    crate::retry::h2_stream(pool, connect).await?
+                }
+            };
+            pool.send(send, stream, *req).await
         };
-        pool.send(send, stream, *req).await
-    };
-    let result = match head_limit {
-        Some(limit) => {
-            match tokio::time::timeout_at((dispatched + limit).into(), exchange).await {
-                Ok(r) => r,
-                Err(_) => Err(match &record.bytes_in {
-                    // A client still sending its body is the slow one, not the upstream.
-                    Some(count) if !crate::body::body_ended(count) && !record.grpc => {
-                        Error::DownstreamTimeout { phase: "request" }
-                    }
-                    _ => Error::UpstreamTimeout {
-                        addr: upstream.endpoints[endpoint_index].addr,
-                        phase: "request",
-                    },
-                }),
+        match head_limit {
+            Some(limit) => {
+                match tokio::time::timeout_at((dispatched + limit).into(), exchange).await {
+                    Ok(r) => r,
+                    Err(_) => Err(match &record.bytes_in {
+                        // A client still sending its body is the slow one, not the upstream.
+                        Some(count) if !crate::body::body_ended(count) && !record.grpc => {
+                            Error::DownstreamTimeout { phase: "request" }
+                        }
+                        _ => Error::UpstreamTimeout {
+                            addr: upstream.endpoints[endpoint_index].addr,
+                            phase: "request",
+                        },
+                    }),
+                }
             }
+            None => exchange.await,
         }
-        None => exchange.await,
     };
     // A request body over the limit resets the stream; the client is told why.
     let result = match result {
@@ -240,7 +266,11 @@ async fn forward(
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
         Err(_) => Outcome::Aborted,
     };
-    upstream.balance.complete(endpoint_index, outcome, elapsed);
+    // The pick's own time: a retried request's last try, not the whole exchange.
+    let try_elapsed = elapsed.saturating_sub(last_try.saturating_duration_since(dispatched));
+    upstream
+        .balance
+        .complete(endpoint_index, outcome, try_elapsed);
     upstream.record(endpoint_index, outcome);
     breaker.finish(outcome);
 
@@ -259,7 +289,8 @@ async fn forward(
             grpc_timeout.map(|t| Box::pin(tokio::time::sleep_until((dispatched + t).into())));
         H2Body::new(incoming, stream, endpoint.addr, deadline, None)
     } else {
-        H2Body::new(incoming, stream, endpoint.addr, None, snap.read_timeout)
+        let read = route.tries.read_timeout(snap.read_timeout);
+        H2Body::new(incoming, stream, endpoint.addr, None, read)
     };
     Ok(Response::from_parts(parts, body))
 }

@@ -959,14 +959,43 @@ async fn forward(
     // Boxed since its head was parsed: the request moves as a pointer through the exchange,
     // the client and its body writer, instead of ~300 bytes copied into each future.
     let request = req;
+    let request_timeout = route.tries.request_timeout(snap.request_timeout);
+    let connect_timeout = route
+        .tries
+        .connect_timeout(endpoint.pool.settings().connect_timeout);
     // The exchange future is built inside each arm, not bound before the match: a binding
     // would keep its ~2 KB slot in this future's state beside the `Timeout` holding it.
-    let (result, endpoint_index) = match snap.request_timeout {
-        Some(limit) => {
+    // The third value is when the last try started (a route's `retry` may make several).
+    let (result, endpoint_index, last_try) = match (&route.tries.retry, request_timeout) {
+        // Boxed: the plain exchange's future does not grow by the retry loop.
+        (Some(policy), _) => {
+            Box::pin(crate::retry::exchange_http1(
+                snap,
+                route,
+                policy,
+                endpoint_index,
+                request,
+                dispatched,
+                timer,
+                record,
+                request_timeout,
+                connect_timeout,
+            ))
+            .await
+        }
+        (None, Some(limit)) => {
             let deadline = tokio::time::Instant::from_std(dispatched + limit);
-            let sent = exchange(snap, route.upstream, endpoint_index, request, dispatched);
+            let sent = exchange(
+                snap,
+                route,
+                endpoint_index,
+                request,
+                dispatched,
+                connect_timeout,
+                record,
+            );
             match timer.limit(deadline, sent).await {
-                Some(r) => r,
+                Some((r, e)) => (r, e, dispatched),
                 None => (
                     // A client still sending its body is the slow one (408), not the
                     // upstream waiting for it.
@@ -982,10 +1011,23 @@ async fn forward(
                     // A retry that timed out was on another endpoint; the record names the
                     // first (the rare case of a retry is in the log line's reason).
                     endpoint_index,
+                    dispatched,
                 ),
             }
         }
-        None => exchange(snap, route.upstream, endpoint_index, request, dispatched).await,
+        (None, None) => {
+            let sent = exchange(
+                snap,
+                route,
+                endpoint_index,
+                request,
+                dispatched,
+                connect_timeout,
+                record,
+            );
+            let (r, e) = sent.await;
+            (r, e, dispatched)
+        }
     };
     let endpoint = &upstream.endpoints[endpoint_index];
     record.endpoint = Some((route.upstream, endpoint_index));
@@ -999,12 +1041,17 @@ async fn forward(
         Err(Error::UpstreamBroken { .. }) => Outcome::Broken,
         Err(_) => Outcome::Aborted,
     };
-    upstream.balance.complete(endpoint_index, outcome, elapsed);
+    // The pick's own time: a retried request's last try, not the whole exchange.
+    let try_elapsed = elapsed.saturating_sub(last_try.saturating_duration_since(dispatched));
+    upstream
+        .balance
+        .complete(endpoint_index, outcome, try_elapsed);
     upstream.record(endpoint_index, outcome);
     breaker.finish(outcome);
 
     let mut resp = result?;
-    resp.body_mut().set_read_timeout(snap.read_timeout);
+    resp.body_mut()
+        .set_read_timeout(route.tries.read_timeout(snap.read_timeout));
     record.upstream_status = Some(resp.status().as_u16());
     if let Some((_, downstream)) = upgrade
         && resp.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -1029,9 +1076,9 @@ async fn forward(
         frame.transpose()?
     } else {
         let frame = resp.body_mut().frame();
-        match snap.request_timeout {
+        match request_timeout {
             Some(limit) => {
-                let deadline = tokio::time::Instant::from_std(dispatched + limit);
+                let deadline = tokio::time::Instant::from_std(last_try + limit);
                 timer
                     .limit(deadline, frame)
                     .await
@@ -1089,23 +1136,30 @@ async fn tunnel(downstream: OnUpgrade, upstream: Box<client::Connection>, addr: 
 ///   to the same endpoint;
 /// - a failed connect: once, on another endpoint, if the request is idempotent, has no body,
 ///   and the upstream's retry budget (10 % of its requests plus a floor) allows it, so
-///   retries cannot multiply the load on an upstream that is failing.
+///   retries cannot multiply the load on an upstream that is failing (counted and logged as
+///   a retry of the route; a route with `retry` has its own loop, `crate::retry`).
+///
+/// New connections are made within `connect` (the route's or the global connect timeout).
 async fn exchange(
     snap: &Snapshot,
-    upstream_index: usize,
+    route: &Route,
     first: usize,
     req: Box<Request<RequestBody>>,
     now: Instant,
+    connect: Option<Duration>,
+    record: &mut RequestRecord,
 ) -> (Result<Response<UpstreamBody>, Error>, usize) {
+    let upstream_index = route.upstream;
     let upstream = &snap.upstreams[upstream_index];
     let pool = &upstream.endpoints[first].pool;
-    let (conn, reused) = match pool.checkout(now).await {
+    let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
             let retry_on = retry_endpoint(snap, upstream_index, first, &req, &e);
             let Some(next) = retry_on else {
                 return (Err(e), first);
             };
+            crate::retry::note_connect_retry(snap, route, first, &e, record);
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());
@@ -1119,13 +1173,13 @@ async fn exchange(
             );
             let next_pool = &upstream.endpoints[next].pool;
             let sent = async {
-                let (conn, reused) = next_pool.checkout(now).await?;
-                send_once(conn, req, reused, next_pool).await
+                let (conn, reused) = next_pool.checkout_within(now, connect).await?;
+                send_once(conn, req, reused, next_pool, connect).await
             };
             return (Box::pin(sent).await, next);
         }
     };
-    (send_once(conn, req, reused, pool).await, first)
+    (send_once(conn, req, reused, pool, connect).await, first)
 }
 
 /// Sends `req` on `conn` and waits for the response head; if `conn` was an idle connection
@@ -1135,13 +1189,14 @@ async fn send_once(
     req: Box<Request<RequestBody>>,
     reused: bool,
     pool: &EndpointPool,
+    connect: Option<Duration>,
 ) -> Result<Response<UpstreamBody>, Error> {
     match client::send(conn, req, reused).await {
         Ok(sent) => Ok(answered(sent)),
         Err(SendError::Failed(e)) => Err(e.into()),
         Err(SendError::Stale(req)) => {
             let resend = async {
-                let conn = pool.connect().await?;
+                let conn = pool.connect_within(connect).await?;
                 match client::send(conn, req, false).await {
                     Ok(sent) => Ok(answered(sent)),
                     Err(SendError::Failed(e)) => Err(e.into()),

@@ -35,7 +35,7 @@
 //!     err,
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
-//!      `redirect`, `respond`, `request_headers`, `response_headers`"
+//!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`"
 //! );
 //! ```
 
@@ -60,6 +60,7 @@ pub mod policy;
 pub mod pool;
 pub mod record;
 pub(crate) mod recycle;
+pub mod retry;
 pub mod route;
 pub mod server;
 pub mod shard;

@@ -140,6 +140,7 @@ pub struct GatewayMetrics {
     duration: Family<Histogram>,
     upstream_duration: Family<Histogram>,
     picks: Family<Counter>,
+    retries: Family<Counter>,
     endpoint_up: Family<Gauge>,
     bytes_in: Family<Counter>,
     bytes_out: Family<Counter>,
@@ -198,6 +199,12 @@ impl GatewayMetrics {
             "tailguard_balancer_picks",
             "Endpoint picks by the upstream's balancer (round robin or p2c-EWMA).",
             &["upstream", "endpoint"],
+        )?;
+        let retries = r.counter(
+            "tailguard_upstream_retries",
+            "Tries sent again after a failed one, by route and the condition it met \
+             (connect, 502, 503, 504, timeout).",
+            &["route", "reason"],
         )?;
         let endpoint_up = r.gauge(
             "tailguard_upstream_endpoint_up",
@@ -304,6 +311,7 @@ impl GatewayMetrics {
             duration,
             upstream_duration,
             picks,
+            retries,
             endpoint_up,
             bytes_in,
             bytes_out,
@@ -432,6 +440,11 @@ impl GatewayMetrics {
     pub(crate) fn upstream_dispatched(&self) -> UpstreamGuard<'_> {
         self.pool.in_flight.inc();
         UpstreamGuard(&self.pool)
+    }
+
+    /// `tailguard_upstream_retries_total` (each route makes its handles at its first retry).
+    pub(crate) fn retries(&self) -> &Family<Counter> {
+        &self.retries
     }
 
     /// The counters every endpoint's pool records into.

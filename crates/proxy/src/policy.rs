@@ -246,6 +246,8 @@ impl Policy {
                     r.request_headers.as_ref().map(Spanned::span),
                 ),
                 ("host_rewrite", r.host_rewrite.as_ref().map(Spanned::span)),
+                ("timeouts", r.timeouts.as_ref().map(Spanned::span)),
+                ("retry", r.retry.as_ref().map(Spanned::span)),
             ];
             for (field, span) in upstream_only {
                 if let Some(span) = span {

@@ -115,9 +115,15 @@ impl EndpointPool {
     }
 
     /// A connection ready to take a request: the most recently released idle one of this
-    /// thread, else a new one. `now` is the request's start (no clock read here). Returns
-    /// the connection and whether it served a request before.
-    pub(crate) async fn checkout(&self, now: Instant) -> Result<(Box<Connection>, bool), Error> {
+    /// thread, else a new one, connected within `connect` (the pool's
+    /// [`PoolSettings::connect_timeout`], or a route's own `timeouts.connect_ms`). `now` is
+    /// the request's start (no clock read here). Returns the connection and whether it
+    /// served a request before.
+    pub(crate) async fn checkout_within(
+        &self,
+        now: Instant,
+        connect: Option<Duration>,
+    ) -> Result<(Box<Connection>, bool), Error> {
         loop {
             let Some(mut idle) = self.slot().pop() else {
                 break;
@@ -130,15 +136,18 @@ impl EndpointPool {
         }
         // Boxed: only a request that opens a connection pays for the connect path's state
         // (~300 bytes), instead of every request's future carrying it.
-        Ok((Box::pin(self.connect()).await?, false))
+        Ok((Box::pin(self.connect_within(connect)).await?, false))
     }
 
-    /// Opens a new connection (TCP, then TLS if the upstream has it, both within the
-    /// connect timeout).
-    pub(crate) async fn connect(&self) -> Result<Box<Connection>, Error> {
+    /// Opens a new connection (TCP, then TLS if the upstream has it, both within `connect`:
+    /// the pool's connect timeout, or a route's own).
+    pub(crate) async fn connect_within(
+        &self,
+        connect: Option<Duration>,
+    ) -> Result<Box<Connection>, Error> {
         let addr = self.addr;
         let connecting = self.open();
-        let stream = match self.settings.connect_timeout {
+        let stream = match connect {
             Some(limit) => match tokio::time::timeout(limit, connecting).await {
                 Ok(r) => r,
                 Err(_) => {

@@ -36,8 +36,10 @@ pub struct RequestRecord {
     pub request_id: Option<HeaderValue>,
     /// Index of the matched route in the snapshot's router.
     pub route: Option<usize>,
-    /// Index of the upstream and of the endpoint the request was sent to.
+    /// Index of the upstream and of the endpoint the request was sent to (its last try).
     pub endpoint: Option<(usize, usize)>,
+    /// The tries before the last, if the request was retried (empty, unallocated, if not).
+    pub earlier_tries: Vec<tailguard_access_log::UpstreamTry>,
     /// Status the upstream answered with.
     pub upstream_status: Option<u16>,
     /// From dispatch to the upstream's response head (or failure).
@@ -82,6 +84,7 @@ impl RequestRecord {
             request_id: None,
             route: None,
             endpoint: None,
+            earlier_tries: Vec::new(),
             upstream_status: None,
             upstream_time: None,
             status: 0,

@@ -51,6 +51,8 @@ pub struct Route {
     pub host_rewrite: Option<HeaderValue>,
     /// Rewrite, header operations, local answer (`None`: none of them).
     pub policy: Option<Box<crate::policy::Policy>>,
+    /// The route's own timeouts and retries.
+    pub(crate) tries: crate::retry::RoutePolicy,
 }
 
 impl Route {
@@ -100,6 +102,7 @@ impl Route {
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(h.get_ref()).ok()),
             policy: crate::policy::Policy::build(config),
+            tries: crate::retry::RoutePolicy::build(config),
         }
     }
 

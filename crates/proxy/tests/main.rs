@@ -14,6 +14,7 @@ mod listeners;
 mod overload;
 mod policy;
 mod pool;
+mod retry;
 mod routing;
 mod support;
 mod upstream_h2;

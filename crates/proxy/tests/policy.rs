@@ -477,6 +477,7 @@ id = "local-rewrite"
 respond = { status = 101 }
 rewrite = { path = "/b" }
 request_headers = { add = [{ name = "x", value = "y" }] }
+retry = { attempts = 2 }
 "#;
     let errs = errors(text);
     let expected = [
@@ -505,6 +506,8 @@ request_headers = { add = [{ name = "x", value = "y" }] }
         "gw.toml:44:11: routes[7].rewrite: this route answers by itself (`redirect`/`respond`) \
          and sends nothing upstream",
         "gw.toml:45:19: routes[7].request_headers: this route answers by itself \
+         (`redirect`/`respond`) and sends nothing upstream",
+        "gw.toml:46:9: routes[7].retry: this route answers by itself \
          (`redirect`/`respond`) and sends nothing upstream",
     ];
     for e in expected {

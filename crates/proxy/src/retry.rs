@@ -1,0 +1,874 @@
+//! Per-route timeouts and retries: a route's `timeouts = { connect_ms, request_ms, read_ms }`
+//! and `retry = { attempts, on, backoff_ms }`, their checks, and the exchanges that retry a
+//! failed try on another endpoint (HTTP/1.1 and HTTP/2 upstreams).
+//!
+//! What a route pays: a route without `timeouts` and `retry` reads three `None`s and one
+//! more on the request path (the plain exchange of `gateway.rs`, unchanged, with its one
+//! connect retry). A route with `retry` takes the loop here, boxed so the plain exchange's
+//! future does not grow by it. A try that is retried pays what a retry costs anyway (a pick,
+//! a budget withdrawal, a backoff on the connection's own timer). On HTTP/1.1 the request
+//! head is reused (`client::send` gives a bodiless request back with its answer), except
+//! when `timeout` is a condition: a try cut by its timeout takes the request with it, so
+//! such a route copies the head before each try that may be retried (a `HeaderMap` clone
+//! into a recycled box). An HTTP/2 send always consumes the request: a retrying route to an
+//! HTTP/2 upstream copies the head before each try that may be retried.
+//!
+//! The rules, for both protocols:
+//! - `attempts` counts tries, the first included (nginx `proxy_next_upstream_tries`, gRPC
+//!   `maxAttempts`): `attempts = 3` is Envoy's `num_retries = 2`.
+//! - Only an idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) without a request body is
+//!   retried, and every retry takes one from the upstream's retry budget
+//!   ([`crate::overload::Overload::may_retry`]); a body is never held for a resend.
+//! - A `502`/`503`/`504` answer is looked at before any byte of it goes to the client; a
+//!   retried one is discarded (HTTP/1.1: read from what already arrived and its connection
+//!   pooled if that is the whole body, else closed; HTTP/2: its stream reset). The last
+//!   try's answer, or one the budget does not allow to retry, goes to the client as it is.
+//! - `request_ms` bounds each try, from its dispatch to its response head.
+//! - Every pick is completed once with its outcome, and every try's outcome is recorded for
+//!   passive ejection; the breaker of the route sees the request once, with its final
+//!   outcome.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt as _;
+use http::{Request, Response};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use serde::Deserialize;
+use tailguard_access_log::UpstreamTry;
+use tailguard_http1::client::{self, SendError};
+use tailguard_http1::timer::LazyTimer;
+use tailguard_metrics::{Counter, Family};
+use toml::Spanned;
+
+use crate::balance::Outcome;
+use crate::body::{IncomingBody, RequestBody};
+use crate::config::{RouteConfig, Timeouts};
+use crate::error::Error;
+use crate::gateway::Snapshot;
+use crate::pool::EndpointPool;
+use crate::record::RequestRecord;
+use crate::route::Route;
+use crate::upstream::Upstream;
+use crate::upstream_h2::{H2Pool, StreamGuard};
+
+/// The most tries a route may ask for: more would only multiply the load on a failing
+/// upstream (the budget stops it anyway, but a config that asks for it is a mistake).
+const MAX_ATTEMPTS: u32 = 10;
+/// The longest `backoff_ms`: a retry is for a blip, and a client waits through it.
+const MAX_BACKOFF_MS: u64 = 10_000;
+/// The backoff doubles from try to try up to this many times `backoff_ms`.
+const MAX_BACKOFF_FACTOR: u32 = 8;
+
+/// A route's `timeouts`: each one set overrides `[timeouts]` for the route (`0` disables it,
+/// as there).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTimeouts {
+    /// TCP connect (and TLS handshake) to an endpoint.
+    #[serde(default)]
+    pub connect_ms: Option<u64>,
+    /// From a try's dispatch to the upstream's response head.
+    #[serde(default)]
+    pub request_ms: Option<u64>,
+    /// Between two reads of the upstream's response body.
+    #[serde(default)]
+    pub read_ms: Option<u64>,
+}
+
+/// A route's `retry`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Tries in all, the first included (1: none).
+    #[serde(default = "default_attempts")]
+    pub attempts: Spanned<u32>,
+    /// Conditions that retry: `connect`, `502`, `503`, `504`, `timeout`.
+    #[serde(default = "default_on")]
+    pub on: Spanned<Vec<Spanned<String>>>,
+    /// Backoff before the first retry, doubled for each next one (jittered).
+    #[serde(default = "default_backoff_ms")]
+    pub backoff_ms: Spanned<u64>,
+}
+
+fn default_attempts() -> Spanned<u32> {
+    Spanned::new(0..0, 2)
+}
+
+fn default_on() -> Spanned<Vec<Spanned<String>>> {
+    // A failed connect never reached the upstream: retrying it processes nothing twice.
+    Spanned::new(0..0, vec![Spanned::new(0..0, "connect".to_owned())])
+}
+
+fn default_backoff_ms() -> Spanned<u64> {
+    // 25 ms: Envoy's default base interval.
+    Spanned::new(0..0, 25)
+}
+
+/// Why a try was retried: the `on` condition it met, also the `reason` label of
+/// `tailguard_upstream_retries_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The connect (or TLS handshake) failed or timed out: nothing was sent.
+    Connect,
+    /// The upstream answered `502`.
+    Status502,
+    /// The upstream answered `503`.
+    Status503,
+    /// The upstream answered `504`.
+    Status504,
+    /// The try's `request_ms` passed before the response head.
+    Timeout,
+}
+
+const REASONS: [Reason; 5] = [
+    Reason::Connect,
+    Reason::Status502,
+    Reason::Status503,
+    Reason::Status504,
+    Reason::Timeout,
+];
+
+impl Reason {
+    /// The name as written in `on` and in the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Connect => "connect",
+            Reason::Status502 => "502",
+            Reason::Status503 => "503",
+            Reason::Status504 => "504",
+            Reason::Timeout => "timeout",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Reason> {
+        REASONS.into_iter().find(|r| r.as_str() == s)
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// The problems of route `r`'s `timeouts` and `retry`, as `(span, field, message)` with the
+/// field below the route (`retry.on[1]`).
+pub(crate) fn check(
+    r: &RouteConfig,
+    global: &Timeouts,
+) -> Vec<(Option<Range<usize>>, String, String)> {
+    let mut out = Vec::new();
+    let Some(retry) = r.retry.as_ref().map(Spanned::get_ref) else {
+        return out;
+    };
+    let span = |s: Range<usize>| (!s.is_empty()).then_some(s);
+    let attempts = *retry.attempts.get_ref();
+    if !(1..=MAX_ATTEMPTS).contains(&attempts) {
+        out.push((
+            span(retry.attempts.span()),
+            "retry.attempts".to_owned(),
+            format!("{attempts} is outside 1..={MAX_ATTEMPTS} (tries in all, the first included)"),
+        ));
+    }
+    let backoff = *retry.backoff_ms.get_ref();
+    if backoff > MAX_BACKOFF_MS {
+        out.push((
+            span(retry.backoff_ms.span()),
+            "retry.backoff_ms".to_owned(),
+            format!("{backoff} ms is above the {MAX_BACKOFF_MS} ms ceiling"),
+        ));
+    }
+    if retry.on.get_ref().is_empty() {
+        out.push((
+            span(retry.on.span()),
+            "retry.on".to_owned(),
+            "names no condition; for no retries at all, set `attempts = 1`".to_owned(),
+        ));
+    }
+    for (i, c) in retry.on.get_ref().iter().enumerate() {
+        match Reason::parse(c.get_ref()) {
+            Some(Reason::Timeout) => {
+                let request_ms = r
+                    .timeouts
+                    .as_ref()
+                    .and_then(|t| t.get_ref().request_ms)
+                    .unwrap_or(global.request_ms);
+                if request_ms == 0 {
+                    out.push((
+                        span(c.span()),
+                        format!("retry.on[{i}]"),
+                        "`timeout` needs a request timeout, and `request_ms` is 0 (disabled)"
+                            .to_owned(),
+                    ));
+                }
+            }
+            Some(_) => {}
+            None => out.push((
+                span(c.span()),
+                format!("retry.on[{i}]"),
+                format!(
+                    "`{}` is not a retry condition; expected one of `connect`, `502`, `503`, \
+                     `504`, `timeout`",
+                    c.get_ref()
+                ),
+            )),
+        }
+    }
+    out
+}
+
+/// A route's timeouts and retries as built at config load.
+#[derive(Debug, Default)]
+pub(crate) struct RoutePolicy {
+    /// `timeouts.connect_ms` of the route (`None`: the global one).
+    connect: Option<Option<Duration>>,
+    /// `timeouts.request_ms` of the route.
+    request: Option<Option<Duration>>,
+    /// `timeouts.read_ms` of the route.
+    read: Option<Option<Duration>>,
+    /// `retry`, if the route has one.
+    pub(crate) retry: Option<RetryPolicy>,
+    /// `tailguard_upstream_retries_total` of the route, by reason.
+    counters: RetryCounters,
+}
+
+/// A route's `retry` as built at config load.
+#[derive(Debug)]
+pub(crate) struct RetryPolicy {
+    attempts: u32,
+    /// One bit per [`Reason`].
+    on: u8,
+    backoff: Duration,
+}
+
+fn millis(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+impl RoutePolicy {
+    /// Builds a route's policy from its validated config.
+    pub(crate) fn build(config: &RouteConfig) -> RoutePolicy {
+        let t = config
+            .timeouts
+            .as_ref()
+            .map(|t| t.get_ref().clone())
+            .unwrap_or_default();
+        RoutePolicy {
+            connect: t.connect_ms.map(millis),
+            request: t.request_ms.map(millis),
+            read: t.read_ms.map(millis),
+            retry: config
+                .retry
+                .as_ref()
+                .map(Spanned::get_ref)
+                .map(|r| RetryPolicy {
+                    attempts: *r.attempts.get_ref(),
+                    on: r
+                        .on
+                        .get_ref()
+                        .iter()
+                        .filter_map(|c| Reason::parse(c.get_ref()))
+                        .fold(0, |bits, r| bits | r.bit()),
+                    backoff: Duration::from_millis(*r.backoff_ms.get_ref()),
+                }),
+            counters: RetryCounters::default(),
+        }
+    }
+
+    /// The route's connect timeout, else `global`.
+    #[inline]
+    pub(crate) fn connect_timeout(&self, global: Option<Duration>) -> Option<Duration> {
+        self.connect.unwrap_or(global)
+    }
+
+    /// The route's request timeout (per try), else `global`.
+    #[inline]
+    pub(crate) fn request_timeout(&self, global: Option<Duration>) -> Option<Duration> {
+        self.request.unwrap_or(global)
+    }
+
+    /// The route's response body read timeout, else `global`.
+    #[inline]
+    pub(crate) fn read_timeout(&self, global: Option<Duration>) -> Option<Duration> {
+        self.read.unwrap_or(global)
+    }
+
+    /// Counts a retry of this route (a connect retry of a route without `retry` too).
+    pub(crate) fn count(&self, snap: &Snapshot, route: &str, reason: Reason) {
+        self.counters
+            .inc(snap.metrics.gateway.retries(), route, reason);
+    }
+}
+
+impl RetryPolicy {
+    fn retries_on(&self, reason: Reason) -> bool {
+        self.on & reason.bit() != 0
+    }
+
+    /// The condition a failed try met, if the route retries on it.
+    fn reason_of_error(&self, e: &Error) -> Option<Reason> {
+        let reason = match e {
+            Error::UpstreamConnect { .. }
+            | Error::UpstreamTls { .. }
+            | Error::UpstreamTimeout {
+                phase: "connect", ..
+            } => Reason::Connect,
+            Error::UpstreamTimeout {
+                phase: "request", ..
+            } => Reason::Timeout,
+            _ => return None,
+        };
+        self.retries_on(reason).then_some(reason)
+    }
+
+    /// The condition an answer met, if the route retries on it.
+    fn reason_of_status(&self, status: u16) -> Option<Reason> {
+        let reason = match status {
+            502 => Reason::Status502,
+            503 => Reason::Status503,
+            504 => Reason::Status504,
+            _ => return None,
+        };
+        self.retries_on(reason).then_some(reason)
+    }
+
+    /// The wait before retry number `retry` (1 for the first): `backoff_ms` doubled for
+    /// each retry after the first (at most 8 times `backoff_ms`), then drawn uniformly from
+    /// its upper half ("equal jitter": tries spread out, never bunched at zero). The draw is
+    /// the serving thread's own generator: no lock, nothing shared.
+    fn backoff(&self, retry: u32) -> Duration {
+        let factor = 1u32 << retry.saturating_sub(1).min(MAX_BACKOFF_FACTOR.ilog2());
+        let ceiling = self.backoff.saturating_mul(factor);
+        let micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
+        if micros == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(fastrand::u64(micros / 2..=micros))
+    }
+}
+
+/// `tailguard_upstream_retries_total` of one route: a handle per reason, each created at
+/// the route's first retry for that reason (a retry is the rare path; most routes never
+/// make a series), then one relaxed add.
+#[derive(Debug, Default)]
+struct RetryCounters {
+    table: [OnceLock<Counter>; REASONS.len()],
+}
+
+impl RetryCounters {
+    fn inc(&self, family: &Family<Counter>, route: &str, reason: Reason) {
+        let slot = &self.table[reason as usize];
+        let counter = match slot.get() {
+            Some(c) => c,
+            None => match family.get_or_create(&[route, reason.as_str()]) {
+                Ok(c) => slot.get_or_init(|| c),
+                Err(_) => return,
+            },
+        };
+        counter.inc();
+    }
+}
+
+/// How an exchange that got no answer ended, for the balancer and ejection.
+fn outcome_of(e: &Error) -> Outcome {
+    match e {
+        Error::UpstreamConnect { .. } | Error::UpstreamTls { .. } => Outcome::ConnectFailed,
+        Error::UpstreamTimeout { .. } => Outcome::Timeout,
+        Error::UpstreamBroken { .. } => Outcome::Broken,
+        _ => Outcome::Aborted,
+    }
+}
+
+/// The endpoint for the next try: the balancer's pick, asked once more if it offers the
+/// endpoint that just failed (that pick is released unused); if it offers that one again,
+/// it is all the balancer has up, and it is tried again.
+fn next_endpoint(snap: &Snapshot, upstream_index: usize, failed: usize) -> Option<usize> {
+    let upstream = &snap.upstreams[upstream_index];
+    let pick = upstream.pick()?;
+    snap.metrics.picked(upstream_index, pick);
+    if pick != failed || upstream.endpoints.len() < 2 {
+        return Some(pick);
+    }
+    match upstream.pick() {
+        Some(again) => {
+            snap.metrics.picked(upstream_index, again);
+            upstream
+                .balance
+                .complete(pick, Outcome::Aborted, Duration::ZERO);
+            Some(again)
+        }
+        None => Some(pick),
+    }
+}
+
+/// Whether the request could be sent again: an idempotent method, no body (the budget and
+/// the exact method list are [`crate::overload::Overload::may_retry`]'s to decide).
+fn resendable<B: http_body::Body>(req: &Request<B>) -> bool {
+    req.method().is_idempotent() && req.body().is_end_stream()
+}
+
+/// A copy of a bodiless request's head, for a try that may not give the request back.
+fn copy_head<B>(req: &Request<B>) -> Box<Request<RequestBody>> {
+    let mut copy = crate::recycle::request(req.headers().len());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    copy.headers_mut().clone_from(req.headers());
+    copy
+}
+
+/// What one try ended with.
+enum Ended<R> {
+    Answer(R),
+    Failed(Error),
+}
+
+/// Decides whether a try that ended is retried, and if so does the bookkeeping of the try
+/// it leaves (its pick completed, its outcome recorded, the retry counted and logged) and
+/// returns the endpoint of the next one. `status` is the try's answer, if it had one.
+#[allow(clippy::too_many_arguments)]
+fn retry_after(
+    snap: &Snapshot,
+    route: &Route,
+    reason: Reason,
+    endpoint: usize,
+    started: Instant,
+    status: Option<u16>,
+    failure: Option<&Error>,
+    record: &mut RequestRecord,
+) -> Option<usize> {
+    let upstream: &Upstream = &snap.upstreams[route.upstream];
+    // The budget is asked last: a `true` takes a retry from it. (Method and body were
+    // checked by the caller; `may_retry` checks them again, cheaply.)
+    if !snap
+        .overload
+        .may_retry(route.upstream, &record.method, false)
+    {
+        return None;
+    }
+    let next = next_endpoint(snap, route.upstream, endpoint)?;
+    let outcome = match (status, failure) {
+        (Some(s), _) => Outcome::Status(s),
+        (None, Some(e)) => outcome_of(e),
+        (None, None) => Outcome::Aborted,
+    };
+    upstream
+        .balance
+        .complete(endpoint, outcome, started.elapsed());
+    upstream.record(endpoint, outcome);
+    let addr = upstream.endpoints[endpoint].addr;
+    let shown = status.unwrap_or_else(|| failure.map_or(502, |e| e.status().as_u16()));
+    record.earlier_tries.push(UpstreamTry {
+        addr,
+        status: shown,
+    });
+    route.tries.count(snap, &route.id, reason);
+    tracing::debug!(
+        target: "tailguard::request",
+        route = %route.id,
+        upstream = %upstream.name,
+        failed = %addr,
+        retry = %upstream.endpoints[next].addr,
+        reason = reason.as_str(),
+        "retrying on {}",
+        upstream.endpoints[next].addr
+    );
+    Some(next)
+}
+
+/// Shows the one connect retry of a route without `retry` (the plain exchange's) like any
+/// other: the failed endpoint in the request's tries, the retry counted.
+pub(crate) fn note_connect_retry(
+    snap: &Snapshot,
+    route: &Route,
+    failed: usize,
+    err: &Error,
+    record: &mut RequestRecord,
+) {
+    record.earlier_tries.push(UpstreamTry {
+        addr: snap.upstreams[route.upstream].endpoints[failed].addr,
+        status: err.status().as_u16(),
+    });
+    route.tries.count(snap, &route.id, Reason::Connect);
+}
+
+/// The error of a try whose `request_ms` ran out: the upstream's, unless the client was
+/// still sending its body (then the client is the slow one; never for a gRPC call, whose
+/// streams are the upstream's to answer).
+fn timed_out(record: &RequestRecord, addr: std::net::SocketAddr) -> Error {
+    match &record.bytes_in {
+        Some(count) if !crate::body::body_ended(count) && !record.grpc => {
+            Error::DownstreamTimeout { phase: "request" }
+        }
+        _ => Error::UpstreamTimeout {
+            addr,
+            phase: "request",
+        },
+    }
+}
+
+/// An HTTP/1.1 upstream response whose body streams from its connection.
+type UpstreamBody = client::UpstreamBody<RequestBody>;
+
+/// A try's result: the answer and the request back (if it was sent whole), or the error and
+/// the request back (if it was not consumed).
+type TryResult = Result<
+    (Response<UpstreamBody>, Option<Box<Request<RequestBody>>>),
+    (Error, Option<Box<Request<RequestBody>>>),
+>;
+
+/// One try on an HTTP/1.1 endpoint: a pooled or new connection (connect within `connect`),
+/// the request, the response head; a connection the upstream had closed as it was taken
+/// gets the request once more on a new one, as in the plain exchange.
+async fn send_try(
+    pool: &EndpointPool,
+    now: Instant,
+    connect: Option<Duration>,
+    req: Box<Request<RequestBody>>,
+) -> TryResult {
+    let (conn, reused) = match pool.checkout_within(now, connect).await {
+        Ok(c) => c,
+        Err(e) => return Err((e, Some(req))),
+    };
+    match client::send(conn, req, reused).await {
+        Ok(sent) => Ok(sent),
+        Err(SendError::Failed(e)) => Err((e.into(), None)),
+        Err(SendError::Stale(req)) => {
+            let conn = match pool.connect_within(connect).await {
+                Ok(c) => c,
+                Err(e) => return Err((e, Some(req))),
+            };
+            match client::send(conn, req, false).await {
+                Ok(sent) => Ok(sent),
+                Err(SendError::Failed(e)) => Err((e.into(), None)),
+                Err(SendError::Stale(_)) => Err((
+                    Error::UpstreamBroken {
+                        addr: pool.addr(),
+                        reason: "connection closed before a response".to_string(),
+                    },
+                    None,
+                )),
+            }
+        }
+    }
+}
+
+/// Throws away an answer that is retried. A small one usually arrived whole with its head:
+/// its body is read from what is already buffered (no wait) and, if that was all of it, the
+/// connection goes back to the pool. Anything else closes the connection: waiting for a body
+/// nobody reads would hold the retry back.
+fn discard(mut resp: Response<UpstreamBody>, pool: &EndpointPool) {
+    let body = resp.body_mut();
+    // A bound on frames taken without waiting: a chunked body of many small chunks is not
+    // worth walking for one connection.
+    for _ in 0..16 {
+        match body.frame().now_or_never() {
+            Some(Some(Ok(_))) => {}
+            Some(None) => {
+                if let Some(conn) = body.take_reusable() {
+                    pool.release(conn, Instant::now());
+                }
+                return;
+            }
+            Some(Some(Err(_))) | None => return,
+        }
+    }
+}
+
+/// Sends a request to an HTTP/1.1 upstream under route `route`'s `retry` (the route's
+/// timeouts given: `request` per try, `connect` per connect), starting on endpoint `first`
+/// picked at `dispatched`. Returns the last try's result, its endpoint and when it started.
+/// The caller completes the last pick and records its outcome, as for a request tried once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn exchange_http1(
+    snap: &Snapshot,
+    route: &Route,
+    policy: &RetryPolicy,
+    first: usize,
+    req: Box<Request<RequestBody>>,
+    dispatched: Instant,
+    timer: &mut LazyTimer,
+    record: &mut RequestRecord,
+    request: Option<Duration>,
+    connect: Option<Duration>,
+) -> (Result<Response<UpstreamBody>, Error>, usize, Instant) {
+    let upstream = &snap.upstreams[route.upstream];
+    let resendable = resendable(&req);
+    let mut req = req;
+    let mut endpoint = first;
+    let mut started = dispatched;
+    let mut tries = 1;
+    loop {
+        let last = !resendable || tries >= policy.attempts;
+        // Cut by its timeout, a try drops the request with it.
+        let mut spare = (!last && policy.retries_on(Reason::Timeout)).then(|| copy_head(&req));
+        let pool = &upstream.endpoints[endpoint].pool;
+        let sent = send_try(pool, started, connect, req);
+        let result = match request {
+            Some(limit) => {
+                let deadline = tokio::time::Instant::from_std(started + limit);
+                match timer.limit(deadline, sent).await {
+                    Some(r) => r,
+                    None => Err((timed_out(record, pool.addr()), spare.take())),
+                }
+            }
+            None => sent.await,
+        };
+        let (ended, back) = match result {
+            Ok((resp, back)) => (Ended::Answer(resp), back),
+            Err((e, back)) => (Ended::Failed(e), back),
+        };
+        let reason = match &ended {
+            _ if last => None,
+            Ended::Answer(resp) => policy.reason_of_status(resp.status().as_u16()),
+            Ended::Failed(e) => policy.reason_of_error(e),
+        };
+        let back = match (back, spare) {
+            (Some(back), spare) => {
+                if let Some(unused) = spare {
+                    crate::recycle::give_request(unused);
+                }
+                Some(back)
+            }
+            (None, spare) => spare,
+        };
+        let next = match (reason, &back) {
+            (Some(reason), Some(_)) => {
+                let (status, failure) = match &ended {
+                    Ended::Answer(resp) => (Some(resp.status().as_u16()), None),
+                    Ended::Failed(e) => (None, Some(e)),
+                };
+                retry_after(
+                    snap, route, reason, endpoint, started, status, failure, record,
+                )
+            }
+            _ => None,
+        };
+        let (next, again) = match (next, back) {
+            (Some(next), Some(again)) => (next, again),
+            (_, back) => {
+                if let Some(req) = back {
+                    crate::recycle::give_request(req);
+                }
+                let result = match ended {
+                    Ended::Answer(resp) => Ok(resp),
+                    Ended::Failed(e) => Err(e),
+                };
+                return (result, endpoint, started);
+            }
+        };
+        if let Ended::Answer(resp) = ended {
+            discard(resp, pool);
+        }
+        let wait = policy.backoff(tries);
+        if !wait.is_zero() {
+            // On the connection's own timer: a backoff registers no timer of its own.
+            let until = tokio::time::Instant::now() + wait;
+            timer.limit(until, std::future::pending::<()>()).await;
+        }
+        req = again;
+        endpoint = next;
+        started = Instant::now();
+        tries += 1;
+    }
+}
+
+/// A stream on an HTTP/2 endpoint's connections, waiting at most `connect` for one when the
+/// route sets its own `connect_ms` (connections are shared by every route to the endpoint,
+/// so a route's own connect timeout bounds its wait; the connection itself opens under the
+/// global one).
+pub(crate) async fn h2_stream(
+    pool: &H2Pool,
+    connect: Option<Option<Duration>>,
+) -> Result<
+    (
+        hyper::client::conn::http2::SendRequest<RequestBody>,
+        StreamGuard,
+    ),
+    Error,
+> {
+    match connect {
+        Some(Some(limit)) => match tokio::time::timeout(limit, pool.stream()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::UpstreamTimeout {
+                addr: pool.addr(),
+                phase: "connect",
+            }),
+        },
+        _ => pool.stream().await,
+    }
+}
+
+impl RoutePolicy {
+    /// The route's connect override as [`h2_stream`] takes it.
+    pub(crate) fn h2_connect(&self) -> Option<Option<Duration>> {
+        self.connect
+    }
+}
+
+/// A bodiless HTTP/2 request's head again, for the next try (an HTTP/2 send consumes it).
+fn copy_h2(req: &Request<RequestBody>) -> Request<RequestBody> {
+    let mut copy = Request::new(RequestBody::unlimited(IncomingBody::Empty));
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    copy.headers_mut().clone_from(req.headers());
+    copy
+}
+
+/// The HTTP/2 counterpart of [`exchange_http1`]: each try a stream on the endpoint's
+/// connections; a retried answer's stream is reset (dropped), its connection stays.
+/// `deadline` (a gRPC call's) bounds every try and ends the retries: a try it cuts is not
+/// retried.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn exchange_h2(
+    snap: &Snapshot,
+    route: &Route,
+    policy: &RetryPolicy,
+    first: usize,
+    req: Request<RequestBody>,
+    dispatched: Instant,
+    record: &mut RequestRecord,
+    request: Option<Duration>,
+    deadline: Option<Instant>,
+) -> (
+    Result<(Response<Incoming>, StreamGuard), Error>,
+    usize,
+    Instant,
+) {
+    let upstream = &snap.upstreams[route.upstream];
+    let resendable = resendable(&req);
+    let mut req = req;
+    let mut endpoint = first;
+    let mut started = dispatched;
+    let mut tries = 1;
+    loop {
+        let last = !resendable || tries >= policy.attempts;
+        // The send consumes the request: the next try needs a copy.
+        let spare = (!last).then(|| copy_h2(&req));
+        let pool = upstream.endpoints[endpoint]
+            .h2
+            .as_ref()
+            .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
+        let connect = route.tries.h2_connect();
+        let sent = async {
+            // A failed connect sent nothing: the request comes back.
+            let (send, stream) = match h2_stream(pool, connect).await {
+                Ok(s) => s,
+                Err(e) => return (Err(e), Some(req)),
+            };
+            (pool.send(send, stream, req).await, None)
+        };
+        let limit = match (request.map(|l| started + l), deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let (result, back) = match limit {
+            Some(limit) => match tokio::time::timeout_at(limit.into(), sent).await {
+                Ok(r) => r,
+                Err(_) => (Err(timed_out(record, pool.addr())), None),
+            },
+            None => sent.await,
+        };
+        let last = last || deadline.is_some_and(|d| Instant::now() >= d);
+        let ended = match result {
+            Ok(answer) => Ended::Answer(answer),
+            Err(e) => Ended::Failed(e),
+        };
+        let reason = match &ended {
+            _ if last => None,
+            Ended::Answer((resp, _)) => policy.reason_of_status(resp.status().as_u16()),
+            Ended::Failed(e) => policy.reason_of_error(e),
+        };
+        let again = back.or(spare);
+        let next = match (reason, &again) {
+            (Some(reason), Some(_)) => {
+                let (status, failure) = match &ended {
+                    Ended::Answer((resp, _)) => (Some(resp.status().as_u16()), None),
+                    Ended::Failed(e) => (None, Some(e)),
+                };
+                retry_after(
+                    snap, route, reason, endpoint, started, status, failure, record,
+                )
+            }
+            _ => None,
+        };
+        let (Some(next), Some(again)) = (next, again) else {
+            let result = match ended {
+                Ended::Answer(answer) => Ok(answer),
+                Ended::Failed(e) => Err(e),
+            };
+            return (result, endpoint, started);
+        };
+        // A retried answer: dropping it resets its stream.
+        drop(ended);
+        let wait = policy.backoff(tries);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        req = again;
+        endpoint = next;
+        started = Instant::now();
+        tries += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(backoff_ms: u64) -> RetryPolicy {
+        RetryPolicy {
+            attempts: 5,
+            on: Reason::Connect.bit() | Reason::Status503.bit(),
+            backoff: Duration::from_millis(backoff_ms),
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_eight_times_within_its_upper_half() {
+        let p = policy(100);
+        for (retry, ceiling) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 800), (9, 800)] {
+            for _ in 0..200 {
+                let wait = p.backoff(retry);
+                let ceiling = Duration::from_millis(ceiling);
+                assert!(wait >= ceiling / 2 && wait <= ceiling, "{retry}: {wait:?}");
+            }
+        }
+        assert_eq!(policy(0).backoff(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn only_the_listed_conditions_retry() {
+        let p = policy(0);
+        assert_eq!(p.reason_of_status(503), Some(Reason::Status503));
+        assert_eq!(p.reason_of_status(502), None);
+        assert_eq!(p.reason_of_status(200), None);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let refused = Error::UpstreamConnect {
+            addr,
+            reason: String::new(),
+        };
+        assert_eq!(p.reason_of_error(&refused), Some(Reason::Connect));
+        let connect_timeout = Error::UpstreamTimeout {
+            addr,
+            phase: "connect",
+        };
+        assert_eq!(p.reason_of_error(&connect_timeout), Some(Reason::Connect));
+        let head_timeout = Error::UpstreamTimeout {
+            addr,
+            phase: "request",
+        };
+        assert_eq!(p.reason_of_error(&head_timeout), None, "not listed");
+        let broken = Error::UpstreamBroken {
+            addr,
+            reason: String::new(),
+        };
+        assert_eq!(
+            p.reason_of_error(&broken),
+            None,
+            "never: it may have been processed"
+        );
+    }
+}
