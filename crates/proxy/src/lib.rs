@@ -61,6 +61,7 @@ pub(crate) mod recycle;
 pub mod route;
 pub mod server;
 pub mod shard;
+pub mod sni;
 pub mod tls;
 pub mod upstream;
 pub mod upstream_h2;
