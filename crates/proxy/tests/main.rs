@@ -14,6 +14,7 @@ mod listeners;
 mod overload;
 mod pool;
 mod routing;
+mod sni;
 mod support;
 mod upstream_h2;
 mod upstream_http1;
