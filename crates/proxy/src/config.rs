@@ -54,9 +54,13 @@ impl fmt::Display for Diagnostic {
 pub struct ListenerConfig {
     /// `IP:PORT` to bind.
     pub address: Spanned<String>,
-    /// Serve TLS (with ALPN `h2`, `http/1.1`) instead of plain HTTP/1.1 + h2c.
+    /// Serve TLS (with ALPN `h2`, `http/1.1`) instead of plain HTTP/1.1 + h2c: one
+    /// certificate, or several picked by SNI.
     #[serde(default)]
-    pub tls: Option<TlsConfig>,
+    pub tls: Option<crate::tls::ListenerTls>,
+    /// The oldest TLS version accepted (`"1.2"` by default, or `"1.3"`); needs `tls`.
+    #[serde(default)]
+    pub tls_min_version: Option<Spanned<crate::tls::TlsVersion>>,
     /// This listener's own access log (else the top-level `[access_log]`).
     #[serde(default)]
     pub access_log: Option<tailguard_access_log::Config>,
@@ -70,6 +74,10 @@ pub struct TlsConfig {
     pub cert: Spanned<PathBuf>,
     /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: Spanned<PathBuf>,
+    /// SNI names this certificate is served for (`a.example`, `*.b.example`); an entry
+    /// without any is the listener's default (see [`crate::tls::ListenerTls`]).
+    #[serde(default)]
+    pub server_names: Vec<Spanned<String>>,
 }
 
 /// How an upstream spreads requests over its endpoints.
@@ -695,26 +703,8 @@ impl Config {
                     format!("`{}` is not an IP:PORT address", l.address.get_ref()),
                 ),
             }
-            if let Some(tls) = &l.tls {
-                for (what, path) in [("cert", &tls.cert), ("key", &tls.key)] {
-                    let full = self.base_dir.join(path.get_ref());
-                    if let Err(e) = std::fs::read(&full) {
-                        d.push(
-                            Some(path.span()),
-                            format!("listeners[{i}].tls.{what}"),
-                            format!("cannot read {}: {e}", full.display()),
-                        );
-                    }
-                }
-                if d.list.is_empty()
-                    && let Err(e) = crate::tls::server_config(&self.base_dir, tls)
-                {
-                    d.push(
-                        Some(tls.cert.span()),
-                        format!("listeners[{i}].tls"),
-                        e.to_string(),
-                    );
-                }
+            for p in crate::tls::check(&self.base_dir, i, l) {
+                d.push(p.span, p.field, p.message);
             }
         }
 

@@ -64,6 +64,7 @@ pub mod retry;
 pub mod route;
 pub mod server;
 pub mod shard;
+pub mod sni;
 pub mod tls;
 pub mod upstream;
 pub mod upstream_h2;

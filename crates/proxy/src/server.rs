@@ -201,13 +201,8 @@ fn tls_acceptor(
     config: &Config,
     listener: &crate::config::ListenerConfig,
 ) -> Result<Option<Arc<TlsAcceptor>>, Error> {
-    listener
-        .tls
-        .as_ref()
-        .map(|t| {
-            crate::tls::server_config(&config.base_dir, t).map(|c| Arc::new(TlsAcceptor::from(c)))
-        })
-        .transpose()
+    crate::tls::server_config(&config.base_dir, listener)
+        .map(|c| c.map(|c| Arc::new(TlsAcceptor::from(c))))
 }
 
 /// The address a validated listener asks for.

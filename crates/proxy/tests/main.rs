@@ -16,6 +16,7 @@ mod policy;
 mod pool;
 mod retry;
 mod routing;
+mod sni;
 mod support;
 mod upstream_h2;
 mod upstream_http1;
