@@ -295,8 +295,16 @@ fn certificates(
 /// `verify = false`: any certificate is accepted, for any name, expired or not (nginx's
 /// `proxy_ssl_verify off`). The handshake's signatures are still checked, so the peer must
 /// hold the key of the certificate it sent; it just need not be anyone in particular.
+/// Public for clients that inspect the certificate themselves (the listeners' SNI tests).
 #[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
+pub struct AnyCertificate(Arc<CryptoProvider>);
+
+impl AnyCertificate {
+    /// A verifier that checks the handshake signatures with `provider`'s algorithms.
+    pub fn new(provider: Arc<CryptoProvider>) -> AnyCertificate {
+        AnyCertificate(provider)
+    }
+}
 
 impl ServerCertVerifier for AnyCertificate {
     fn verify_server_cert(

@@ -2,15 +2,7 @@
 
 use std::path::Path;
 
-use tailguard_proxy::{Config, Error};
-
-fn errors(text: &str) -> Vec<String> {
-    match Config::parse(text, "gw.toml", Path::new(".")) {
-        Ok(_) => panic!("config unexpectedly valid"),
-        Err(Error::Config(diags)) => diags.iter().map(ToString::to_string).collect(),
-        Err(other) => panic!("not a config error: {other}"),
-    }
-}
+use tailguard_proxy::Config;
 
 #[test]
 fn embedded_default_is_valid_and_has_the_demo_upstream() {
@@ -54,7 +46,7 @@ colour = "blue"
 
 [bogus]
 "#;
-    let errs = errors(text);
+    let errs = crate::support::config_errors(text);
     let expected = [
         "gw.toml:3:11: listeners[0].address: `not-an-address` is not an IP:PORT address",
         "gw.toml:7:50: upstreams[0].endpoints[0].weight: 0 is outside 1..=1000",
@@ -85,13 +77,13 @@ colour = "blue"
 
 #[test]
 fn syntax_errors_have_positions() {
-    let errs = errors("[[listeners]]\naddress = \"127.0.0.1:80\n");
+    let errs = crate::support::config_errors("[[listeners]]\naddress = \"127.0.0.1:80\n");
     assert!(errs[0].starts_with("gw.toml:2:"), "{errs:?}");
 }
 
 #[test]
 fn unreadable_certificate_is_reported() {
-    let errs = errors(
+    let errs = crate::support::config_errors(
         "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = { cert = \"/nonexistent/cert.pem\", key = \"/nonexistent/key.pem\" }\n",
     );
     assert!(
@@ -143,7 +135,7 @@ fn read_ms_parses_defaults_to_a_minute_and_a_misspelling_next_to_it_is_an_error(
     let set = parse("[timeouts]\nread_ms = 1500\n").timeouts;
     assert_eq!((set.read_ms, set.request_ms), (1500, 30_000));
     assert_eq!(parse("[timeouts]\nread_ms = 0\n").timeouts.read_ms, 0);
-    let errs = errors(&format!(
+    let errs = crate::support::config_errors(&format!(
         "{listener}[timeouts]\nread_ms = 1500\nread_timeout_ms = 1500\n"
     ));
     assert_eq!(errs.len(), 1, "{errs:#?}");
@@ -151,13 +143,13 @@ fn read_ms_parses_defaults_to_a_minute_and_a_misspelling_next_to_it_is_an_error(
         errs[0].starts_with("gw.toml:6:1: timeouts: unknown field `read_timeout_ms`"),
         "{errs:#?}"
     );
-    let errs = errors(&format!("{listener}[timeouts]\nread_ms = \"1s\"\n"));
+    let errs = crate::support::config_errors(&format!("{listener}[timeouts]\nread_ms = \"1s\"\n"));
     assert!(errs[0].contains("timeouts"), "{errs:#?}");
 }
 
 #[test]
 fn trusted_proxies_are_networks_and_each_bad_one_is_reported_where_it_is() {
-    let errs = errors(
+    let errs = crate::support::config_errors(
         "trusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\", \"::1\", \"nope\", 7]\n\
          [[listeners]]\naddress = \"127.0.0.1:0\"\n",
     );
@@ -204,7 +196,7 @@ name = "d"
 endpoints = [{ address = "127.0.0.1:4" }]
 health = { timeout = 5 }
 "#;
-    let errs = errors(text);
+    let errs = crate::support::config_errors(text);
     let expected = [
         "gw.toml:10:8: upstreams[0].health.path: `health` is not a request path (it must start with `/`)",
         "gw.toml:11:15: upstreams[0].health.interval_ms: must be at least 1",

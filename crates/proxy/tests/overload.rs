@@ -10,15 +10,6 @@ use tailguard_test_support::{Upstream, get, http1_client};
 
 use crate::support::{proxy_to, start};
 
-/// Every diagnostic of an invalid config.
-fn errors_of(text: &str) -> Vec<String> {
-    match tailguard_proxy::Config::parse(text, "gw.toml", std::path::Path::new(".")) {
-        Ok(_) => panic!("config unexpectedly valid"),
-        Err(tailguard_proxy::Error::Config(d)) => d.iter().map(ToString::to_string).collect(),
-        Err(other) => panic!("not a config error: {other}"),
-    }
-}
-
 /// Polls `f` every 20 ms for up to 10 s.
 async fn eventually(mut f: impl FnMut() -> bool) {
     for _ in 0..500 {
@@ -216,7 +207,7 @@ async fn round_robin_picks_are_counted_per_endpoint_in_every_mode() {
 
 #[test]
 fn overload_section_is_validated_and_the_flag_overrides_it() {
-    let errs = errors_of(
+    let errs = crate::support::config_errors(
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\nendpoints = [{ address = \"127.0.0.1:1\" }]\n[[routes]]\nid = \"r\"\nupstream = \"u\"\n[overload]\nmode = \"fast\"\n",
     );
     assert!(
@@ -224,7 +215,7 @@ fn overload_section_is_validated_and_the_flag_overrides_it() {
             .any(|e| e.contains("overload") && e.contains("fast")),
         "{errs:#?}"
     );
-    let errs = errors_of(
+    let errs = crate::support::config_errors(
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[upstreams]]\nname = \"u\"\nendpoints = [{ address = \"127.0.0.1:1\" }]\n[[routes]]\nid = \"r\"\nupstream = \"u\"\n[overload]\nmode = \"adaptive\"\nthreshold = 1.5\n[overload.classes]\nnope = \"high\"\n",
     );
     assert!(

@@ -2,12 +2,10 @@
 //! received them (HTTP/1.1 and h2c upstreams), response header operations, redirects and
 //! static answers (no upstream), and their config errors with file:line:column.
 
-use std::path::Path;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tailguard_proxy::{Config, Error};
 use tailguard_test_support::{Upstream, h2c_client, http1_client};
 
 use crate::support::{self, empty, within};
@@ -422,14 +420,6 @@ async fn a_config_of_local_answers_alone_needs_no_upstream() {
     assert_eq!(response_values(&resp, "location"), ["/up"]);
 }
 
-fn errors(text: &str) -> Vec<String> {
-    match Config::parse(text, "gw.toml", Path::new(".")) {
-        Ok(_) => panic!("config unexpectedly valid"),
-        Err(Error::Config(diags)) => diags.iter().map(ToString::to_string).collect(),
-        Err(other) => panic!("not a config error: {other}"),
-    }
-}
-
 #[test]
 fn policy_config_errors_have_file_line_and_column() {
     let text = r#"[[listeners]]
@@ -479,7 +469,7 @@ rewrite = { path = "/b" }
 request_headers = { add = [{ name = "x", value = "y" }] }
 retry = { attempts = 2 }
 "#;
-    let errs = errors(text);
+    let errs = crate::support::config_errors(text);
     let expected = [
         "gw.toml:11:52: routes[0].request_headers.add[0].value: unknown variable `$hots`; \
          known: `$remote_addr`, `$request_id`, `$host`, `$route` (`$$` is a `$`)",
@@ -519,7 +509,7 @@ retry = { attempts = 2 }
     assert_eq!(errs.len(), expected.len(), "{errs:#?}");
 
     // The body of a 204, on a route that is otherwise fine.
-    let errs = errors(
+    let errs = crate::support::config_errors(
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
          [[routes]]\nid = \"r\"\nrespond = { status = 204, body = \"x\" }\n",
     );

@@ -364,14 +364,6 @@ async fn an_h2c_upstream_503_is_retried_on_the_other_endpoint() {
     assert_eq!(retries(&server, "503"), failing.requests() as u64);
 }
 
-fn errors_of(text: &str) -> Vec<String> {
-    match Config::parse(text, "gw.toml", std::path::Path::new(".")) {
-        Ok(_) => panic!("config unexpectedly valid"),
-        Err(tailguard_proxy::Error::Config(d)) => d.iter().map(ToString::to_string).collect(),
-        Err(other) => panic!("not a config error: {other}"),
-    }
-}
-
 #[test]
 fn retry_and_route_timeouts_are_checked_with_their_position() {
     let head = "[[listeners]]\naddress = \"127.0.0.1:0\"\n\
@@ -379,32 +371,32 @@ fn retry_and_route_timeouts_are_checked_with_their_position() {
     let route =
         |fields: &str| format!("{head}[[routes]]\nid = \"r\"\nupstream = \"u\"\n{fields}\n");
     assert_eq!(
-        errors_of(&route("retry = { on = [\"connect\", \"500\"] }")),
+        crate::support::config_errors(&route("retry = { on = [\"connect\", \"500\"] }")),
         [
             "gw.toml:9:28: routes[0].retry.on[1]: `500` is not a retry condition; expected one \
           of `connect`, `502`, `503`, `504`, `timeout`"
         ]
     );
     assert_eq!(
-        errors_of(&route("retry = { attempts = 0 }")),
+        crate::support::config_errors(&route("retry = { attempts = 0 }")),
         [
             "gw.toml:9:22: routes[0].retry.attempts: 0 is outside 1..=10 (tries in all, the \
           first included)"
         ]
     );
     assert_eq!(
-        errors_of(&route("retry = { backoff_ms = 60000 }")),
+        crate::support::config_errors(&route("retry = { backoff_ms = 60000 }")),
         ["gw.toml:9:24: routes[0].retry.backoff_ms: 60000 ms is above the 10000 ms ceiling"]
     );
     assert_eq!(
-        errors_of(&route("retry = { on = [] }")),
+        crate::support::config_errors(&route("retry = { on = [] }")),
         [
             "gw.toml:9:16: routes[0].retry.on: names no condition; for no retries at all, set \
           `attempts = 1`"
         ]
     );
     assert_eq!(
-        errors_of(&route(
+        crate::support::config_errors(&route(
             "timeouts = { request_ms = 0 }\nretry = { on = [\"timeout\"] }"
         )),
         [
@@ -413,7 +405,7 @@ fn retry_and_route_timeouts_are_checked_with_their_position() {
         ]
     );
     assert_eq!(
-        errors_of(&route("timeouts = { connect = 5 }")),
+        crate::support::config_errors(&route("timeouts = { connect = 5 }")),
         [
             "gw.toml:9:14: routes[0]: unknown field `connect`, expected one of `connect_ms`, \
           `request_ms`, `read_ms`"

@@ -10,11 +10,9 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use tailguard_proxy::{Config, Error, Server};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tailguard_proxy::upstream_tls::AnyCertificate;
+use tailguard_proxy::{Config, Server};
 use tailguard_test_support::Upstream;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -54,56 +52,6 @@ fn write_config(dir: &Path, listener_fields: &str, upstream: SocketAddr) -> Conf
     }
 }
 
-/// Accepts any server certificate (the tests compare what was presented themselves), while
-/// still checking the handshake signatures.
-#[derive(Debug)]
-struct AcceptAny(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// How a test client connects.
 struct Client {
     /// `None`: trust any certificate; else trust only this one (and verify the name).
@@ -135,7 +83,7 @@ impl Client {
         let mut config = match &self.trust {
             None => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate::new(provider)))
                 .with_no_client_auth(),
             Some(root) => {
                 let mut roots = rustls::RootCertStore::empty();
@@ -349,15 +297,6 @@ async fn a_reload_serves_a_renewed_certificate_for_its_name_and_keeps_the_others
     assert_eq!(client.presented(addr, "a.example").await, a2);
 }
 
-/// The diagnostics of config text whose certificate paths are relative to `dir`.
-fn errors(dir: &Path, text: &str) -> Vec<String> {
-    match Config::parse(text, "gw.toml", dir) {
-        Ok(_) => panic!("config unexpectedly valid"),
-        Err(Error::Config(diags)) => diags.iter().map(ToString::to_string).collect(),
-        Err(other) => panic!("not a config error: {other}"),
-    }
-}
-
 #[test]
 fn config_errors_name_the_entry_and_the_server_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -378,7 +317,7 @@ tls_min_version = "1.3"
 address = "127.0.0.1:1"
 tls_min_version = "1.3"
 "#;
-    let errs = errors(dir.path(), text);
+    let errs = crate::support::config_errors_in(dir.path(), text);
     let expected = [
         "gw.toml:5:52: listeners[0].tls[1].server_names[0]: the certificate is not valid for \
          `a.example`; its DNS names are: c.example",
@@ -439,7 +378,7 @@ fn config_errors_in_the_form_of_tls_have_positions() {
     ];
     for (fields, expected) in cases {
         let text = format!("[[listeners]]\naddress = \"127.0.0.1:0\"\n{fields}\n");
-        let errs = errors(dir.path(), &text);
+        let errs = crate::support::config_errors_in(dir.path(), &text);
         assert!(
             errs.iter().any(|e| e == expected),
             "missing {expected:?} in {errs:#?}"

@@ -5,7 +5,7 @@ use std::path::Path;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use tailguard_proxy::{Config, Server};
+use tailguard_proxy::{Config, Error, Server};
 use tailguard_test_support::TestBody;
 
 /// Parses config text, panicking with every diagnostic if it is invalid.
@@ -92,4 +92,19 @@ pub(crate) fn metrics_text(server: &Server) -> String {
             .render(tailguard_metrics::Format::Text),
     )
     .expect("the text exposition is UTF-8")
+}
+
+/// Every diagnostic of an invalid config (relative paths against the current directory),
+/// as `tailguard check` prints them.
+pub(crate) fn config_errors(text: &str) -> Vec<String> {
+    config_errors_in(Path::new("."), text)
+}
+
+/// Every diagnostic of an invalid config whose relative paths (certificates) are in `dir`.
+pub(crate) fn config_errors_in(dir: &Path, text: &str) -> Vec<String> {
+    match Config::parse(text, "gw.toml", dir) {
+        Ok(_) => panic!("config unexpectedly valid"),
+        Err(Error::Config(diags)) => diags.iter().map(ToString::to_string).collect(),
+        Err(other) => panic!("not a config error: {other}"),
+    }
 }
