@@ -60,6 +60,9 @@ pub struct ListenerConfig {
     /// This listener's own access log (else the top-level `[access_log]`).
     #[serde(default)]
     pub access_log: Option<tailguard_access_log::Config>,
+    /// A rate limit on everything this listener serves, checked before routing.
+    #[serde(default)]
+    pub rate_limit: Option<crate::rate_limit::RateLimitConfig>,
 }
 
 /// Certificate chain and private key for a TLS listener, PEM files.
@@ -270,6 +273,9 @@ pub struct RouteConfig {
     /// Replace the `Host` header sent upstream.
     #[serde(default)]
     pub host_rewrite: Option<Spanned<String>>,
+    /// A rate limit on this route's requests, checked right after routing.
+    #[serde(default)]
+    pub rate_limit: Option<crate::rate_limit::RateLimitConfig>,
 }
 
 /// Timeouts, in milliseconds; 0 disables one.
@@ -673,6 +679,11 @@ impl Config {
                     format!("`{}` is not an IP:PORT address", l.address.get_ref()),
                 ),
             }
+            if let Some(limit) = &l.rate_limit {
+                for (span, field, message) in limit.check(crate::rate_limit::Scope::Listener) {
+                    d.push(span, format!("listeners[{i}].rate_limit.{field}"), message);
+                }
+            }
             if let Some(tls) = &l.tls {
                 for (what, path) in [("cert", &tls.cert), ("key", &tls.key)] {
                     let full = self.base_dir.join(path.get_ref());
@@ -851,6 +862,11 @@ impl Config {
                         format!("routes[{i}].{field}"),
                         format!("`{}` is not a host name", h.get_ref()),
                     );
+                }
+            }
+            if let Some(limit) = &r.rate_limit {
+                for (span, field, message) in limit.check(crate::rate_limit::Scope::Route) {
+                    d.push(span, format!("routes[{i}].rate_limit.{field}"), message);
                 }
             }
             for (j, h) in r.headers.iter().enumerate() {

@@ -34,7 +34,7 @@
 //! assert_eq!(
 //!     err,
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
-//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`"
+//!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rate_limit`"
 //! );
 //! ```
 
@@ -56,6 +56,7 @@ pub mod health;
 pub mod metrics;
 pub mod overload;
 pub mod pool;
+pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;
 pub mod route;
