@@ -13,6 +13,7 @@ mod lifecycle;
 mod listeners;
 mod overload;
 mod pool;
+mod rate_limit;
 mod routing;
 mod support;
 mod upstream_h2;
