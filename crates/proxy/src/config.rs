@@ -64,6 +64,9 @@ pub struct ListenerConfig {
     /// This listener's own access log (else the top-level `[access_log]`).
     #[serde(default)]
     pub access_log: Option<tailguard_access_log::Config>,
+    /// A rate limit on everything this listener serves, checked before routing.
+    #[serde(default)]
+    pub rate_limit: Option<crate::rate_limit::RateLimitConfig>,
 }
 
 /// Certificate chain and private key for a TLS listener, PEM files.
@@ -300,6 +303,9 @@ pub struct RouteConfig {
     /// Retries of a failed try on another endpoint (`crate::retry`).
     #[serde(default)]
     pub retry: Option<Spanned<crate::retry::RetryConfig>>,
+    /// A rate limit on this route's requests, checked right after routing.
+    #[serde(default)]
+    pub rate_limit: Option<crate::rate_limit::RateLimitConfig>,
 }
 
 /// Timeouts, in milliseconds; 0 disables one.
@@ -703,6 +709,11 @@ impl Config {
                     format!("`{}` is not an IP:PORT address", l.address.get_ref()),
                 ),
             }
+            if let Some(limit) = &l.rate_limit {
+                for (span, field, message) in limit.check(crate::rate_limit::Scope::Listener) {
+                    d.push(span, format!("listeners[{i}].rate_limit.{field}"), message);
+                }
+            }
             for p in crate::tls::check(&self.base_dir, i, l) {
                 d.push(p.span, p.field, p.message);
             }
@@ -876,6 +887,11 @@ impl Config {
                     format!("routes[{i}].{field}"),
                     message,
                 );
+            }
+            if let Some(limit) = &r.rate_limit {
+                for (span, field, message) in limit.check(crate::rate_limit::Scope::Route) {
+                    d.push(span, format!("routes[{i}].rate_limit.{field}"), message);
+                }
             }
             for (j, h) in r.headers.iter().enumerate() {
                 if http::HeaderName::from_bytes(h.name.get_ref().as_bytes()).is_err() {

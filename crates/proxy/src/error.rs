@@ -88,6 +88,15 @@ pub enum Error {
     /// The admission seam refused the request (overload).
     #[error("overloaded")]
     Overloaded,
+    /// A rate limit (`rate_limit` on the route or the listener) refused the request: `429`
+    /// with `Retry-After`, before admission, never reaching an upstream.
+    #[error("rate limited by the {scope} limit, retry in {retry_after} s")]
+    RateLimited {
+        /// `route` or `listener`: whose limit.
+        scope: &'static str,
+        /// Seconds until a request would be admitted.
+        retry_after: u64,
+    },
     /// The upstream endpoint refused or reset the connection attempt.
     #[error("upstream connect to {addr} failed: {reason}")]
     UpstreamConnect {
@@ -170,7 +179,8 @@ impl Error {
             | Error::UriTooLong
             | Error::VersionUnsupported
             | Error::DownstreamTimeout { .. }
-            | Error::DownstreamBody(_) => Blame::Downstream,
+            | Error::DownstreamBody(_)
+            | Error::RateLimited { .. } => Blame::Downstream,
             Error::UpstreamConnect { .. }
             | Error::UpstreamTimeout { .. }
             | Error::UpstreamBroken { .. }
@@ -193,7 +203,10 @@ impl Error {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            Error::UpstreamConnect { .. } | Error::UpstreamTls { .. } | Error::Overloaded
+            Error::UpstreamConnect { .. }
+                | Error::UpstreamTls { .. }
+                | Error::Overloaded
+                | Error::RateLimited { .. }
         )
     }
 
@@ -209,6 +222,7 @@ impl Error {
             Error::UriTooLong => StatusCode::URI_TOO_LONG,
             Error::VersionUnsupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             Error::DownstreamTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Overloaded | Error::NoEndpoint { .. } | Error::NoHealthyEndpoint { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -243,9 +257,10 @@ impl Error {
             Error::NoRoute | Error::ConnectUnsupported | Error::VersionUnsupported => {
                 code::UNIMPLEMENTED
             }
-            Error::HeadersTooLarge | Error::BodyTooLarge | Error::UriTooLong => {
-                code::RESOURCE_EXHAUSTED
-            }
+            Error::HeadersTooLarge
+            | Error::BodyTooLarge
+            | Error::UriTooLong
+            | Error::RateLimited { .. } => code::RESOURCE_EXHAUSTED,
             Error::BadRequest(_)
             | Error::DownstreamBody(_)
             | Error::Config(_)
@@ -274,6 +289,7 @@ impl Error {
             Error::VersionUnsupported => "HTTP version not supported\n",
             Error::DownstreamTimeout { .. } => "request timed out\n",
             Error::Overloaded => "overloaded, retry later\n",
+            Error::RateLimited { .. } => "too many requests\n",
             Error::UpstreamConnect { .. } => "upstream connect failed\n",
             Error::UpstreamBroken { .. } => "upstream connection failed\n",
             Error::UpstreamTls { .. } => "upstream TLS handshake failed\n",
@@ -306,6 +322,7 @@ impl Error {
             Error::NoEndpoint { .. } => "no_endpoint",
             Error::UpstreamTls { .. } => "upstream_tls",
             Error::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
+            Error::RateLimited { .. } => "rate_limited",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
         }

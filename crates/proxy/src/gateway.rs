@@ -69,6 +69,8 @@ pub struct Snapshot {
     responders: Vec<(Arc<str>, BuiltinConfig, Arc<Responder>)>,
     /// Metric handles of the routes and endpoints, by index.
     pub(crate) metrics: SnapshotMetrics,
+    /// Rate limits of the routes, by index (unchanged ones carried over from the previous).
+    pub(crate) rate_limits: crate::rate_limit::RateLimits,
 }
 
 impl Snapshot {
@@ -233,6 +235,14 @@ impl Snapshot {
             previous.map(|p| &p.overload),
             metrics.registry(),
         );
+        let rate_limits = crate::rate_limit::RateLimits::build(
+            router.routes().iter().map(|r| {
+                let config = config.routes.iter().find(|c| **c.id.get_ref() == *r.id);
+                (&*r.id, config.and_then(|c| c.rate_limit.as_ref()))
+            }),
+            previous.map(|p| &p.rate_limits),
+            metrics,
+        )?;
         let metrics = SnapshotMetrics::build(
             metrics,
             router.routes().iter().map(|r| Arc::clone(&r.id)),
@@ -247,6 +257,7 @@ impl Snapshot {
             upstreams,
             retired: AtomicBool::new(false),
             responders,
+            rate_limits,
             config,
         })
     }
@@ -546,6 +557,8 @@ pub(crate) struct ConnCtx {
     pub(crate) tls: bool,
     /// The listener's access log (a handle per connection, not per request).
     pub(crate) access_log: tailguard_access_log::AccessLog,
+    /// The listener's rate limit, if it has one.
+    pub(crate) rate_limit: Option<Arc<crate::rate_limit::Limiter>>,
 }
 
 /// A downstream HTTP/1.1 connection's handler: the gateway behind the HTTP/1.1 engine.
@@ -668,6 +681,13 @@ pub(crate) async fn serve(
         !held.access_log().is_off(),
     );
     held.snapshot().metrics.gateway.request_started();
+    // The listener's limit covers everything it serves: checked before routing.
+    if let Some(limit) = &conn.rate_limit
+        && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
+    {
+        record.grpc = crate::grpc::is_grpc(req.headers());
+        return Ok(limited.respond(record, held));
+    }
     // Matched once: admission (the route's group and class) and forwarding both use it.
     // `OPTIONS *` asks about the server as a whole: routed as its root would be.
     let path = match req.uri().path() {
@@ -678,6 +698,16 @@ pub(crate) async fn serve(
         .snapshot()
         .router
         .find(host_of(&req), path, req.method(), req.headers());
+    // Before local answers and admission: a limited request never counts against the
+    // shedder or a breaker, and a route that answers by itself is limited too.
+    if let Some(r) = route
+        && let Some(limit) = held.snapshot().rate_limits.route(r)
+        && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
+    {
+        record.route = Some(r);
+        record.grpc = crate::grpc::is_grpc(req.headers());
+        return Ok(limited.respond(record, held));
+    }
     if let Some(r) = route
         && crate::policy::answers_locally(held.snapshot().router.get(r))
     {
@@ -775,7 +805,8 @@ pub(crate) fn error_response(
             // A shed request is counted in the overload metrics; a line per rejection at
             // `warn` would cost the very requests shed to save CPU (go-zero's breaker paid two
             // log lines per rejection), so it is only there for debugging.
-            (Error::Overloaded, _) => line!(debug),
+            // The same for a rate limit's refusals: a flood of them is what it is for.
+            (Error::Overloaded | Error::RateLimited { .. }, _) => line!(debug),
             // A client's mistake is routine for the gateway; an upstream's or our own is not.
             (_, crate::error::Blame::Downstream) => line!(info),
             _ => line!(warn),

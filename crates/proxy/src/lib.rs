@@ -35,7 +35,8 @@
 //!     err,
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
-//!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`"
+//!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`, \
+//!      `rate_limit`"
 //! );
 //! ```
 
@@ -58,6 +59,7 @@ pub mod metrics;
 pub mod overload;
 pub mod policy;
 pub mod pool;
+pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;
 pub mod retry;

@@ -23,7 +23,7 @@ use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 21] = [
+const ERROR_KINDS: [&str; 22] = [
     "config",
     "read",
     "bind",
@@ -43,6 +43,7 @@ const ERROR_KINDS: [&str; 21] = [
     "no_endpoint",
     "upstream_tls",
     "no_healthy_endpoint",
+    "rate_limited",
     "tls",
     "internal",
 ];
@@ -157,6 +158,7 @@ pub struct GatewayMetrics {
     routes: Mutex<HashMap<Arc<str>, Arc<RouteHandles>>>,
     endpoints: Mutex<HashMap<EndpointKey, Arc<EndpointHandles>>>,
     synthetic: OnceLock<Synthetic>,
+    pub(crate) rate_limit: crate::rate_limit::RateLimitMetrics,
 }
 
 fn internal(e: MetricsError) -> Error {
@@ -324,6 +326,7 @@ impl GatewayMetrics {
             routes: Mutex::default(),
             endpoints: Mutex::default(),
             synthetic: OnceLock::new(),
+            rate_limit: crate::rate_limit::RateLimitMetrics::register(r)?,
         }))
     }
 

@@ -105,6 +105,8 @@ struct Settings {
     /// HTTP/1.1 settings from `[limits]` and `[timeouts]` (idle, header, body).
     http1: downstream::Limits,
     access_log: AccessLog,
+    /// The listener's rate limit (kept by a reload that leaves it unchanged).
+    rate_limit: Option<Arc<crate::rate_limit::Limiter>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -230,17 +232,20 @@ fn settings(
     config: &Config,
     tls: Vec<Option<Arc<TlsAcceptor>>>,
     logs: Vec<AccessLog>,
+    rate_limits: Vec<Option<Arc<crate::rate_limit::Limiter>>>,
 ) -> Vec<Arc<Settings>> {
     let http2 = Arc::new(http2(&config.limits));
     let http1 = http1(&config.limits, &config.timeouts);
     tls.into_iter()
         .zip(logs)
-        .map(|(tls, access_log)| {
+        .zip(rate_limits)
+        .map(|((tls, access_log), rate_limit)| {
             Arc::new(Settings {
                 tls,
                 http2: Arc::clone(&http2),
                 http1,
                 access_log,
+                rate_limit,
             })
         })
         .collect()
@@ -320,7 +325,8 @@ impl Server {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let tls = tls_acceptors(&config)?;
         let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
-        let settings = settings(&config, tls, logs);
+        let limits = crate::rate_limit::listener_limits(&config.listeners, |_| None, &metrics)?;
+        let settings = settings(&config, tls, logs, limits);
         let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -466,11 +472,25 @@ impl Server {
             return Err(Error::Config(bind_errors));
         }
         let tls = tls_acceptors(config)?;
+        // A listener on the same address keeps its limit's state if its config is the same.
+        let running_limit = |i: usize| match slots.get(i) {
+            Some(Slot::Keep(j)) => listeners.active[*j]
+                .control
+                .borrow()
+                .as_ref()
+                .and_then(|s| s.rate_limit.clone()),
+            _ => None,
+        };
+        let limits = crate::rate_limit::listener_limits(
+            &config.listeners,
+            running_limit,
+            self.gateway.metrics(),
+        )?;
         // Last, as it is the one step that leaves a trace (a created log file) if a later
         // step fails: only the gateway's own snapshot build comes after it.
         let attached = logs.attach(config, Some(&self.log_metrics))?;
         let started_logs = attached.started;
-        let settings = settings(config, tls, attached.per_listener);
+        let settings = settings(config, tls, attached.per_listener, limits);
         Ok(Plan {
             slots: slots.into_iter().zip(settings).collect(),
             connections: config.limits.connections,
@@ -727,6 +747,7 @@ impl Acceptor {
                 ),
                 tls: settings.tls.is_some(),
                 access_log: settings.access_log.clone(),
+                rate_limit: settings.rate_limit.clone(),
             });
             tokio::spawn(async move {
                 let _permit = permit;

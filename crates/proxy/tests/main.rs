@@ -14,6 +14,7 @@ mod listeners;
 mod overload;
 mod policy;
 mod pool;
+mod rate_limit;
 mod retry;
 mod routing;
 mod sni;

@@ -1,0 +1,495 @@
+//! Local rate limits (`rate_limit = { rate, burst, key }` on a route or a listener): their
+//! config and its checks, the limits built from it at load, the one check a request makes,
+//! and the `429 Too Many Requests` it gets when refused.
+//!
+//! A listener's limit is checked before routing (everything it serves), a route's right
+//! after routing; both before admission, so a limited request costs a few atomic loads and
+//! a small answer, never reaches an upstream and never counts against a breaker. The state
+//! is shared by every serving thread (GCRA on one atomic per key, [`table`]): a limit is
+//! exact however many threads serve, and a route or listener without a limit pays one
+//! `Option` test. That shared state breaks design.md §2 rule 3 (a cache line other serving
+//! threads write) for limited routes only, by necessity (a per-thread bucket admits
+//! `threads x rate`); `benches/rate_limit.rs` measures it (no LTO, on this 2-core VM): a
+//! check by client address costs ~56 ns on one thread and ~61 ns with a second thread on
+//! its own key (~26 ns of it the key's SipHash), ~115 ns when two threads hammer one key;
+//! a one-bucket limit ~20 ns, ~38 ns contended; a `Mutex<HashMap>` of buckets 56 / 75 ns. The limits of routes (by id) and listeners (by address) whose
+//! `rate_limit` a reload leaves unchanged keep their state, so a reload is no way around a
+//! limit; a changed or new one starts with full buckets.
+//!
+//! The refusal carries `Retry-After` and the fields of the IETF draft
+//! `draft-ietf-httpapi-ratelimit-headers-11` (May 2026): `RateLimit-Policy: "route";q=100;w=1`
+//! (with `tailguard-burst=200`, a vendor parameter as the draft advises) and
+//! `RateLimit: "route";r=0;t=3` (`t`: seconds until a request is admitted again, as in
+//! `Retry-After`). Admitted responses carry neither: formatting a field into every response
+//! would cost every request of a limited route.
+
+pub mod table;
+
+use std::net::IpAddr;
+use std::ops::Range;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use serde::Deserialize;
+use tailguard_metrics::{Counter, Family, MetricsError, Registry};
+use toml::Spanned;
+
+use crate::body::ResponseBody;
+use crate::error::Error;
+use crate::gateway::{Held, error_response};
+use crate::metrics::GatewayMetrics;
+use crate::record::RequestRecord;
+use crate::shard::Padded;
+use table::{Gcra, KeyTable};
+
+/// `max_keys` when the config says nothing: 100,000 clients (128Ki slots, 2 MiB).
+pub const DEFAULT_MAX_KEYS: u64 = 100_000;
+
+/// Largest `rate`: one request per nanosecond.
+const MAX_RATE: u64 = 1_000_000_000;
+
+/// Largest `burst`: keeps `burst * interval` (an hour's interval at most) within 64 bits.
+const MAX_BURST: u64 = 1_000_000;
+
+/// The period `rate` counts over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Per {
+    /// Requests per second.
+    #[default]
+    Second,
+    /// Requests per minute.
+    Minute,
+    /// Requests per hour.
+    Hour,
+}
+
+impl Per {
+    /// The period in seconds (the draft's `w`).
+    pub fn seconds(self) -> u64 {
+        match self {
+            Per::Second => 1,
+            Per::Minute => 60,
+            Per::Hour => 3600,
+        }
+    }
+}
+
+fn default_per() -> Spanned<Per> {
+    Spanned::new(0..0, Per::Second)
+}
+
+fn default_key() -> Spanned<String> {
+    Spanned::new(0..0, "client_ip".to_owned())
+}
+
+fn default_max_keys() -> Spanned<u64> {
+    Spanned::new(0..0, DEFAULT_MAX_KEYS)
+}
+
+/// `rate_limit = { .. }` of a route or a listener.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Sustained requests per `per`, at least 1.
+    pub rate: Spanned<u64>,
+    /// `second` (default), `minute` or `hour`.
+    #[serde(default = "default_per")]
+    pub per: Spanned<Per>,
+    /// Requests admitted at once after a quiet period; default `rate`.
+    #[serde(default)]
+    pub burst: Option<Spanned<u64>>,
+    /// What a bucket is per: `client_ip` (default), `header:NAME`, or one bucket for all
+    /// (`route` on a route, `listener` on a listener).
+    #[serde(default = "default_key")]
+    pub key: Spanned<String>,
+    /// Keys tracked at once (rounded up to a power of two of sets of 8), default 100,000.
+    #[serde(default = "default_max_keys")]
+    pub max_keys: Spanned<u64>,
+}
+
+/// Where a limit is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// On a route: checked after routing.
+    Route,
+    /// On a listener: checked before routing.
+    Listener,
+}
+
+impl Scope {
+    /// The name of the one-bucket key here, and of the policy in the response fields.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Route => "route",
+            Scope::Listener => "listener",
+        }
+    }
+}
+
+/// What a limit's buckets are per.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRule {
+    /// The downstream peer's address (IPv4-mapped IPv6 counts as IPv4).
+    ClientIp,
+    /// The first value of this request header; a request without it is not limited by
+    /// this limit (as nginx skips an empty key).
+    Header(HeaderName),
+    /// One bucket for everything the route or listener serves.
+    All,
+}
+
+impl KeyRule {
+    /// Parses `key` as written in a limit at `scope`.
+    pub fn parse(key: &str, scope: Scope) -> Result<KeyRule, String> {
+        if key == "client_ip" {
+            return Ok(KeyRule::ClientIp);
+        }
+        if key == scope.as_str() {
+            return Ok(KeyRule::All);
+        }
+        if let Some(name) = key.strip_prefix("header:") {
+            if name.is_empty() {
+                return Err("`header:` needs a header name, like `header:X-Api-Key`".into());
+            }
+            return HeaderName::from_bytes(name.as_bytes())
+                .map(KeyRule::Header)
+                .map_err(|_| format!("`{name}` is not a header name"));
+        }
+        Err(format!(
+            "`{key}` is not a key; expected `client_ip`, `header:NAME` or `{}`",
+            scope.as_str()
+        ))
+    }
+}
+
+impl RateLimitConfig {
+    /// The problems of this limit at `scope`, each with its span, the field's name after
+    /// the limit's own (`rate`, `key`, ...) and a message.
+    pub fn check(&self, scope: Scope) -> Vec<(Option<Range<usize>>, &'static str, String)> {
+        let mut out = Vec::new();
+        let rate = *self.rate.get_ref();
+        if !(1..=MAX_RATE).contains(&rate) {
+            out.push((
+                Some(self.rate.span()),
+                "rate",
+                format!("{rate} is outside 1..={MAX_RATE}"),
+            ));
+        }
+        if let Some(burst) = &self.burst
+            && !(1..=MAX_BURST).contains(burst.get_ref())
+        {
+            out.push((
+                Some(burst.span()),
+                "burst",
+                format!("{} is outside 1..={MAX_BURST}", burst.get_ref()),
+            ));
+        }
+        if self.burst.is_none() && rate > MAX_BURST {
+            out.push((
+                Some(self.rate.span()),
+                "burst",
+                format!("the default burst (the rate) is above {MAX_BURST}; set `burst`"),
+            ));
+        }
+        if let Err(message) = KeyRule::parse(self.key.get_ref(), scope) {
+            out.push((Some(self.key.span()), "key", message));
+        }
+        let max_keys = *self.max_keys.get_ref();
+        if !(1..=table::MAX_KEYS).contains(&max_keys) {
+            out.push((
+                Some(self.max_keys.span()),
+                "max_keys",
+                format!("{max_keys} is outside 1..={}", table::MAX_KEYS),
+            ));
+        }
+        out
+    }
+
+    fn burst(&self) -> u64 {
+        self.burst
+            .as_ref()
+            .map_or(*self.rate.get_ref(), |b| *b.get_ref())
+    }
+}
+
+/// The buckets of one limit.
+#[derive(Debug)]
+enum Buckets {
+    /// `key = "route"` / `"listener"`: one TAT, on cache lines of its own.
+    One(Padded<AtomicU64>),
+    /// Per client address or header value.
+    Keyed(KeyTable),
+}
+
+/// One built limit: its rate, its buckets, its response fields and metric handles.
+#[derive(Debug)]
+pub struct Limiter {
+    config: RateLimitConfig,
+    /// Route id or listener address: what a reload matches it on.
+    owner: Arc<str>,
+    scope: Scope,
+    gcra: Gcra,
+    key: KeyRule,
+    buckets: Buckets,
+    /// The limits' clock starts here (the same instant for every limit of the process).
+    epoch: Instant,
+    policy: HeaderValue,
+    limited: Counter,
+    evictions: Counter,
+}
+
+/// The start of the limits' clock: TATs are nanoseconds since it.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// A refused request: what its `429` says.
+#[derive(Debug)]
+pub struct Limited {
+    scope: Scope,
+    /// Seconds until a request would be admitted (at least 1).
+    retry_after: u64,
+    policy: HeaderValue,
+}
+
+impl Limiter {
+    /// Builds the limit `config` (validated) of route or listener `owner`.
+    pub fn build(
+        config: &RateLimitConfig,
+        scope: Scope,
+        owner: &str,
+        metrics: &GatewayMetrics,
+    ) -> Result<Limiter, Error> {
+        let key = KeyRule::parse(config.key.get_ref(), scope)
+            .map_err(|e| Error::Internal(format!("rate limit of `{owner}`: {e}")))?;
+        let rate = *config.rate.get_ref();
+        let per = *config.per.get_ref();
+        let burst = config.burst();
+        let gcra = Gcra::new(rate, per.seconds() * 1_000_000_000, burst);
+        let buckets = match key {
+            KeyRule::All => Buckets::One(Padded(AtomicU64::new(0))),
+            _ => Buckets::Keyed(KeyTable::new(*config.max_keys.get_ref())),
+        };
+        let policy = format!(
+            "\"{}\";q={rate};w={};tailguard-burst={burst}",
+            scope.as_str(),
+            per.seconds()
+        );
+        let (limited, evictions) = metrics.rate_limit.handles(scope, owner)?;
+        Ok(Limiter {
+            config: config.clone(),
+            owner: Arc::from(owner),
+            scope,
+            gcra,
+            key,
+            buckets,
+            epoch: epoch(),
+            policy: HeaderValue::from_str(&policy).expect("the policy is ASCII digits and names"),
+            limited,
+            evictions,
+        })
+    }
+
+    /// The limit of `owner` from `previous` if its config is `config`, else a new one.
+    fn build_or_keep(
+        config: &RateLimitConfig,
+        scope: Scope,
+        owner: &str,
+        previous: impl Iterator<Item = Arc<Limiter>>,
+        metrics: &GatewayMetrics,
+    ) -> Result<Arc<Limiter>, Error> {
+        for old in previous {
+            if &*old.owner == owner && old.config == *config {
+                return Ok(old);
+            }
+        }
+        Ok(Arc::new(Limiter::build(config, scope, owner, metrics)?))
+    }
+
+    /// Charges a request that arrived at `now` from `client` with `headers`: `Err` if the
+    /// limit refuses it (counted in the metrics).
+    #[inline]
+    pub fn check(&self, now: Instant, client: IpAddr, headers: &HeaderMap) -> Result<(), Limited> {
+        // `now` is the request's own start: no second clock read.
+        let now =
+            u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        let tat = match (&self.buckets, &self.key) {
+            (Buckets::One(tat), _) => &tat.0,
+            (Buckets::Keyed(table), KeyRule::Header(name)) => {
+                let Some(value) = headers.get(name) else {
+                    return Ok(());
+                };
+                self.keyed(table, table.hash(value.as_bytes()), now)
+            }
+            (Buckets::Keyed(table), _) => self.keyed(table, table.hash(client.to_canonical()), now),
+        };
+        match self.gcra.acquire(tat, now) {
+            Ok(()) => Ok(()),
+            Err(wait_ns) => {
+                self.limited.inc();
+                Err(Limited {
+                    scope: self.scope,
+                    retry_after: wait_ns.div_ceil(1_000_000_000).max(1),
+                    policy: self.policy.clone(),
+                })
+            }
+        }
+    }
+
+    fn keyed<'a>(&self, table: &'a KeyTable, hash: u64, now: u64) -> &'a AtomicU64 {
+        let bucket = table.bucket(hash, now);
+        if bucket.evicted {
+            self.evictions.inc();
+        }
+        bucket.tat
+    }
+
+    /// The key table's size in bytes (0 for a one-bucket limit).
+    pub fn heap_bytes(&self) -> usize {
+        match &self.buckets {
+            Buckets::One(_) => 0,
+            Buckets::Keyed(t) => t.heap_bytes(),
+        }
+    }
+}
+
+impl Limited {
+    /// The `429` (through [`error_response`]: counted, logged, in the access log like any
+    /// error), with `Retry-After`, `RateLimit` and `RateLimit-Policy`.
+    pub(crate) fn respond(self, record: RequestRecord, held: Held) -> Response<ResponseBody> {
+        let secs = self.retry_after;
+        let mut resp = error_response(
+            Error::RateLimited {
+                scope: self.scope.as_str(),
+                retry_after: secs,
+            },
+            record,
+            held,
+            None,
+        );
+        let mut digits = itoa::Buffer::new();
+        let secs_text = digits.format(secs);
+        let headers = resp.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(secs_text) {
+            headers.insert(RETRY_AFTER, v);
+        }
+        let state = format!("\"{}\";r=0;t={secs_text}", self.scope.as_str());
+        if let Ok(v) = HeaderValue::from_str(&state) {
+            headers.insert(RATELIMIT, v);
+        }
+        headers.insert(RATELIMIT_POLICY, self.policy);
+        resp
+    }
+}
+
+/// The rate-limit metric families (registered once per process with the gateway's).
+#[derive(Debug)]
+pub(crate) struct RateLimitMetrics {
+    limited: Family<Counter>,
+    evictions: Family<Counter>,
+}
+
+impl RateLimitMetrics {
+    pub(crate) fn register(registry: &Registry) -> Result<RateLimitMetrics, MetricsError> {
+        Ok(RateLimitMetrics {
+            limited: registry.counter(
+                "tailguard_rate_limited",
+                "Requests refused with 429 by a rate limit, by the listener or route whose \
+                 limit refused them (the other label empty).",
+                &["listener", "route"],
+            )?,
+            evictions: registry.counter(
+                "tailguard_rate_limit_evictions",
+                "Live keys a rate limit's key table evicted to make room for a new key (each \
+                 restarts with a full burst): above 0, `max_keys` is too small.",
+                &["listener", "route"],
+            )?,
+        })
+    }
+
+    /// The handles of the limit of route or listener `owner` (at build, never per request).
+    fn handles(&self, scope: Scope, owner: &str) -> Result<(Counter, Counter), Error> {
+        let labels = match scope {
+            Scope::Route => ["", owner],
+            Scope::Listener => [owner, ""],
+        };
+        let internal = |e: MetricsError| Error::Internal(format!("metrics: {e}"));
+        Ok((
+            self.limited.get_or_create(&labels).map_err(internal)?,
+            self.evictions.get_or_create(&labels).map_err(internal)?,
+        ))
+    }
+}
+
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11 §4).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-11 §3).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// The route limits of one snapshot, by router index.
+#[derive(Debug, Default)]
+pub struct RateLimits {
+    routes: Vec<Option<Arc<Limiter>>>,
+}
+
+impl RateLimits {
+    /// Builds the limit of every route that has one (`routes`: each route's id and config,
+    /// in router order), keeping the unchanged ones of `previous`.
+    pub(crate) fn build<'a>(
+        routes: impl Iterator<Item = (&'a str, Option<&'a RateLimitConfig>)>,
+        previous: Option<&RateLimits>,
+        metrics: &GatewayMetrics,
+    ) -> Result<RateLimits, Error> {
+        let kept = || {
+            previous
+                .into_iter()
+                .flat_map(|p| p.routes.iter().flatten().cloned())
+        };
+        let routes = routes
+            .map(|(id, config)| {
+                config
+                    .map(|c| Limiter::build_or_keep(c, Scope::Route, id, kept(), metrics))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(RateLimits { routes })
+    }
+
+    /// The limit of the route at router index `route`, if it has one.
+    #[inline]
+    pub fn route(&self, route: usize) -> Option<&Limiter> {
+        self.routes.get(route)?.as_deref()
+    }
+}
+
+/// The limit of each listener of `configs` (`None` where a listener has none), keeping
+/// the one `previous(i)` returns for listener `i` when its address and config are the same.
+pub(crate) fn listener_limits(
+    configs: &[crate::config::ListenerConfig],
+    previous: impl Fn(usize) -> Option<Arc<Limiter>>,
+    metrics: &GatewayMetrics,
+) -> Result<Vec<Option<Arc<Limiter>>>, Error> {
+    configs
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            l.rate_limit
+                .as_ref()
+                .map(|c| {
+                    Limiter::build_or_keep(
+                        c,
+                        Scope::Listener,
+                        l.address.get_ref(),
+                        previous(i).into_iter(),
+                        metrics,
+                    )
+                })
+                .transpose()
+        })
+        .collect()
+}
