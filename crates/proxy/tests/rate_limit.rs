@@ -338,15 +338,6 @@ async fn a_reload_keeps_unchanged_limits_and_restarts_changed_ones() {
     assert!(headers["ratelimit"].as_bytes().starts_with(b"\"listener\""));
 }
 
-/// Every diagnostic of an invalid config.
-fn errors_of(text: &str) -> Vec<String> {
-    match tailguard_proxy::Config::parse(text, "gw.toml", std::path::Path::new(".")) {
-        Ok(_) => panic!("config unexpectedly valid"),
-        Err(tailguard_proxy::Error::Config(d)) => d.iter().map(ToString::to_string).collect(),
-        Err(other) => panic!("not a config error: {other}"),
-    }
-}
-
 #[test]
 fn config_errors_name_the_line_column_and_field() {
     let text = r#"[[listeners]]
@@ -378,7 +369,7 @@ upstream = "up"
 rate_limit = { rate = 10, per = "day" }
 "#;
     assert_eq!(
-        errors_of(text),
+        crate::support::config_errors(text),
         [
             "gw.toml:3:32: listeners[0].rate_limit.key: `route` is not a key; expected \
              `client_ip`, `header:NAME` or `listener`",
