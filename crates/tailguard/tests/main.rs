@@ -1,6 +1,7 @@
 //! Tests of the built `tailguard` binary: run as a separate process, driven by signals.
 
 mod access_log;
+mod etcd;
 mod gateway;
 mod listeners;
 mod metrics;
