@@ -771,3 +771,80 @@ fn a_start_without_etcd_or_the_key_or_with_a_bad_bootstrap_fails_clearly() {
         "{stderr}"
     );
 }
+
+/// The figures of issue 17: time from a push (an etcd put) to the change being served by
+/// both of two gateways, median and max over 100 pushes, and the requests that failed under
+/// constant load meanwhile. Run it with
+/// `cargo test -p tailguard --test main -- --ignored push_figures --nocapture`;
+/// `TAILGUARD_BIN=target/release/tailguard` measures a release build of the gateways.
+#[test]
+#[ignore = "a measurement, not a check: prints figures"]
+fn push_figures() {
+    const PUSHES: usize = 100;
+    let Some(etcd) = Etcd::start() else { return };
+    let rt = runtime();
+    let up = rt.block_on(Upstream::builder().body("up").start());
+    etcd.put(&document(up.addr, Some("v0")));
+    let binary =
+        std::env::var_os("TAILGUARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailguard").into());
+    let url = etcd.url();
+    let args = [
+        "--etcd",
+        &url,
+        "--etcd-key",
+        KEY,
+        "--threads",
+        "1",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let gateways = [
+        Gateway::run_binary(&binary, &args),
+        Gateway::run_binary(&binary, &args),
+    ];
+    let load = Load::start(&rt, &[&gateways[0], &gateways[1]]);
+    let mut client = rt
+        .block_on(etcd_client::Client::connect([url.as_str()], None))
+        .expect("etcd client");
+    let mut both = Vec::with_capacity(PUSHES);
+    let mut each = Vec::with_capacity(2 * PUSHES);
+    for n in 1..=PUSHES {
+        let doc = document(up.addr, Some(&format!("v{n}")));
+        let path = format!("/v{n}");
+        let pushed = Instant::now();
+        rt.block_on(client.put(KEY, doc, None)).expect("put");
+        let mut applied = [None, None];
+        while applied.iter().any(Option::is_none) {
+            for (i, gw) in gateways.iter().enumerate() {
+                if applied[i].is_none() && get(gw.addr, &path).0 == 200 {
+                    applied[i] = Some(pushed.elapsed());
+                }
+            }
+            assert!(
+                pushed.elapsed() < Duration::from_secs(30),
+                "push {n} never applied"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let [a, b] = applied.map(|d| d.expect("applied"));
+        each.extend([a, b]);
+        both.push(a.max(b));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ok, failed, failures) = load.finish(&rt);
+    both.sort();
+    each.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "push to applied on both gateways over {PUSHES} pushes: median {:.1} ms, max {:.1} ms \
+         (each gateway: median {:.1} ms, max {:.1} ms)",
+        ms(both[PUSHES / 2]),
+        ms(both[PUSHES - 1]),
+        ms(each[PUSHES]),
+        ms(each[2 * PUSHES - 1]),
+    );
+    println!(
+        "requests under constant load during the pushes: {ok} ok, {failed} failed {failures:?}"
+    );
+    assert_eq!(failed, 0);
+}
