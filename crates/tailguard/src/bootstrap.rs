@@ -46,8 +46,8 @@ impl Settings {
 /// The etcd flags shared by `run`, `config push` and `config get`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct EtcdArgs {
-    /// Read the config from etcd at URL (e.g. http://127.0.0.1:2379; repeatable or
-    /// comma-separated for a cluster) instead of a file; needs --etcd-key.
+    /// etcd client URL where the config is stored (e.g. http://127.0.0.1:2379; repeatable or
+    /// comma-separated for a cluster); needs --etcd-key.
     #[arg(
         long = "etcd",
         value_name = "URL",
