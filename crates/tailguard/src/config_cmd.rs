@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use tailguard_proxy::Config;
 
 use crate::bootstrap::{EtcdArgs, Settings};
@@ -99,44 +98,35 @@ async fn push(settings: &Settings, text: Vec<u8>, expect: Option<i64>) -> anyhow
         None => {
             let response = with_timeout(settings, async {
                 client
-                    .put(key, text, None)
+                    .put(key, text)
                     .await
                     .map_err(|e| format!("write {key}: {e}"))
             })
             .await?;
-            response.header().map_or(0, |h| h.revision())
+            response.revision()
         }
         Some(expected) => {
-            // A key that does not exist has mod revision 0, so `0` means "create only".
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
-                .and_then([TxnOp::put(key, text, None)])
-                .or_else([TxnOp::get(key, None)]);
+            // A key that does not exist has mod revision 0, so `0` means "create only". A
+            // transaction: compare the mod revision, put if equal, else read the key.
             let response = with_timeout(settings, async {
                 client
-                    .txn(txn)
+                    .put_if_mod_revision(key, text, expected)
                     .await
                     .map_err(|e| format!("write {key}: {e}"))
             })
             .await?;
-            if !response.succeeded() {
+            if !response.succeeded {
                 let actual = response
-                    .op_responses()
-                    .into_iter()
-                    .find_map(|op| match op {
-                        TxnOpResponse::Get(g) => {
-                            Some(g.kvs().first().map_or(0, |kv| kv.mod_revision()))
-                        }
-                        _ => None,
-                    })
-                    .unwrap_or(0);
+                    .first_range()
+                    .and_then(|r| r.kvs.first())
+                    .map_or(0, |kv| kv.mod_revision);
                 eprintln!(
                     "tailguard: etcd:{key} is at revision {actual}, not the expected {expected}; \
                      nothing written"
                 );
                 return Ok(ExitCode::FAILURE);
             }
-            response.header().map_or(0, |h| h.revision())
+            response.revision()
         }
     };
     eprintln!("tailguard: stored {}", settings.source_name(revision));
@@ -152,10 +142,10 @@ async fn get(settings: &Settings) -> anyhow::Result<ExitCode> {
         eprintln!("tailguard: etcd key {key} does not exist (etcd revision {store_revision})");
         return Ok(ExitCode::FAILURE);
     };
-    eprintln!("tailguard: {}", settings.source_name(kv.mod_revision()));
+    eprintln!("tailguard: {}", settings.source_name(kv.mod_revision));
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
-    out.write_all(kv.value()).context("writing to stdout")?;
+    out.write_all(&kv.value).context("writing to stdout")?;
     out.flush().context("writing to stdout")?;
     Ok(ExitCode::SUCCESS)
 }

@@ -9,7 +9,7 @@
 //! made meanwhile arrives as an ordinary event. If that revision has been compacted away,
 //! etcd cancels the watch and the watcher reads the key afresh instead.
 //!
-//! The client is the `etcd-client` crate (etcd's v3 gRPC API over tonic): its HTTP/2
+//! The client is `tailguard-etcd` (`crates/etcd`: etcd's v3 gRPC API over tonic): its HTTP/2
 //! keep-alive pings find a dead etcd behind a silent network, which a plain HTTP watch
 //! would not notice.
 
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use etcd_client::{Client, ConnectOptions, EventType, KeyValue, WatchOptions};
+use tailguard_etcd::{Client, ConnectOptions, EventType, KeyValue, WatchCreateRequest};
 use tailguard_metrics::{Counter, Gauge, Registry};
 use tailguard_proxy::config::Diagnostic;
 use tailguard_proxy::{Config, Error, Server};
@@ -354,9 +354,9 @@ impl Watcher {
                 Ok((store_revision, Some(kv))) => {
                     self.next = store_revision + 1;
                     self.seen = store_revision;
-                    self.last_document = kv.mod_revision();
+                    self.last_document = kv.mod_revision;
                     self.state.synced();
-                    return Ok((kv.mod_revision(), document(&kv)));
+                    return Ok((kv.mod_revision, document(&kv)));
                 }
                 Ok((store_revision, None)) => {
                     return Err(format!(
@@ -432,8 +432,12 @@ impl Watcher {
             Ok(c) => c,
             Err(e) => return Ended::Lost(e),
         };
-        let options = WatchOptions::new().with_start_revision(self.next);
-        let mut stream = match timeout(t, client.watch(key.as_bytes(), Some(options))).await {
+        let create = WatchCreateRequest {
+            key: key.as_bytes().to_vec(),
+            start_revision: self.next,
+            ..WatchCreateRequest::default()
+        };
+        let mut stream = match timeout(t, client.watch(create)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Ended::Lost(format!("watch: {e}")),
             Err(_) => return Ended::Lost(format!("watch: no answer within {} ms", t.as_millis())),
@@ -470,24 +474,24 @@ impl Watcher {
                 Ok(None) => return Ended::Lost("watch stream closed".to_owned()),
                 Err(e) => return Ended::Lost(e.to_string()),
             };
-            if response.compact_revision() > 0 {
+            if response.compact_revision > 0 {
                 // Revisions up to compact_revision are gone: read the present state instead
                 // of replaying history (etcd has cancelled this watch).
                 tracing::warn!(
                     "tailguard: etcd revision {} of {key} is compacted (compacted up to {}); \
                      reading the key afresh",
                     self.next,
-                    response.compact_revision()
+                    response.compact_revision
                 );
                 return match self.reread(&mut client, false).await {
                     Ok(()) => Ended::Rewatch,
                     Err(e) => Ended::Lost(e),
                 };
             }
-            if response.canceled() {
+            if response.canceled {
                 return Ended::Lost(format!(
                     "watch cancelled by etcd: {}",
-                    response.cancel_reason()
+                    response.cancel_reason
                 ));
             }
             if !established {
@@ -501,26 +505,26 @@ impl Watcher {
                     return Ended::Lost(e);
                 }
             }
-            for event in response.events() {
-                let Some(kv) = event.kv() else { continue };
+            for event in &response.events {
+                let Some(kv) = &event.kv else { continue };
                 // Already covered by a read of the key at a later store revision.
-                if kv.mod_revision() <= self.seen {
+                if kv.mod_revision <= self.seen {
                     continue;
                 }
-                self.seen = kv.mod_revision();
-                self.next = self.next.max(kv.mod_revision() + 1);
-                let update = match event.event_type() {
+                self.seen = kv.mod_revision;
+                self.next = self.next.max(kv.mod_revision + 1);
+                let update = match event.r#type() {
                     EventType::Put => {
-                        self.last_document = kv.mod_revision();
+                        self.last_document = kv.mod_revision;
                         Update::Document {
-                            revision: kv.mod_revision(),
+                            revision: kv.mod_revision,
                             text: document(kv),
                         }
                     }
                     EventType::Delete => {
                         self.last_document = 0;
                         Update::Deleted {
-                            revision: kv.mod_revision(),
+                            revision: kv.mod_revision,
                         }
                     }
                 };
@@ -543,14 +547,14 @@ impl Watcher {
         self.next = self.next.max(store_revision + 1);
         self.seen = self.seen.max(store_revision);
         self.state.synced();
-        let current = kv.as_ref().map_or(0, KeyValue::mod_revision);
+        let current = kv.as_ref().map_or(0, |kv| kv.mod_revision);
         if !always && current == self.last_document {
             return Ok(());
         }
         self.last_document = current;
         let update = match kv {
             Some(kv) => Update::Document {
-                revision: kv.mod_revision(),
+                revision: kv.mod_revision,
                 text: document(&kv),
             },
             None => Update::Deleted {
@@ -564,16 +568,16 @@ impl Watcher {
 }
 
 fn document(kv: &KeyValue) -> Result<String, std::str::Utf8Error> {
-    std::str::from_utf8(kv.value()).map(str::to_owned)
+    std::str::from_utf8(&kv.value).map(str::to_owned)
 }
 
 /// A client for the settings' endpoints. Cheap: it connects lazily, on the first request.
 pub(crate) async fn connect(settings: &Settings) -> Result<Client, String> {
+    // Pings even while idle (between changes, a watch is an idle stream).
     let options = ConnectOptions::new()
         .with_connect_timeout(settings.timeout)
-        .with_keep_alive(KEEPALIVE, settings.timeout)
-        .with_keep_alive_while_idle(true);
-    Client::connect(&settings.endpoints, Some(options))
+        .with_keep_alive(KEEPALIVE, settings.timeout);
+    Client::connect(&settings.endpoints, &options)
         .await
         .map_err(|e| format!("connect: {e}"))
 }
@@ -583,12 +587,11 @@ pub(crate) async fn read(
     client: &mut Client,
     key: &str,
 ) -> Result<(i64, Option<KeyValue>), String> {
-    let mut response = client
-        .get(key, None)
+    let response = client
+        .get(key)
         .await
         .map_err(|e| format!("read {key}: {e}"))?;
-    let revision = response.header().map_or(0, |h| h.revision());
-    Ok((revision, response.take_kvs().into_iter().next()))
+    Ok((response.revision(), response.into_first()))
 }
 
 /// `future` with a deadline, its error and the timeout's as one message.

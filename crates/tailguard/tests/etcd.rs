@@ -1,145 +1,43 @@
 //! Config from etcd, against a real etcd (Debian's `etcd-server`, installed by
-//! scripts/install-tools) started on free 127.0.0.1 ports with a temporary data dir: two
-//! gateway processes on one key, pushes under load, invalid revisions, etcd down and back,
-//! a watch resumed at a compacted revision, and `config push`/`config get`.
+//! scripts/install-tools, started by `tailguard_test_support::etcd` on free 127.0.0.1 ports
+//! with a temporary data dir): two gateway processes on one key, pushes under load, invalid
+//! revisions, etcd down and back, a watch resumed at a compacted revision, and
+//! `config push`/`config get`.
 //!
 //! Without an `etcd` binary these tests fail, unless `TAILGUARD_SKIP_ETCD_TESTS=1` says
 //! skipping is allowed (CI installs etcd, so there they always run).
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tailguard_test_support::etcd::{EtcdServer as Etcd, free_port};
 use tailguard_test_support::{Upstream, http1_client};
 
 use crate::support::Gateway;
 
 const KEY: &str = "/tailguard/config";
 
-/// A real etcd, killed (and its data dir removed) on drop.
-struct Etcd {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    client_port: u16,
-    peer_port: u16,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
-}
-
-impl Etcd {
-    /// Starts etcd, or returns `None` when it is absent and skipping is allowed.
-    fn start() -> Option<Etcd> {
-        let present = Command::new("etcd")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !present {
-            assert!(
-                std::env::var("TAILGUARD_SKIP_ETCD_TESTS").as_deref() == Ok("1"),
-                "etcd is not installed: run scripts/install-tools (apt-get install etcd-server), \
-                 or set TAILGUARD_SKIP_ETCD_TESTS=1 to skip the etcd tests"
-            );
-            eprintln!("etcd not installed and TAILGUARD_SKIP_ETCD_TESTS=1: skipping");
-            return None;
-        }
-        let mut etcd = Etcd {
-            child: None,
-            dir: tempfile::tempdir().expect("tempdir"),
-            client_port: free_port(),
-            peer_port: free_port(),
-        };
-        etcd.spawn(etcd.client_port);
-        Some(etcd)
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
-    }
-
-    /// Starts etcd on the data dir, serving clients on `port`, and waits until it answers.
-    fn spawn(&mut self, port: u16) {
-        let client = format!("http://127.0.0.1:{port}");
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("etcd.log"))
-            .expect("etcd log");
-        let child = Command::new("etcd")
-            .args(["--name", "t", "--data-dir"])
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("t={peer}")])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn etcd");
-        self.child = Some(child);
-        let start = Instant::now();
-        loop {
-            if block_on(async {
-                let mut c = etcd_client::Client::connect([client.as_str()], None).await?;
-                c.get("/", None).await
-            })
-            .is_ok()
-            {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "etcd did not start:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-    }
-
-    /// Writes `value` under `key` directly (no validation), returning the new revision.
-    fn put(&self, value: &str) -> i64 {
-        self.put_at(&self.url(), value)
-    }
-
-    fn put_at(&self, url: &str, value: &str) -> i64 {
-        block_on(async {
-            let mut c = etcd_client::Client::connect([url], None).await?;
-            c.put(KEY, value, None).await
-        })
+/// Writes `value` under the key directly (no validation) through etcd at `url`, returning
+/// the new revision.
+fn put_at(url: &str, value: &str) -> i64 {
+    block_on(async { client(url).await.put(KEY, value).await })
         .expect("etcd put")
-        .header()
-        .expect("header")
         .revision()
-    }
 }
 
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Writes `value` under the key directly through `etcd`'s client port.
+fn put(etcd: &Etcd, value: &str) -> i64 {
+    put_at(&etcd.url(), value)
+}
+
+async fn client(url: &str) -> tailguard_etcd::Client {
+    tailguard_etcd::Client::connect(&[url], &tailguard_etcd::ConnectOptions::new())
+        .await
+        .expect("etcd client")
 }
 
 /// A runtime for the test's upstreams and load, whose tasks run on its workers while the
@@ -474,7 +372,7 @@ fn an_invalid_revision_is_refused_by_push_and_rejected_by_both_gateways_which_ke
 
     // Written directly, bypassing push: each gateway rejects it with the same messages,
     // the "file" being etcd:KEY@REVISION, and keeps serving the good revision.
-    let bad_revision = etcd.put(INVALID);
+    let bad_revision = put(&etcd, INVALID);
     for gw in [&a, &b] {
         gw.wait_for_log(
             &format!("reload of etcd:{KEY}@{bad_revision} rejected"),
@@ -510,7 +408,7 @@ fn an_invalid_revision_is_refused_by_push_and_rejected_by_both_gateways_which_ke
     }
 
     // A good revision after it is applied again.
-    let fixed = etcd.put(&document(up.addr, Some("fixed")));
+    let fixed = put(&etcd, &document(up.addr, Some("fixed")));
     for gw in [&a, &b] {
         gw.wait_for_log(
             &format!("reloaded etcd:{KEY}@{fixed}"),
@@ -527,7 +425,7 @@ fn with_etcd_down_both_gateways_keep_serving_then_apply_a_change_made_meanwhile(
     };
     let rt = runtime();
     let up = rt.block_on(Upstream::builder().body("up").start());
-    let first = etcd.put(&document(up.addr, None));
+    let first = put(&etcd, &document(up.addr, None));
     let (a, b) = (gateway(&etcd), gateway(&etcd));
     for gw in [&a, &b] {
         gw.wait_for_log(
@@ -556,7 +454,7 @@ fn with_etcd_down_both_gateways_keep_serving_then_apply_a_change_made_meanwhile(
     // there is made while they are cut off. Then back where they look for it.
     let hidden = free_port();
     etcd.spawn(hidden);
-    let change = etcd.put_at(
+    let change = put_at(
         &format!("http://127.0.0.1:{hidden}"),
         &document(up.addr, Some("new")),
     );
@@ -585,7 +483,7 @@ fn a_watch_resumed_at_a_compacted_revision_reads_the_key_afresh() {
     };
     let rt = runtime();
     let up = rt.block_on(Upstream::builder().body("up").start());
-    etcd.put(&document(up.addr, None));
+    put(&etcd, &document(up.addr, None));
     let gw = gateway(&etcd);
     gw.wait_for_log("watching etcd:", Duration::from_secs(10));
     etcd.kill();
@@ -596,13 +494,9 @@ fn a_watch_resumed_at_a_compacted_revision_reads_the_key_afresh() {
     let hidden = format!("http://127.0.0.1:{}", free_port());
     let port: u16 = hidden.rsplit(':').next().unwrap().parse().unwrap();
     etcd.spawn(port);
-    etcd.put_at(&hidden, &document(up.addr, Some("one")));
-    let last = etcd.put_at(&hidden, &document(up.addr, Some("two")));
-    block_on(async {
-        let mut c = etcd_client::Client::connect([hidden.as_str()], None).await?;
-        c.compact(last, None).await
-    })
-    .expect("compact");
+    put_at(&hidden, &document(up.addr, Some("one")));
+    let last = put_at(&hidden, &document(up.addr, Some("two")));
+    block_on(async { client(&hidden).await.compact(last).await }).expect("compact");
     etcd.kill();
     let client_port = etcd.client_port;
     etcd.spawn(client_port);
@@ -672,7 +566,7 @@ fn sighup_reads_the_key_afresh_and_a_deleted_key_keeps_the_running_config() {
     let Some(etcd) = Etcd::start() else { return };
     let rt = runtime();
     let up = rt.block_on(Upstream::builder().body("up").start());
-    let revision = etcd.put(&document(up.addr, None));
+    let revision = put(&etcd, &document(up.addr, None));
     let gw = gateway(&etcd);
     gw.wait_for_log("watching etcd:", Duration::from_secs(10));
     gw.signal("HUP");
@@ -681,11 +575,7 @@ fn sighup_reads_the_key_afresh_and_a_deleted_key_keeps_the_running_config() {
         Duration::from_secs(10),
     );
 
-    block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.url()], None).await?;
-        c.delete(KEY, None).await
-    })
-    .expect("delete");
+    block_on(async { client(&etcd.url()).await.delete(KEY).await }).expect("delete");
     gw.wait_for_log("deleted at revision", Duration::from_secs(10));
     assert_eq!(get(gw.addr, "/").0, 200);
     assert_eq!(
@@ -729,7 +619,7 @@ fn a_start_without_etcd_or_the_key_or_with_a_bad_bootstrap_fails_clearly() {
     );
 
     // An invalid stored config: the start fails with its positions.
-    let revision = etcd.put(INVALID);
+    let revision = put(&etcd, INVALID);
     let out = run(&["--etcd", &etcd.url(), "--etcd-key", KEY]);
     assert_eq!(out.status.code(), Some(64));
     assert!(
@@ -784,7 +674,7 @@ fn push_figures() {
     let Some(etcd) = Etcd::start() else { return };
     let rt = runtime();
     let up = rt.block_on(Upstream::builder().body("up").start());
-    etcd.put(&document(up.addr, Some("v0")));
+    put(&etcd, &document(up.addr, Some("v0")));
     let binary =
         std::env::var_os("TAILGUARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailguard").into());
     let url = etcd.url();
@@ -803,16 +693,14 @@ fn push_figures() {
         Gateway::run_binary(&binary, &args),
     ];
     let load = Load::start(&rt, &[&gateways[0], &gateways[1]]);
-    let mut client = rt
-        .block_on(etcd_client::Client::connect([url.as_str()], None))
-        .expect("etcd client");
+    let mut client = rt.block_on(client(&url));
     let mut both = Vec::with_capacity(PUSHES);
     let mut each = Vec::with_capacity(2 * PUSHES);
     for n in 1..=PUSHES {
         let doc = document(up.addr, Some(&format!("v{n}")));
         let path = format!("/v{n}");
         let pushed = Instant::now();
-        rt.block_on(client.put(KEY, doc, None)).expect("put");
+        rt.block_on(client.put(KEY, doc)).expect("put");
         let mut applied = [None, None];
         while applied.iter().any(Option::is_none) {
             for (i, gw) in gateways.iter().enumerate() {
