@@ -1,9 +1,12 @@
 //! The `tailguard` binary: parses the command line and hands each subcommand to its crate.
 //!
-//! This file is glue only. `run` and `check` belong to the gateway (`tailguard-proxy`,
+//! This file is glue only. `run`, `check` and `config` belong to the gateway (`tailguard-proxy`,
 //! wired in `run.rs`); `load`, `lab` and `upstream` belong to the lab (`tailguard-lab`),
 //! which shares no code with the gateway it measures.
 
+mod bootstrap;
+mod config_cmd;
+mod etcd;
 mod run;
 
 use std::process::ExitCode;
@@ -33,6 +36,8 @@ enum Command {
     Run(run::RunArgs),
     /// Validate a config file and print every error with file, line and column.
     Check(run::CheckArgs),
+    /// Store a validated config in etcd for a fleet of gateways (`push`), or print it (`get`).
+    Config(config_cmd::ConfigArgs),
     /// Open-loop, constant-rate load generator with full latency distributions.
     Load(tailguard_lab::cli::LoadArgs),
     /// Rerun a field report's experiment on this machine (scenarios under lab/scenarios).
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => run::check(args),
+        Command::Config(args) => config_cmd::config(args),
         Command::Load(args) => tailguard_lab::cli::load(args),
         Command::Lab(args) => tailguard_lab::cli::lab(args),
         Command::Upstream(args) => tailguard_lab::cli::upstream(args),

@@ -4,7 +4,9 @@
 //! The serving runtime's workers only serve traffic. Signals are handled on the main thread
 //! (`block_on` runs its future on the calling thread), so a SIGHUP reload reads and parses
 //! the file there, off the serving threads, binds any new listener address there too, and
-//! swaps the result in with pointer stores (the snapshot, each listener's settings).
+//! swaps the result in with pointer stores (the snapshot, each listener's settings). A config
+//! from etcd (`--etcd`, `--bootstrap`) arrives from the watcher thread (`etcd.rs`) and is
+//! applied on the main thread through that same path.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,15 +18,22 @@ use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priorit
 use tailguard_proxy::{Config, Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::etcd::EtcdSource;
+
 /// Exit status for a config the user must fix (sysexits.h `EX_USAGE`).
-const EX_USAGE: u8 = 64;
+pub(crate) const EX_USAGE: u8 = 64;
+/// Exit status when the config's etcd cannot be read at start (sysexits.h `EX_UNAVAILABLE`).
+const EX_UNAVAILABLE: u8 = 69;
 
 /// Arguments of `tailguard run`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
-    /// Config file (TOML). Without it the embedded default config is used.
-    #[arg(long, short)]
+    /// Config file (TOML). Without it (and without etcd) the embedded default config is used.
+    #[arg(long, short, conflicts_with_all = ["endpoints", "bootstrap"])]
     config: Option<PathBuf>,
+    /// The config from etcd instead of a file, watched and applied as it changes.
+    #[command(flatten)]
+    etcd: crate::bootstrap::EtcdArgs,
     /// Replace the first listener's address (e.g. 127.0.0.1:0 for any free port).
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -128,10 +137,15 @@ fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
 
 /// Loads the config the run arguments name and applies the command-line overrides.
 fn load(args: &RunArgs) -> Result<Config, Error> {
-    let mut config = match &args.config {
+    let config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::embedded_default(),
     };
+    with_overrides(config, args)
+}
+
+/// Applies the command-line overrides to a config, from a file or from etcd alike.
+fn with_overrides(mut config: Config, args: &RunArgs) -> Result<Config, Error> {
     if let Some(addr) = args.listen {
         config.override_listen(addr);
     }
@@ -149,7 +163,7 @@ fn load(args: &RunArgs) -> Result<Config, Error> {
     Ok(config)
 }
 
-fn print_errors(err: &Error) {
+pub(crate) fn print_errors(err: &Error) {
     match err {
         Error::Config(diags) => {
             for d in diags {
@@ -167,7 +181,15 @@ fn print_errors(err: &Error) {
 
 pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let _log_writer = init_logging();
-    let config = match load(&args) {
+    let registry = Registry::builder()
+        .self_metrics_prefix(Some("tailguard_metrics"))
+        .build()?;
+    let (config, etcd) = match start_etcd(&args, &registry) {
+        Ok(Some((source, config))) => (Ok(config), Some(source)),
+        Ok(None) => (load(&args), None),
+        Err(code) => return Ok(code),
+    };
+    let config = match config {
         Ok(c) => c,
         Err(e) => {
             print_errors(&e);
@@ -184,9 +206,6 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("building the control runtime")?;
-    let registry = Registry::builder()
-        .self_metrics_prefix(Some("tailguard_metrics"))
-        .build()?;
     let metrics = GatewayMetrics::register(&registry)?;
     let synthetic = args
         .synthetic_series
@@ -201,9 +220,53 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // not kill the process.
         let signals = Signals::register()?;
         let server = Server::start_with_metrics(config, metrics, threads)?;
-        wait_for_signals(server, signals, &args).await
+        if let Some(source) = &etcd {
+            source.started();
+        }
+        wait_for_signals(server, signals, &args, etcd).await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// With `--etcd` or `--bootstrap`: starts the watcher and parses the key's current document
+/// (`Ok(None)` without them; `Err` is the exit status after the reason was printed).
+fn start_etcd(
+    args: &RunArgs,
+    registry: &Registry,
+) -> Result<Option<(EtcdSource, Config)>, ExitCode> {
+    let settings = match args.etcd.settings() {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            print_errors(&e);
+            return Err(ExitCode::from(EX_USAGE));
+        }
+    };
+    let (source, text) = match EtcdSource::start(settings, registry) {
+        Ok(started) => started,
+        Err(e) => {
+            eprintln!("tailguard: {e:#}");
+            return Err(ExitCode::from(EX_UNAVAILABLE));
+        }
+    };
+    let name = source.source_name(source.revision());
+    let parsed = match text {
+        Ok(text) => Config::parse(&text, &name, source.base_dir()),
+        Err(e) => {
+            eprintln!("{name}: (document): not UTF-8 text: {e}");
+            return Err(ExitCode::from(EX_USAGE));
+        }
+    };
+    match parsed.and_then(|c| with_overrides(c, args)) {
+        Ok(config) => {
+            tracing::info!("tailguard: loaded {name}");
+            Ok(Some((source, config)))
+        }
+        Err(e) => {
+            print_errors(&e);
+            Err(ExitCode::from(EX_USAGE))
+        }
+    }
 }
 
 /// Starts the metrics exporter on its own thread (never on the serving runtime).
@@ -273,7 +336,12 @@ impl Signals {
     }
 }
 
-async fn wait_for_signals(server: Server, signals: Signals, args: &RunArgs) -> anyhow::Result<()> {
+async fn wait_for_signals(
+    server: Server,
+    signals: Signals,
+    args: &RunArgs,
+    mut etcd: Option<EtcdSource>,
+) -> anyhow::Result<()> {
     let Signals {
         mut hup,
         mut term,
@@ -282,7 +350,15 @@ async fn wait_for_signals(server: Server, signals: Signals, args: &RunArgs) -> a
     } = signals;
     loop {
         tokio::select! {
-            _ = hup.recv() => reload(&server, args),
+            _ = hup.recv() => match &etcd {
+                Some(source) => source.resync(),
+                None => reload(&server, args),
+            },
+            update = next_update(&mut etcd) => if let Some(source) = &mut etcd {
+                source.apply(&server, update, |text, name, base| {
+                    Config::parse(text, name, base).and_then(|c| with_overrides(c, args))
+                });
+            },
             _ = usr1.recv() => server.reopen_access_logs(),
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -298,29 +374,52 @@ async fn wait_for_signals(server: Server, signals: Signals, args: &RunArgs) -> a
     Ok(())
 }
 
+/// The etcd source's next update; never resolves without one.
+async fn next_update(etcd: &mut Option<EtcdSource>) -> crate::etcd::Update {
+    match etcd {
+        Some(source) => source.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn reload(server: &Server, args: &RunArgs) {
     let name = args.config.as_deref().map_or_else(
         || "<embedded default config>".to_owned(),
         |p| p.display().to_string(),
     );
-    let loaded = load(args);
+    apply(server, &name, "the running config", load(args));
+}
+
+/// Swaps a loaded config in (the SIGHUP path, for a file or an etcd revision alike) and
+/// logs the outcome; `running` names what keeps serving on failure. True if applied.
+pub(crate) fn apply(
+    server: &Server,
+    name: &str,
+    running: &str,
+    loaded: Result<Config, Error>,
+) -> bool {
     if loaded.is_err() {
         server.gateway().metrics().reloaded(false);
     }
     match loaded.and_then(|config| server.reload(config)) {
-        Ok(()) => tracing::info!("tailguard: reloaded {name}"),
+        Ok(()) => {
+            tracing::info!("tailguard: reloaded {name}");
+            true
+        }
         Err(Error::Config(diags)) => {
             for d in &diags {
                 tracing::error!("{d}");
             }
             tracing::error!(
-                "tailguard: reload of {name} rejected ({} errors); the running config keeps serving",
+                "tailguard: reload of {name} rejected ({} errors); {running} keeps serving",
                 diags.len()
             );
+            false
         }
-        Err(e) => tracing::error!(
-            "tailguard: reload of {name} failed: {e}; the running config keeps serving"
-        ),
+        Err(e) => {
+            tracing::error!("tailguard: reload of {name} failed: {e}; {running} keeps serving");
+            false
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod access_log;
 mod deploy;
+mod etcd;
 mod gateway;
 mod listeners;
 mod metrics;

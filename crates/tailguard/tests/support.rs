@@ -16,7 +16,12 @@ pub(crate) struct Gateway {
 impl Gateway {
     /// Starts `tailguard run ARGS` and waits (at most 20 s) for its listening line.
     pub(crate) fn run(args: &[&str]) -> Gateway {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tailguard"))
+        Gateway::run_binary(env!("CARGO_BIN_EXE_tailguard").as_ref(), args)
+    }
+
+    /// [`Gateway::run`] with another build of the binary (a release build for figures).
+    pub(crate) fn run_binary(binary: &std::ffi::OsStr, args: &[&str]) -> Gateway {
+        let mut child = Command::new(binary)
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")

@@ -18,7 +18,7 @@
 //! connection, for tests of what may never reach an upstream. [`TlsUpstream`] is an HTTPS
 //! upstream with certificates from a [`TestCa`], counting full and resumed handshakes.
 //! [`SwitchableUpstream`] changes its statuses, stops and comes back while a test runs
-//! (health checks, ejection).
+//! (health checks, ejection). [`etcd::EtcdServer`] is a real etcd on free ports.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -31,6 +31,7 @@
 //! ```
 
 pub mod dns;
+pub mod etcd;
 pub mod grpc;
 pub mod h2_frames;
 mod recording;
