@@ -3,6 +3,10 @@
 //! the Grafana dashboard against that same Prometheus, the systemd unit by
 //! `systemd-analyze verify`, and the logrotate snippet by a real rotation of a running
 //! gateway's access log.
+//!
+//! The Prometheus test runs its gateway from a real etcd (`tailguard_test_support::etcd`),
+//! so the etcd panels have data: without an `etcd` binary it fails, unless
+//! `TAILGUARD_SKIP_ETCD_TESTS=1` says skipping is allowed.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use tailguard_test_support::etcd::EtcdServer;
 use tailguard_test_support::grpc::{GrpcClient, GrpcUpstream, Msg};
 use tailguard_test_support::{Upstream, http1_client};
 
@@ -201,12 +206,14 @@ fn dashboard_panels_use_the_datasource_variable_and_fit_the_grid() {
     }
 }
 
+/// Stored in etcd, where a relative path would resolve against the test's working
+/// directory: `ACCESS_LOG` becomes a path in the test's temporary directory.
 const GATEWAY_CONFIG: &str = r#"
 [[listeners]]
 address = "127.0.0.1:0"
 
 [access_log]
-path = "access.log"
+path = "ACCESS_LOG"
 flush_ms = 100
 
 [overload]
@@ -244,11 +251,28 @@ id = "dead"
 upstream = "dead"
 path = { prefix = "/dead" }
 
+# One request a second: the traffic's others get 429.
+[[routes]]
+id = "limited"
+upstream = "api"
+path = { prefix = "/limited" }
+rate_limit = { rate = 1, burst = 1, key = "route" }
+
+# Every 503 is tried again (within the upstream's retry budget).
+[[routes]]
+id = "retried"
+upstream = "api"
+path = { prefix = "/status/503" }
+retry = { attempts = 2, on = ["503"], backoff_ms = 0 }
+
 [[routes]]
 id = "grpc"
 upstream = "grpc"
 path = { prefix = "/test.Echo" }
 "#;
+
+/// The etcd key the Prometheus test's gateway reads its config from.
+const ETCD_KEY: &str = "/tailguard/config";
 
 /// The exporter address the gateway logged.
 fn metrics_addr(gateway: &Gateway) -> SocketAddr {
@@ -263,12 +287,21 @@ fn metrics_addr(gateway: &Gateway) -> SocketAddr {
 }
 
 /// Traffic of every kind the dashboard shows, until `stop`: 200s, upstream 500s, 503s of an
-/// upstream with no endpoint up, 404s of no route, gRPC calls.
+/// upstream with no endpoint up, 404s of no route, 429s of a rate limit, retried 503s, gRPC
+/// calls.
 async fn traffic(url: String, stop: Arc<AtomicBool>) {
     let client = http1_client();
     let mut grpc = GrpcClient::connect(&url).await;
     while !stop.load(Ordering::Relaxed) {
-        for path in ["/echo/x", "/echo/y", "/status/500", "/dead/x", "/nowhere"] {
+        for path in [
+            "/echo/x",
+            "/echo/y",
+            "/status/500",
+            "/dead/x",
+            "/nowhere",
+            "/limited",
+            "/status/503",
+        ] {
             let _ = tailguard_test_support::get(&client, &format!("{url}{path}")).await;
         }
         let _ = grpc.unary(Msg::new("hello", 1), None).await;
@@ -295,6 +328,9 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
         .enable_all()
         .build()
         .expect("runtime");
+    let Some(etcd) = EtcdServer::start() else {
+        return;
+    };
     let (api, grpc) = rt.block_on(async { (Upstream::start().await, GrpcUpstream::start().await) });
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("gw.toml");
@@ -302,12 +338,30 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
         &config,
         GATEWAY_CONFIG
             .replace("API_PORT", &api.addr.port().to_string())
-            .replace("GRPC_PORT", &grpc.addr.port().to_string()),
+            .replace("GRPC_PORT", &grpc.addr.port().to_string())
+            .replace(
+                "ACCESS_LOG",
+                dir.path().join("access.log").to_str().expect("utf-8 path"),
+            ),
     )
     .expect("write config");
-    let gateway = Gateway::run(&[
-        "--config",
+    // The config goes to etcd as an operator puts it there, and the gateway follows the key.
+    let etcd_url = etcd.url();
+    let (pushed, out) = run(Command::new(env!("CARGO_BIN_EXE_tailguard")).args([
+        "config",
+        "push",
         config.to_str().expect("utf-8 path"),
+        "--etcd",
+        &etcd_url,
+        "--etcd-key",
+        ETCD_KEY,
+    ]));
+    assert!(pushed, "tailguard config push:\n{out}");
+    let gateway = Gateway::run(&[
+        "--etcd",
+        &etcd_url,
+        "--etcd-key",
+        ETCD_KEY,
         "--metrics-listen",
         "127.0.0.1:0",
         "--threads",
@@ -349,7 +403,8 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
     );
     let log = || std::fs::read_to_string(&prometheus_log).unwrap_or_default();
 
-    // A reload after the first scrape, so the reload annotation's `changes(...) > 0` sees one.
+    // A reload after the first scrape, so the reload annotation's `changes(...) > 0` sees one
+    // (from etcd, SIGHUP reads the key afresh and applies it through the same reload).
     wait_for(Duration::from_secs(30), "the first scrape", || {
         let up = query(prometheus, r#"up{job="tailguard"} == 1"#).ok()?;
         (!up.is_empty()).then_some(())
@@ -370,7 +425,17 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
                 r#"tailguard_config_reloads_total{result="ok"} == 1"#,
             )
             .ok()?;
-            (!n.is_empty() && !reloaded.is_empty()).then_some(())
+            // What the new panels show, counted for real (a panel's rate of 0 is data too).
+            let counted = [
+                r#"tailguard_rate_limited_total{route="limited",listener=""} > 0"#,
+                r#"tailguard_upstream_retries_total{route="retried",reason="503"} > 0"#,
+                "tailguard_config_etcd_revision > 0",
+                "tailguard_config_etcd_connected == 1",
+                "tailguard_config_etcd_last_apply_ok == 1",
+            ]
+            .iter()
+            .all(|q| query(prometheus, q).is_ok_and(|r| !r.is_empty()));
+            (!n.is_empty() && !reloaded.is_empty() && counted).then_some(())
         },
     );
 
@@ -466,6 +531,7 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
     });
     assert!(!active("TailguardRouteHighErrorRatio", "route", "echo"));
     assert!(!active("TailguardConfigReloadFailing", "job", "tailguard"));
+    assert!(!active("TailguardEtcdDisconnected", "job", "tailguard"));
 
     stop.store(true, Ordering::Relaxed);
     let finished = rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), load).await });
