@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tailguard_metrics::{
-    Counter, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry, StatusCounters,
-    register_process_metrics,
+    Counter, Desc, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry,
+    StatusCounters, register_process_metrics,
 };
 
 use crate::error::{Blame, Error};
@@ -47,6 +47,13 @@ const ERROR_KINDS: [&str; 22] = [
     "tls",
     "internal",
 ];
+/// How long the `tailguard_upstream_endpoint_up` series of an endpoint that left the config
+/// (a reload, a DNS answer) lingers at 0 once nothing holds it: well under the `for:` of
+/// the endpoint-down alerts (1 and 2 minutes, `deploy/prometheus/`), so an endpoint that is
+/// gone is not reported down for ever. A configured endpoint's state holds its handle, so
+/// its series never expires however long its value stays the same.
+const LEFT_ENDPOINT_SERIES_TTL: Duration = Duration::from_secs(5);
+
 const BLAMES: [Blame; 3] = [Blame::Downstream, Blame::Upstream, Blame::Internal];
 
 /// Series per synthetic unit: 1 status counter, 2 bandwidth counters and 3 latency
@@ -208,11 +215,14 @@ impl GatewayMetrics {
              (connect, 502, 503, 504, timeout).",
             &["route", "reason"],
         )?;
-        let endpoint_up = r.gauge(
-            "tailguard_upstream_endpoint_up",
-            "1 if the endpoint may take traffic, 0 if health checks took it down or it is \
-             ejected (or it left the config).",
-            &["upstream", "endpoint"],
+        let endpoint_up = r.register::<Gauge>(
+            Desc::new(
+                "tailguard_upstream_endpoint_up",
+                "1 if the endpoint may take traffic, 0 if health checks took it down or it is \
+                 ejected (or it just left the config).",
+            )
+            .labels(&["upstream", "endpoint"])
+            .ttl(LEFT_ENDPOINT_SERIES_TTL),
         )?;
         let bytes_in = r.counter(
             "tailguard_request_body_bytes",

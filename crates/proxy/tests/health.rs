@@ -422,6 +422,20 @@ async fn a_reload_keeps_the_health_of_endpoints_it_keeps() {
         .expect("reload");
     assert_eq!(up_gauge(&server, b.addr), Some(0), "b left the config");
     assert_eq!(up_gauge(&server, a.addr), Some(0));
+    // Once nothing holds b's state any more, its series expires (else the endpoint-down
+    // alerts would report b for ever); a and c, configured, keep theirs however long their
+    // values stay the same. The sweeps stand in for the exporter's, run with a clock moved
+    // past the series' TTL.
+    let registry = server.gateway().metrics().registry();
+    eventually("b's series expired", || {
+        let now = std::time::Instant::now();
+        registry.sweep(now);
+        registry.sweep(now + Duration::from_secs(6));
+        up_gauge(&server, b.addr).is_none()
+    })
+    .await;
+    assert_eq!(up_gauge(&server, a.addr), Some(0));
+    assert_eq!(up_gauge(&server, c.addr), Some(1));
 
     // A table without `path` (ejection only): nothing checks a any more, so it comes back.
     server
