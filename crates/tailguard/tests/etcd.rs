@@ -100,6 +100,17 @@ fn push(etcd: &Etcd, file: &Path, extra: &[&str]) -> Output {
     tailguard(&args)
 }
 
+/// `tailguard config push FILE` (with `extra` flags), which must succeed: the revision it
+/// printed.
+fn push_ok(etcd: &Etcd, file: &Path, extra: &[&str]) -> i64 {
+    let out = push(etcd, file, extra);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .trim()
+        .parse()
+        .expect("push prints the new revision")
+}
+
 fn text(out: &[u8]) -> String {
     String::from_utf8_lossy(out).into_owned()
 }
@@ -254,8 +265,7 @@ fn a_push_changes_routes_on_two_gateways_within_1s_with_no_failed_request() {
     let up = rt.block_on(Upstream::builder().body("up").start());
     let dir = tempfile::tempdir().unwrap();
     let first = write(dir.path(), "first.toml", &document(up.addr, None));
-    let out = push(&etcd, &first, &[]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    push_ok(&etcd, &first, &[]);
 
     // One gateway from the flags, the other from a bootstrap file.
     let a = gateway(&etcd);
@@ -301,12 +311,7 @@ fn a_push_changes_routes_on_two_gateways_within_1s_with_no_failed_request() {
     );
     let second = write(dir.path(), "second.toml", &second);
     let pushed = Instant::now();
-    let out = push(&etcd, &second, &[]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let revision: i64 = text(&out.stdout)
-        .trim()
-        .parse()
-        .expect("revision on stdout");
+    let revision = push_ok(&etcd, &second, &[]);
     wait_until("the new route on both", Duration::from_secs(10), || {
         get(a.addr, "/fresh").1 == "other" && get(b.addr, "/fresh").1 == "other"
     });
@@ -344,9 +349,7 @@ fn an_invalid_revision_is_refused_by_push_and_rejected_by_both_gateways_which_ke
     let up = rt.block_on(Upstream::builder().body("up").start());
     let dir = tempfile::tempdir().unwrap();
     let good = write(dir.path(), "good.toml", &document(up.addr, None));
-    let out = push(&etcd, &good, &[]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let good_revision: i64 = text(&out.stdout).trim().parse().unwrap();
+    let good_revision = push_ok(&etcd, &good, &[]);
     let (a, b) = (gateway(&etcd), gateway(&etcd));
 
     // `config push` validates like `tailguard check` and writes nothing.
@@ -536,9 +539,7 @@ fn config_get_prints_the_document_and_expect_revision_guards_the_write() {
     );
 
     // 0: only if the key does not exist yet.
-    let out = push(&etcd, &one, &["--expect-revision", "0"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let r1: i64 = text(&out.stdout).trim().parse().unwrap();
+    let r1 = push_ok(&etcd, &one, &["--expect-revision", "0"]);
     let out = push(&etcd, &two, &["--expect-revision", "0"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -553,9 +554,7 @@ fn config_get_prints_the_document_and_expect_revision_guards_the_write() {
     assert_eq!(text(&got.stdout), document(up, None));
     assert!(text(&got.stderr).contains(&format!("etcd:{KEY}@{r1}")));
 
-    let out = push(&etcd, &two, &["--expect-revision", &r1.to_string()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let r2: i64 = text(&out.stdout).trim().parse().unwrap();
+    let r2 = push_ok(&etcd, &two, &["--expect-revision", &r1.to_string()]);
     assert!(r2 > r1);
     let got = tailguard(&["config", "get", "--etcd", &url, "--etcd-key", KEY]);
     assert_eq!(text(&got.stdout), document(up, Some("two")));
