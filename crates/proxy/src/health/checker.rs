@@ -199,7 +199,7 @@ async fn round(snapshot: Arc<Snapshot>, index: usize, check: ActiveCheck) {
         let check = &check;
         async move {
             let result = probe(e, check).await;
-            e.health.probed(check, result);
+            e.health.probed(check, result, Instant::now());
         }
     });
     futures_util::future::join_all(probes).await;
