@@ -642,6 +642,7 @@ impl Config {
             }
         }
 
+        dns.locate(base_dir);
         let listen_origins = listeners
             .iter()
             .map(|l: &ListenerConfig| {
@@ -818,6 +819,13 @@ impl Config {
             if let Err(message) = crate::dns::parse_server(server.get_ref()) {
                 d.push(Some(server.span()), format!("dns.servers[{i}]"), message);
             }
+        }
+        if self.dns.hosts_file.get_ref().trim().is_empty() {
+            d.push(
+                Some(self.dns.hosts_file.span()),
+                "dns.hosts_file",
+                "must be a file's path (the default is /etc/hosts)",
+            );
         }
         if self.dns.timeout_ms == 0 || self.dns.attempts == 0 {
             d.push(

@@ -14,20 +14,26 @@
 //!
 //! Why hickory and not `getaddrinfo` on a blocking thread: the answer's TTL is needed to
 //! re-resolve when it expires, and the name servers must be configurable (`[dns] servers`,
-//! which the tests point at a responder of their own); libc gives neither. `/etc/hosts` is
-//! read first either way, so `localhost` resolves with no name server.
+//! which the tests point at a responder of their own); libc gives neither. The hosts file
+//! (`[dns] hosts_file`, `/etc/hosts` by default) is read first either way, so `localhost`
+//! resolves with no name server. As glibc does, the thread reads it again when it changed
+//! (its modification time, size or inode): container platforms write service names there,
+//! and hickory alone would read it once, when the resolver is built.
 //!
 //! [`Snapshot::build`]: crate::gateway::Snapshot::build
 //! [`Gateway::refresh_endpoints`]: crate::gateway::Gateway::refresh_endpoints
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use hickory_resolver::TokioResolver;
-use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
+use hickory_resolver::config::{
+    ConnectionConfig, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::{Hosts, TokioResolver};
 use serde::Deserialize;
 use tailguard_metrics::{Counter, Family, Gauge, Registry};
 use tokio::sync::mpsc;
@@ -51,6 +57,13 @@ pub struct DnsConfig {
     /// Queries per lookup before it fails (each server in turn).
     #[serde(default = "default_attempts")]
     pub attempts: usize,
+    /// The hosts file names are looked up in before any name server, as written (relative
+    /// to the config file).
+    #[serde(default = "default_hosts_file")]
+    pub hosts_file: Spanned<String>,
+    /// `hosts_file` resolved against the config file's directory ([`DnsConfig::locate`]).
+    #[serde(skip)]
+    hosts_path: PathBuf,
 }
 
 impl Default for DnsConfig {
@@ -59,8 +72,17 @@ impl Default for DnsConfig {
             servers: Vec::new(),
             timeout_ms: default_timeout_ms(),
             attempts: default_attempts(),
+            hosts_file: default_hosts_file(),
+            hosts_path: PathBuf::from(DEFAULT_HOSTS_FILE),
         }
     }
+}
+
+/// Where glibc, and so every other program on the host, reads it.
+const DEFAULT_HOSTS_FILE: &str = "/etc/hosts";
+
+fn default_hosts_file() -> Spanned<String> {
+    Spanned::new(0..0, DEFAULT_HOSTS_FILE.to_owned())
 }
 
 fn default_timeout_ms() -> u64 {
@@ -80,11 +102,23 @@ impl DnsConfig {
             .collect()
     }
 
+    /// Resolves `hosts_file` against `base_dir`, the config file's directory (called when
+    /// a config is parsed).
+    pub(crate) fn locate(&mut self, base_dir: &Path) {
+        self.hosts_path = base_dir.join(self.hosts_file.get_ref());
+    }
+
+    /// The hosts file, as the resolver thread opens it.
+    pub fn hosts_path(&self) -> &Path {
+        &self.hosts_path
+    }
+
     /// Whether two configs resolve the same way (spans aside).
     fn same_as(&self, other: &DnsConfig) -> bool {
         self.server_addrs() == other.server_addrs()
             && self.timeout_ms == other.timeout_ms
             && self.attempts == other.attempts
+            && self.hosts_path == other.hosts_path
     }
 
     /// The longest a lookup can take before it fails.
@@ -414,8 +448,130 @@ fn build_resolver(dns: &DnsConfig) -> Result<TokioResolver, String> {
     // Our own schedule decides when to ask again (refresh interval, TTL); a cache in front
     // of the server would hide a changed answer until its TTL ran out.
     opts.cache_size = 0;
+    // The hosts file is ours to read (`HostsFile`), from the configured path and again when
+    // it changes; hickory would read /etc/hosts once, here.
+    opts.use_hosts_file = ResolveHosts::Never;
     *builder.options_mut() = opts;
     builder.build().map_err(|e| e.to_string())
+}
+
+/// What the resolver answers from: hickory's resolver and the hosts file it is given.
+struct Source {
+    resolver: Result<TokioResolver, String>,
+    hosts: HostsFile,
+}
+
+impl Source {
+    fn new(dns: &DnsConfig) -> Source {
+        let resolver = build_resolver(dns);
+        if let Err(e) = &resolver {
+            tracing::error!(target: "tailguard::dns", "cannot build the resolver: {e}");
+        }
+        Source {
+            resolver,
+            hosts: HostsFile::new(dns.hosts_path()),
+        }
+    }
+
+    /// Gives the resolver the hosts file again if it changed since it was last read: called
+    /// before every batch of lookups, so a changed entry is followed as soon as its name is
+    /// looked up again (every `dns_refresh_ms`).
+    fn refresh_hosts(&mut self) {
+        if let Ok(resolver) = &mut self.resolver
+            && let Some(hosts) = self.hosts.read_if_changed()
+        {
+            resolver.set_hosts(Arc::new(hosts));
+        }
+    }
+}
+
+/// What identifies one version of the hosts file: a file edited in place gets a new
+/// modification time (and often a new size); one replaced by a rename, as editors and
+/// container platforms do, gets a new inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        FileStamp {
+            modified: meta.modified().ok(),
+            len: meta.len(),
+            inode,
+        }
+    }
+}
+
+/// The hosts file and the version of it the resolver was last given.
+#[derive(Debug)]
+struct HostsFile {
+    path: PathBuf,
+    /// The version last read; `None` before the first read and while the file cannot be
+    /// read (each lookup batch tries again).
+    read: Option<FileStamp>,
+    /// Why the last attempt failed, so the same failure is logged once.
+    error: Option<String>,
+}
+
+impl HostsFile {
+    fn new(path: &Path) -> HostsFile {
+        HostsFile {
+            path: path.to_owned(),
+            read: None,
+            error: None,
+        }
+    }
+
+    /// The file's entries if it changed since the last read (the first call reads it). A
+    /// file that cannot be read has no entries, as for glibc: names go to the name servers.
+    /// One `stat` when nothing changed.
+    fn read_if_changed(&mut self) -> Option<Hosts> {
+        let read = std::fs::metadata(&self.path)
+            .map(|meta| FileStamp::of(&meta))
+            .and_then(|stamp| {
+                if self.read.as_ref() == Some(&stamp) {
+                    return Ok(None);
+                }
+                let mut hosts = Hosts::default();
+                hosts.read_hosts_conf(std::fs::File::open(&self.path)?)?;
+                Ok(Some((stamp, hosts)))
+            });
+        match read {
+            Ok(None) => None,
+            Ok(Some((stamp, hosts))) => {
+                if self.read.is_some() || self.error.is_some() {
+                    tracing::info!(
+                        target: "tailguard::dns",
+                        path = %self.path.display(),
+                        "the hosts file changed; read it again"
+                    );
+                }
+                (self.read, self.error) = (Some(stamp), None);
+                Some(hosts)
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.error.as_ref() != Some(&e) {
+                    tracing::warn!(
+                        target: "tailguard::dns",
+                        path = %self.path.display(),
+                        "cannot read the hosts file, resolving without it: {e}"
+                    );
+                }
+                let had_entries = self.read.take().is_some();
+                self.error = Some(e);
+                // Entries of a file that is gone are forgotten once.
+                had_entries.then(Hosts::default)
+            }
+        }
+    }
 }
 
 /// Looks `host` up: its addresses sorted and deduplicated, and until when they are valid.
@@ -442,10 +598,7 @@ async fn run(
     mut dns: DnsConfig,
     metrics: DnsMetrics,
 ) {
-    let mut resolver = build_resolver(&dns);
-    if let Err(e) = &resolver {
-        tracing::error!(target: "tailguard::dns", "cannot build the resolver: {e}");
-    }
+    let mut source = Source::new(&dns);
     let mut watched: HashMap<String, Watched> = HashMap::new();
     let mut gateway: Weak<Gateway> = Weak::new();
     // When each name's last answer expires (its TTL), kept for names not yet watched.
@@ -465,7 +618,7 @@ async fn run(
             Some(Some(Command::Resolve(hosts, done))) => {
                 // No refresh on a change: the build that asked comes next and reads it.
                 resolve_all(
-                    &resolver,
+                    &mut source,
                     &hosts,
                     &names,
                     &metrics,
@@ -484,10 +637,7 @@ async fn run(
                 let mut resolve_now = Vec::new();
                 if !new_dns.same_as(&dns) {
                     dns = new_dns;
-                    resolver = build_resolver(&dns);
-                    if let Err(e) = &resolver {
-                        tracing::error!(target: "tailguard::dns", "cannot build the resolver: {e}");
-                    }
+                    source = Source::new(&dns);
                     // New servers may answer differently: ask them now.
                     resolve_now.extend(wanted.keys().cloned());
                 }
@@ -512,7 +662,7 @@ async fn run(
                 resolve_now.dedup();
                 if !resolve_now.is_empty()
                     && resolve_all(
-                        &resolver,
+                        &mut source,
                         &resolve_now,
                         &names,
                         &metrics,
@@ -531,7 +681,16 @@ async fn run(
                     .filter(|(_, w)| w.next <= now)
                     .map(|(h, _)| h.clone())
                     .collect();
-                if resolve_all(&resolver, &due, &names, &metrics, &mut watched, &mut expiry).await {
+                if resolve_all(
+                    &mut source,
+                    &due,
+                    &names,
+                    &metrics,
+                    &mut watched,
+                    &mut expiry,
+                )
+                .await
+                {
                     refresh(&gateway);
                 }
             }
@@ -557,13 +716,15 @@ fn refresh(gateway: &Weak<Gateway>) {
 /// Looks up `hosts` together, records the answers and schedules each name's next lookup;
 /// returns whether any name's addresses changed.
 async fn resolve_all(
-    resolver: &Result<TokioResolver, String>,
+    source: &mut Source,
     hosts: &[String],
     names: &Names,
     metrics: &DnsMetrics,
     watched: &mut HashMap<String, Watched>,
     expiry: &mut HashMap<String, Instant>,
 ) -> bool {
+    source.refresh_hosts();
+    let resolver = &source.resolver;
     let lookups = hosts.iter().map(|host| async move {
         let result = match resolver {
             Ok(r) => lookup(r, host).await,
@@ -682,6 +843,45 @@ mod tests {
             Ok("127.0.0.1:5353".parse().expect("literal"))
         );
         assert!(parse_server("dns.internal").is_err());
+    }
+
+    #[test]
+    fn the_hosts_file_is_read_again_only_when_it_changed_and_forgotten_when_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hosts");
+        let mut file = HostsFile::new(&path);
+        let a = |hosts: &Hosts| {
+            let query = hickory_resolver::proto::op::Query::query(
+                "svc.test.".parse().expect("name"),
+                hickory_resolver::proto::rr::RecordType::A,
+            );
+            hosts.lookup_static_host(&query).map(|l| {
+                l.answers()
+                    .iter()
+                    .filter_map(|r| r.data.ip_addr())
+                    .collect::<Vec<_>>()
+            })
+        };
+        // No file yet: nothing to give (and nothing to forget).
+        assert!(file.read_if_changed().is_none());
+        std::fs::write(&path, "10.0.0.1 svc.test\n").expect("write");
+        let hosts = file.read_if_changed().expect("first read");
+        assert_eq!(a(&hosts), Some(vec!["10.0.0.1".parse().expect("ip")]));
+        assert!(
+            file.read_if_changed().is_none(),
+            "unchanged: one stat, no read"
+        );
+        // Replaced by a rename: same size, new inode.
+        let next = dir.path().join("next");
+        std::fs::write(&next, "10.0.0.2 svc.test\n").expect("write");
+        std::fs::rename(&next, &path).expect("rename");
+        let hosts = file.read_if_changed().expect("changed");
+        assert_eq!(a(&hosts), Some(vec!["10.0.0.2".parse().expect("ip")]));
+        // Gone: its entries are forgotten, once.
+        std::fs::remove_file(&path).expect("remove");
+        let hosts = file.read_if_changed().expect("forgotten");
+        assert_eq!(a(&hosts), None);
+        assert!(file.read_if_changed().is_none());
     }
 
     #[test]

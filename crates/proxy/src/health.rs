@@ -97,6 +97,10 @@ struct Track {
     ejected_until: Option<Instant>,
     /// When the last ejection ended (for resetting the streak).
     back_since: Option<Instant>,
+    /// Consecutive passed checks since the current ejection began: `healthy` of them end it.
+    /// Counted apart from `passes`, so checks that passed before the failures which ejected
+    /// the endpoint do not end the ejection at the next check.
+    passes_while_ejected: u32,
 }
 
 /// The health of one endpoint of one upstream; see the module doc for who writes what.
@@ -241,9 +245,13 @@ impl EndpointHealth {
         }
     }
 
-    /// Applies an active check's result (the status, or why there is none). Checker
-    /// thread only.
-    pub(crate) fn probed(&self, check: &ActiveCheck, result: Result<u16, String>) {
+    /// Applies an active check's result (the status, or why there is none) at `now`.
+    /// `check.healthy` passes in a row bring back an endpoint the checks took down, and end a
+    /// passive ejection too (counting only passes since it began), restarting its doubling:
+    /// a check that passes is fresher news than the failures that ejected the endpoint, and
+    /// without this a recovered endpoint would stay out for the rest of its ejection
+    /// (Envoy's `successful_active_health_check_uneject_host`). Checker thread only.
+    pub(crate) fn probed(&self, check: &ActiveCheck, result: Result<u16, String>, now: Instant) {
         if self.retired.load(Ordering::Relaxed) {
             return;
         }
@@ -266,9 +274,22 @@ impl EndpointHealth {
                         &reason,
                     );
                 }
+                if self.is_ejected() {
+                    t.passes_while_ejected = t.passes_while_ejected.saturating_add(1);
+                    if t.passes_while_ejected >= check.healthy {
+                        let reason = format!(
+                            "{} consecutive passed checks since it was ejected",
+                            t.passes_while_ejected
+                        );
+                        end_ejection(&mut t, now, true);
+                        drop(t);
+                        self.back_from_ejection(&reason);
+                    }
+                }
             }
             Some(why) => {
                 t.passes = 0;
+                t.passes_while_ejected = 0;
                 t.fails = t.fails.saturating_add(1);
                 if !self.is_probe_down() && t.fails >= check.unhealthy {
                     let reason = format!("{} consecutive failed checks, last: {why}", t.fails);
@@ -317,6 +338,7 @@ impl EndpointHealth {
         let length = ejection_length(&mut t, ejection.base, now);
         let until = now + length;
         t.ejected_until = Some(until);
+        t.passes_while_ejected = 0;
         drop(t);
         let reason = format!(
             "{failures} consecutive failures; ejected for {} ms",
@@ -334,19 +356,18 @@ impl EndpointHealth {
         if until > now {
             return Some(until);
         }
-        t.ejected_until = None;
-        t.back_since = Some(now);
+        end_ejection(&mut t, now, false);
         drop(t);
-        // Failures counted while it was out (requests already in flight) start no new
-        // ejection: it comes back with a clean count.
-        self.failures.0.store(0, Ordering::Relaxed);
-        self.set(
-            EJECTED,
-            false,
-            "endpoint back from ejection",
-            "ejection time over",
-        );
+        self.back_from_ejection("ejection time over");
         None
+    }
+
+    /// Clears the ejection bit once the track says the ejection is over. Failures counted
+    /// while it was out (requests already in flight) start no new ejection: it comes back
+    /// with a clean count.
+    fn back_from_ejection(&self, reason: &str) {
+        self.failures.0.store(0, Ordering::Relaxed);
+        self.set(EJECTED, false, "endpoint back from ejection", reason);
     }
 
     /// The upstream no longer has active checks: an endpoint they had taken down comes
@@ -375,6 +396,19 @@ impl EndpointHealth {
     /// Sets the gauge to 0: the endpoint left the config (no new state took its series).
     pub(crate) fn clear_gauge(&self) {
         self.up_gauge.set(0);
+    }
+}
+
+/// Ends the current ejection in the checker's record at `now`. `by_checks`: passing checks
+/// ended it, which proves the endpoint recovered, so the streak restarts and its next
+/// ejection lasts the base time again (an ejection that merely ran out proves nothing, and
+/// the streak goes on doubling).
+fn end_ejection(t: &mut Track, now: Instant, by_checks: bool) {
+    t.ejected_until = None;
+    t.back_since = Some(now);
+    t.passes_while_ejected = 0;
+    if by_checks {
+        t.ejections = 0;
     }
 }
 
@@ -515,19 +549,19 @@ mod tests {
     fn checks_take_an_endpoint_down_after_unhealthy_and_back_after_healthy() {
         let h = state();
         let c = check();
-        h.probed(&c, Ok(500));
-        h.probed(&c, Err("timed out".into()));
+        h.probed(&c, Ok(500), Instant::now());
+        h.probed(&c, Err("timed out".into()), Instant::now());
         assert!(h.is_up(), "two failures of three");
-        h.probed(&c, Ok(200));
-        h.probed(&c, Ok(503));
-        h.probed(&c, Ok(503));
+        h.probed(&c, Ok(200), Instant::now());
+        h.probed(&c, Ok(503), Instant::now());
+        h.probed(&c, Ok(503), Instant::now());
         assert!(h.is_up(), "a pass restarted the count");
-        h.probed(&c, Ok(404));
+        h.probed(&c, Ok(404), Instant::now());
         assert!(!h.is_up() && h.is_probe_down());
         assert_eq!(h.up_gauge.get(), 0);
-        h.probed(&c, Ok(204));
+        h.probed(&c, Ok(204), Instant::now());
         assert!(!h.is_up(), "one pass of two");
-        h.probed(&c, Ok(399));
+        h.probed(&c, Ok(399), Instant::now());
         assert!(h.is_up());
         assert_eq!(h.up_gauge.get(), 1);
     }
@@ -581,6 +615,97 @@ mod tests {
         assert_eq!((until - now).as_millis(), 100);
     }
 
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Fails `consecutive_failures` requests in a row and ejects at `now`; returns the
+    /// ejection's length.
+    fn fail_and_eject(h: &EndpointHealth, e: &Ejection, now: Instant) -> Duration {
+        for _ in 0..e.consecutive_failures {
+            h.record(Outcome::Status(503), e.consecutive_failures);
+        }
+        let until = h.eject(e, now, true).expect("ejected");
+        until - now
+    }
+
+    #[test]
+    fn without_checks_an_ejection_lasts_its_time_and_the_streak_keeps_doubling() {
+        // Regression test for issue 22 item 1's other half: only passing checks end an
+        // ejection early; without them the timer alone does.
+        let h = state();
+        let e = ejection(2, 100);
+        let mut now = Instant::now();
+        assert_eq!(fail_and_eject(&h, &e, now), ms(100));
+        // Even if the endpoint recovered, no request is routed to it to say so: nothing but
+        // the timer brings it back.
+        assert_eq!(h.expire(now + ms(99)), Some(now + ms(100)));
+        assert!(h.is_ejected() && !h.is_up());
+        now += ms(100);
+        assert_eq!(h.expire(now), None);
+        assert!(h.is_up());
+        assert_eq!(fail_and_eject(&h, &e, now), ms(200), "the streak goes on");
+    }
+
+    #[test]
+    fn healthy_passes_end_an_ejection_and_restart_its_doubling() {
+        // Regression test for issue 22 item 1: an endpoint ejected and down by checks came
+        // back by checks but stayed ejected for the rest of its 30 s.
+        let h = state();
+        let c = check(); // healthy = 2, unhealthy = 3
+        let e = ejection(2, 100);
+        let mut now = Instant::now();
+        // A streak: 100 ms, then 200 ms, then a third ejection of 400 ms...
+        for want in [100, 200] {
+            assert_eq!(fail_and_eject(&h, &e, now), ms(want));
+            now += ms(want);
+            assert_eq!(h.expire(now), None);
+        }
+        assert_eq!(fail_and_eject(&h, &e, now), ms(400));
+        // ...during which its checks fail too: down by checks and ejected.
+        for _ in 0..3 {
+            h.probed(&c, Ok(503), now);
+        }
+        assert!(h.is_probe_down() && h.is_ejected());
+        assert_eq!(h.up_gauge.get(), 0);
+
+        // It recovers. One pass of two: still out; a failure restarts the count.
+        now += ms(10);
+        h.probed(&c, Ok(200), now);
+        h.probed(&c, Ok(500), now);
+        h.probed(&c, Ok(200), now);
+        assert!(h.is_ejected() && h.is_probe_down());
+        // `healthy` passes in a row: back from both at once, long before the 400 ms end.
+        h.probed(&c, Ok(200), now);
+        assert!(!h.is_probe_down() && !h.is_ejected() && h.is_up());
+        assert_eq!(
+            h.up_gauge.get(),
+            1,
+            "the gauge shows what the balancers use"
+        );
+        assert_eq!(h.expire(now + ms(1000)), None, "no ejection left to end");
+        assert!(h.is_up());
+        // The streak restarted: the next ejection lasts the base time, not 800 ms.
+        assert_eq!(fail_and_eject(&h, &e, now), ms(100));
+    }
+
+    #[test]
+    fn passes_before_an_ejection_do_not_end_it() {
+        // Checks that passed while requests failed (a shallow health path) say nothing of
+        // the failures that came after them: `healthy` new passes are needed.
+        let h = state();
+        let c = check();
+        let now = Instant::now();
+        for _ in 0..5 {
+            h.probed(&c, Ok(200), now);
+        }
+        fail_and_eject(&h, &ejection(2, 100_000), now);
+        h.probed(&c, Ok(200), now);
+        assert!(h.is_ejected(), "one pass since the ejection, of two");
+        h.probed(&c, Ok(200), now);
+        assert!(h.is_up());
+    }
+
     #[test]
     fn a_refused_ejection_restarts_the_count() {
         let h = state();
@@ -622,11 +747,11 @@ mod tests {
         let c = check();
         let log = logged(|| {
             for _ in 0..5 {
-                h.probed(&c, Ok(500));
+                h.probed(&c, Ok(500), Instant::now());
             }
-            h.probed(&c, Ok(200));
-            h.probed(&c, Ok(200));
-            h.probed(&c, Ok(200));
+            h.probed(&c, Ok(200), Instant::now());
+            h.probed(&c, Ok(200), Instant::now());
+            h.probed(&c, Ok(200), Instant::now());
             h.record(Outcome::Timeout, 2);
             h.record(Outcome::Timeout, 2);
             let now = Instant::now();
@@ -677,7 +802,7 @@ mod tests {
         h.retire();
         let c = check();
         for _ in 0..5 {
-            h.probed(&c, Ok(500));
+            h.probed(&c, Ok(500), Instant::now());
         }
         assert!(h.is_up());
     }

@@ -324,3 +324,115 @@ upstream = "up"
     // refused connect to ::1 is retried on 127.0.0.1.
     assert_eq!((status, body.as_str()), (200, "local"));
 }
+
+/// Upstreams on one free port at 127.0.0.1 and 127.0.0.2, answering `one` and `two`.
+async fn upstreams_on_1_and_2() -> (Upstream, Upstream, u16) {
+    for _ in 0..20 {
+        let one = Upstream::builder()
+            .body("one")
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .start()
+            .await;
+        let port = one.addr.port();
+        let two_addr = SocketAddr::from(([127, 0, 0, 2], port));
+        if std::net::TcpListener::bind(two_addr).is_ok() {
+            let two = Upstream::builder().body("two").bind(two_addr).start().await;
+            return (one, two, port);
+        }
+    }
+    panic!("no port free on both 127.0.0.1 and 127.0.0.2");
+}
+
+/// Rewrites `path` in place (same inode, same size here) and waits until its modification
+/// time differs from `before`'s, so the change is one the gateway can see and the test
+/// does not depend on the file system's clock ticking between two writes.
+fn rewrite_in_place(path: &std::path::Path, text: &str) {
+    let before = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        std::fs::write(path, text).expect("write the hosts file");
+        let after = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        if after != before {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the mtime never moved");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Regression test for issue 22 item 5: the hosts file was read once, so a name moved
+/// there kept its old address for good.
+#[tokio::test]
+async fn a_name_moved_in_the_hosts_file_is_followed() {
+    let (_one, _two, port) = upstreams_on_1_and_2().await;
+    // The name servers know nothing: every address below comes from the hosts file.
+    let dns = DnsServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "# test\n127.0.0.1 svc.hosts-test other\n").expect("write");
+    let config = tailguard_proxy::Config::parse(
+        &format!(
+            r#"
+[[listeners]]
+address = "127.0.0.1:0"
+
+[dns]
+servers = ["{dns}"]
+timeout_ms = 200
+attempts = 1
+hosts_file = "hosts"   # relative to the config file
+
+[[upstreams]]
+name = "up"
+dns_refresh_ms = 1000
+endpoints = [{{ address = "svc.hosts-test:{port}" }}]
+
+[[routes]]
+id = "all"
+upstream = "up"
+"#,
+            dns = dns.addr(),
+        ),
+        "gw.toml",
+        dir.path(),
+    )
+    .expect("valid config");
+    assert_eq!(config.dns.hosts_path(), hosts);
+    let (_server, url) = start(config);
+    assert_eq!(bodies(&url, 3).await, ["200 one"]);
+
+    // Moved in place, as it must be where the hosts file is a bind mount (containers).
+    rewrite_in_place(&hosts, "# test\n127.0.0.2 svc.hosts-test other\n");
+    assert!(
+        eventually(Duration::from_secs(5), async || bodies(&url, 3).await
+            == ["200 two"])
+        .await,
+        "the gateway kept the old address"
+    );
+
+    // Moved back by replacing the file (a new inode, as editors and platforms do).
+    let next = dir.path().join("hosts.new");
+    std::fs::write(&next, "# test\n127.0.0.1 svc.hosts-test other\n").expect("write");
+    std::fs::rename(&next, &hosts).expect("rename over the hosts file");
+    assert!(
+        eventually(Duration::from_secs(5), async || bodies(&url, 3).await
+            == ["200 one"])
+        .await,
+        "the replaced file was not read"
+    );
+}
+
+#[test]
+fn an_empty_hosts_file_path_is_an_error() {
+    let errors = crate::support::config_errors(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[dns]\nhosts_file = \"\"\n",
+    );
+    assert_eq!(
+        errors,
+        ["gw.toml:5:14: dns.hosts_file: must be a file's path (the default is /etc/hosts)"]
+    );
+}

@@ -9,6 +9,7 @@
 //! (or its [`Checker`] handle is).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -97,9 +98,9 @@ fn spawn(gateway: Weak<Gateway>, wake: Arc<Notify>) -> Option<Checker> {
 /// The thread's loop: start the rounds that are due, eject and un-eject, sleep until the
 /// next thing is due or a wake comes.
 async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Receiver<()>) {
-    // When each upstream's next round is due and at what interval, by name (kept across
-    // snapshots; a changed interval starts a round now).
-    let mut due: HashMap<Arc<str>, (Instant, Duration)> = HashMap::new();
+    // Each upstream's rounds by name (kept across snapshots; a changed interval starts a
+    // round now).
+    let mut due: HashMap<Arc<str>, Rounds> = HashMap::new();
     loop {
         let Some(snapshot) = gateway.upgrade().map(|g| g.snapshot()) else {
             return;
@@ -117,19 +118,29 @@ async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Re
             }
             match &settings.active {
                 Some(check) => {
-                    let every = check.interval.max(check.timeout);
-                    let (at, interval) = due
+                    let rounds = due
                         .entry(Arc::clone(&upstream.name))
-                        .or_insert((now, every));
-                    if *interval != every {
-                        (*at, *interval) = (now, every);
+                        .or_insert_with(|| Rounds::new(now, check.interval));
+                    if rounds.interval != check.interval {
+                        (rounds.at, rounds.interval) = (now, check.interval);
                     }
-                    if *at <= now {
-                        // Rounds never overlap: each probe ends within `timeout`.
-                        *at = now + every;
-                        tokio::spawn(round(Arc::clone(&snapshot), index, check.clone()));
+                    // Rounds never overlap: one still waiting on a slow endpoint (at most
+                    // `timeout`) delays the next, and wakes this loop when it ends.
+                    let running = rounds.running.load(Ordering::Acquire);
+                    if rounds.at <= now && !running {
+                        rounds.at = now + rounds.interval;
+                        rounds.running.store(true, Ordering::Release);
+                        tokio::spawn(round(
+                            Arc::clone(&snapshot),
+                            index,
+                            check.clone(),
+                            Arc::clone(&rounds.running),
+                            Arc::clone(&wake),
+                        ));
                     }
-                    next = next.min(*at);
+                    if !running {
+                        next = next.min(rounds.at);
+                    }
                 }
                 // A reload removed `path`: nothing would ever bring a down endpoint back.
                 None => {
@@ -192,17 +203,43 @@ fn eject_and_expire(
     next
 }
 
-/// Checks every endpoint of upstream `index` at once and applies the results.
-async fn round(snapshot: Arc<Snapshot>, index: usize, check: ActiveCheck) {
+/// When an upstream's next round is due, at what interval, and whether one is running.
+struct Rounds {
+    at: Instant,
+    interval: Duration,
+    running: Arc<AtomicBool>,
+}
+
+impl Rounds {
+    fn new(now: Instant, interval: Duration) -> Self {
+        Rounds {
+            at: now,
+            interval,
+            running: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+/// Checks every endpoint of upstream `index` at once and applies the results; then clears
+/// `running` and wakes the loop, which starts the next round if it is already due.
+async fn round(
+    snapshot: Arc<Snapshot>,
+    index: usize,
+    check: ActiveCheck,
+    running: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+) {
     let upstream = &snapshot.upstreams[index];
     let probes = upstream.endpoints.iter().map(|e| {
         let check = &check;
         async move {
             let result = probe(e, check).await;
-            e.health.probed(check, result);
+            e.health.probed(check, result, Instant::now());
         }
     });
     futures_util::future::join_all(probes).await;
+    running.store(false, Ordering::Release);
+    wake.notify_one();
 }
 
 /// Opens the connection a check of `endpoint` goes over: the transport the upstream's own
