@@ -7,3 +7,4 @@ mod gateway;
 mod listeners;
 mod metrics;
 mod support;
+mod valgrind;
