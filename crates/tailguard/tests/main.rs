@@ -1,9 +1,12 @@
-//! Tests of the built `tailguard` binary: run as a separate process, driven by signals.
+//! Tests of the built `tailguard` binary, run as a separate process and driven by signals,
+//! and of the scripts that install its tools.
 
 mod access_log;
 mod deploy;
 mod etcd;
 mod gateway;
+mod install_tools;
 mod listeners;
 mod metrics;
 mod support;
+mod valgrind;

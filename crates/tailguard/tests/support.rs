@@ -21,7 +21,20 @@ impl Gateway {
 
     /// [`Gateway::run`] with another build of the binary (a release build for figures).
     pub(crate) fn run_binary(binary: &std::ffi::OsStr, args: &[&str]) -> Gateway {
-        let mut child = Command::new(binary)
+        Gateway::start(Command::new(binary), args, Duration::from_secs(20))
+    }
+
+    /// [`Gateway::run`] under a program that runs it (`valgrind --tool=none`): `wrapper`,
+    /// then the binary and `run ARGS`; waits at most `limit` for the listening line.
+    pub(crate) fn run_under(wrapper: &[&str], args: &[&str], limit: Duration) -> Gateway {
+        let (program, wrapper_args) = wrapper.split_first().expect("a wrapper program");
+        let mut cmd = Command::new(program);
+        cmd.args(wrapper_args).arg(env!("CARGO_BIN_EXE_tailguard"));
+        Gateway::start(cmd, args, limit)
+    }
+
+    fn start(mut cmd: Command, args: &[&str], limit: Duration) -> Gateway {
+        let mut child = cmd
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")
@@ -45,7 +58,7 @@ impl Gateway {
                 log2.lock().expect("log lock").push('\n');
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+        let addr = match rx.recv_timeout(limit) {
             Ok(a) => a.parse().expect("listening address"),
             Err(_) => {
                 let _ = child.kill();
