@@ -2,4 +2,5 @@
 //! by `tailguard_test_support::etcd`): every call tailguard makes, on the wire.
 
 mod kv;
+mod tls;
 mod watch;
