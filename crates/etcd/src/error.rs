@@ -122,7 +122,7 @@ impl Setup {
 
     /// etcd's "permission denied": without credentials, because none were given (etcd
     /// checks a watch's permission as an anonymous user's then).
-    pub(crate) fn permission_denied(&self) -> Refusal {
+    fn permission_denied(&self) -> Refusal {
         if self.credentials {
             Refusal::PermissionDenied
         } else {
@@ -131,7 +131,11 @@ impl Setup {
     }
 
     fn refusal_of(&self, status: &tonic::Status) -> Option<Refusal> {
-        let message = status.message();
+        self.refusal_in(status.message())
+    }
+
+    /// The refusal an etcd error message says (a status's, or a cancelled watch's reason).
+    pub(crate) fn refusal_in(&self, message: &str) -> Option<Refusal> {
         // etcd's own errors (api/v3rpc/rpctypes): the message is the stable part.
         if message.contains("authentication failed, invalid user ID or password") {
             return Some(Refusal::WrongPassword);
@@ -185,9 +189,9 @@ fn is_connection_failure(status: &tonic::Status) -> bool {
     )
 }
 
-/// Whether etcd said the token is no good any more: renew it and try again.
-pub(crate) fn token_expired(status: &tonic::Status) -> bool {
-    let message = status.message();
+/// Whether etcd said (in a status's message or a cancelled watch's reason) the token is no
+/// good any more: renew it and try again.
+pub(crate) fn token_expired(message: &str) -> bool {
     message.contains("invalid auth token") || message.contains("revision of auth store is old")
 }
 
@@ -247,8 +251,10 @@ mod tests {
             "without credentials, a denial means some are needed"
         );
         assert_eq!(refusal(Code::Unavailable, "connection refused").await, None);
-        assert!(token_expired(&tonic::Status::unauthenticated(
-            "etcdserver: invalid auth token"
-        )));
+        assert!(token_expired("etcdserver: invalid auth token"));
+        // A cancelled watch's reason, as etcd 3.4 words it.
+        assert!(token_expired(
+            "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+        ));
     }
 }

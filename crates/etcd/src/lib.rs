@@ -345,10 +345,15 @@ impl Client {
 
     /// Whether a failed call is worth one more try with a new token.
     fn renewable(&self, status: &tonic::Status, renewed: bool) -> bool {
+        self.renewable_for(status.message(), renewed)
+    }
+
+    /// Whether etcd's error message `message` is worth one more try with a new token.
+    fn renewable_for(&self, message: &str, renewed: bool) -> bool {
         // "user name is empty": etcd enabled authentication after the client found it off.
         self.auth.is_some()
             && !renewed
-            && (token_expired(status) || status.message().contains("user name is empty"))
+            && (token_expired(message) || message.contains("user name is empty"))
     }
 
     async fn unary<Req, Resp>(&mut self, path: &'static str, request: Req) -> Result<Resp, Error>
@@ -498,18 +503,20 @@ impl Client {
                 }
                 Err(status) => return Err(self.setup.status(status).await),
             };
-            // etcd checks a watch's permission once, at creation, and answers a stale token
-            // (or none) with a cancellation saying "permission denied".
-            if first.canceled && first.cancel_reason.contains("permission denied") {
-                if self.auth.is_some() && !renewed {
+            // etcd checks a watch's token and permission once, at creation, and answers a
+            // stale token (or none) by cancelling the watch with the error as its reason.
+            if first.canceled {
+                if self.renewable_for(&first.cancel_reason, renewed) {
                     self.authenticate().await?;
                     renewed = true;
                     continue;
                 }
-                return Err(Error::Refused {
-                    refusal: self.setup.permission_denied(),
-                    detail: format!("watch cancelled: {}", first.cancel_reason),
-                });
+                if let Some(refusal) = self.setup.refusal_in(&first.cancel_reason) {
+                    return Err(Error::Refused {
+                        refusal,
+                        detail: format!("watch cancelled: {}", first.cancel_reason),
+                    });
+                }
             }
             stream.first = Some(first);
             return Ok(stream);

@@ -95,12 +95,19 @@ impl Tls {
 /// settings, then a wait for the server's first record. tonic reports an alert that comes
 /// after the client's side of the handshake is done (TLS 1.3's "certificate required")
 /// only as "connection closed"; this sees the alert itself.
-#[derive(Debug)]
 pub(crate) struct Probe {
     config: Arc<rustls::ClientConfig>,
     /// Host and port of each endpoint.
     targets: Vec<(String, u16)>,
     timeout: Duration,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
+    }
 }
 
 /// No answer to a probe within this (without a connect timeout): the server is not
