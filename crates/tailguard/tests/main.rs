@@ -3,6 +3,7 @@
 mod access_log;
 mod deploy;
 mod etcd;
+mod etcd_tls;
 mod gateway;
 mod listeners;
 mod metrics;
