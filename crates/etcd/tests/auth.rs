@@ -1,5 +1,5 @@
 //! etcd's user/password authentication against a real etcd with `auth enable`: calls with
-//! a token, each refusal told apart (wrong password, no credentials), and a token that
+//! a token, each refusal told apart (wrong password, no permission, no credentials), and a token that
 //! expires (`--auth-token-ttl`) renewed without ending an open watch.
 
 use std::time::Duration;
@@ -76,6 +76,19 @@ async fn calls_carry_a_token_and_a_wrong_or_missing_password_is_refused_by_name(
         .await
         .expect_err("no such user");
     assert_eq!(e.refusal(), Some(Refusal::WrongPassword), "{e}");
+
+    // A user with no role may not read.
+    bounded(root.user_add("nobody-much", PASSWORD))
+        .await
+        .expect("user add");
+    let e = bounded(
+        client(&url, Some(("nobody-much", PASSWORD)))
+            .await
+            .get("/k"),
+    )
+    .await
+    .expect_err("no permission");
+    assert_eq!(e.refusal(), Some(Refusal::PermissionDenied), "{e}");
 
     let mut anonymous = client(&url, None).await;
     let e = bounded(anonymous.get("/k"))
