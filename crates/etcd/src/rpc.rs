@@ -1,7 +1,8 @@
 //! The etcd v3 messages tailguard sends and reads, written by hand with `prost`'s derive: the
 //! subset of `api/etcdserverpb/rpc.proto` and `api/mvccpb/kv.proto` (etcd 3.4 and later)
-//! that the KV `Range`, `Put`, `DeleteRange`, `Txn`, `Compact` calls and the `Watch` stream
-//! need, with etcd's field numbers and types.
+//! that the KV `Range`, `Put`, `DeleteRange`, `Txn`, `Compact` calls, the `Watch` stream and
+//! the `Auth` calls (`Authenticate`, and `UserAdd`, `UserGrantRole`, `AuthEnable` to set
+//! authentication up) need, with etcd's field numbers and types.
 //!
 //! Fields left out are skipped on decode (protobuf ignores unknown fields) and never sent
 //! (proto3 reads a missing field as its default, which is what tailguard would send).
@@ -376,6 +377,63 @@ pub mod event {
         /// The key was deleted.
         Delete = 1,
     }
+}
+
+/// `etcdserverpb.AuthenticateRequest` (`Auth/Authenticate`): a user's name and password.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthenticateRequest {
+    /// The user name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// The password.
+    #[prost(string, tag = "2")]
+    pub password: String,
+}
+
+/// `etcdserverpb.AuthenticateResponse`: the token every later request carries.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthenticateResponse {
+    /// The store's revision.
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    /// The token, sent in each request's `token` metadata.
+    #[prost(string, tag = "2")]
+    pub token: String,
+}
+
+/// `etcdserverpb.AuthUserAddRequest` (`Auth/UserAdd`): a new user with a password.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthUserAddRequest {
+    /// The user name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// The password.
+    #[prost(string, tag = "2")]
+    pub password: String,
+}
+
+/// `etcdserverpb.AuthUserGrantRoleRequest` (`Auth/UserGrantRole`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthUserGrantRoleRequest {
+    /// The user name.
+    #[prost(string, tag = "1")]
+    pub user: String,
+    /// The role granted (`root`: everything, and what enabling auth requires).
+    #[prost(string, tag = "2")]
+    pub role: String,
+}
+
+/// `etcdserverpb.AuthEnableRequest` (`Auth/AuthEnable`): no fields.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthEnableRequest {}
+
+/// The answer of the `Auth` calls that return only a header (`UserAdd`, `UserGrantRole`,
+/// `AuthEnable`: their messages differ in name only).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthResponse {
+    /// The store's revision.
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
 }
 
 macro_rules! revision {

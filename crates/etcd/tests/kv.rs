@@ -150,10 +150,14 @@ async fn malformed_endpoints_are_refused_before_any_connection() {
         Client::connect(&none, &options).await,
         Err(Error::NoEndpoints)
     ));
-    let e = Client::connect(&["https://127.0.0.1:2379"], &options)
+    let e = Client::connect(&["ftp://127.0.0.1:2379"], &options)
         .await
-        .expect_err("no TLS");
-    assert!(e.to_string().contains("only http://"), "{e}");
+        .expect_err("not http");
+    assert!(
+        e.to_string()
+            .contains("expected http://host:port or https://host:port"),
+        "{e}"
+    );
     let e = Client::connect(&["http://bad host:1"], &options)
         .await
         .expect_err("not a URL");

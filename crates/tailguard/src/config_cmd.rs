@@ -1,5 +1,7 @@
 //! `tailguard config push` and `tailguard config get`: store a config document in etcd only
-//! once it validates, and print what is stored.
+//! once it validates, and print what is stored. etcd unreachable or refusing (TLS,
+//! authentication) exits 69 (`EX_UNAVAILABLE`), as `run` does at start; `push` then says
+//! nothing was written.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +10,8 @@ use anyhow::Context as _;
 use tailguard_proxy::Config;
 
 use crate::bootstrap::{EtcdArgs, Settings};
-use crate::etcd::{connect, read};
+use crate::etcd::{Failure, connect, read};
+use crate::run::EX_UNAVAILABLE;
 
 /// Arguments of `tailguard config`.
 #[derive(Debug, clap::Args)]
@@ -92,15 +95,28 @@ fn settings(args: &EtcdArgs) -> anyhow::Result<Option<Settings>> {
 }
 
 async fn push(settings: &Settings, text: Vec<u8>, expect: Option<i64>) -> anyhow::Result<ExitCode> {
+    match try_push(settings, text, expect).await {
+        Ok(code) => Ok(code),
+        Err(message) => {
+            // Unreachable, or refused (TLS, authentication): no write was made.
+            eprintln!("tailguard: {message}; nothing written");
+            Ok(ExitCode::from(EX_UNAVAILABLE))
+        }
+    }
+}
+
+async fn try_push(
+    settings: &Settings,
+    text: Vec<u8>,
+    expect: Option<i64>,
+) -> Result<ExitCode, String> {
     let key = settings.key.as_str();
     let mut client = with_timeout(settings, connect(settings)).await?;
+    let write = |e: &tailguard_etcd::Error| Failure::from_etcd(&format!("write {key}"), e);
     let revision = match expect {
         None => {
             let response = with_timeout(settings, async {
-                client
-                    .put(key, text)
-                    .await
-                    .map_err(|e| format!("write {key}: {e}"))
+                client.put(key, text).await.map_err(|e| write(&e))
             })
             .await?;
             response.revision()
@@ -112,7 +128,7 @@ async fn push(settings: &Settings, text: Vec<u8>, expect: Option<i64>) -> anyhow
                 client
                     .put_if_mod_revision(key, text, expected)
                     .await
-                    .map_err(|e| format!("write {key}: {e}"))
+                    .map_err(|e| write(&e))
             })
             .await?;
             if !response.succeeded {
@@ -136,8 +152,18 @@ async fn push(settings: &Settings, text: Vec<u8>, expect: Option<i64>) -> anyhow
 
 async fn get(settings: &Settings) -> anyhow::Result<ExitCode> {
     let key = settings.key.as_str();
-    let mut client = with_timeout(settings, connect(settings)).await?;
-    let (store_revision, kv) = with_timeout(settings, read(&mut client, key)).await?;
+    let read = async {
+        let mut client = with_timeout(settings, connect(settings)).await?;
+        with_timeout(settings, read(&mut client, key)).await
+    };
+    let (store_revision, kv) = match read.await {
+        Ok(r) => r,
+        Err(message) => {
+            // Unreachable, or refused (TLS, authentication): as `run` at start.
+            eprintln!("tailguard: {message}");
+            return Ok(ExitCode::from(EX_UNAVAILABLE));
+        }
+    };
     let Some(kv) = kv else {
         eprintln!("tailguard: etcd key {key} does not exist (etcd revision {store_revision})");
         return Ok(ExitCode::FAILURE);
@@ -150,16 +176,18 @@ async fn get(settings: &Settings) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn with_timeout<T>(
+/// An etcd call bounded by the settings' timeout; its failure as one line naming the
+/// endpoints.
+async fn with_timeout<T, E: std::fmt::Display>(
     settings: &Settings,
-    future: impl Future<Output = Result<T, String>>,
-) -> anyhow::Result<T> {
+    future: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    let at = settings.endpoints.join(",");
     match tokio::time::timeout(settings.timeout, future).await {
-        Ok(r) => r.map_err(|e| anyhow::anyhow!("etcd at {}: {e}", settings.endpoints.join(","))),
-        Err(_) => anyhow::bail!(
-            "etcd at {}: no answer within {} ms",
-            settings.endpoints.join(","),
+        Ok(r) => r.map_err(|e| format!("etcd at {at}: {e}")),
+        Err(_) => Err(format!(
+            "etcd at {at}: no answer within {} ms",
             settings.timeout.as_millis()
-        ),
+        )),
     }
 }

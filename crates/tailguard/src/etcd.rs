@@ -12,6 +12,12 @@
 //! The client is `tailguard-etcd` (`crates/etcd`: etcd's v3 gRPC API over tonic): its HTTP/2
 //! keep-alive pings find a dead etcd behind a silent network, which a plain HTTP watch
 //! would not notice.
+//!
+//! TLS and authentication: the client speaks TLS to `https://` endpoints and authenticates
+//! with the bootstrap's credentials, renewing an expired token by itself (an open watch is
+//! not touched). A refusal (no client certificate, an untrusted server, a wrong password) is
+//! a [`Failure`] that names the setting to fix; at start it ends the wait for etcd at once,
+//! since retrying cannot cure it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use tailguard_etcd::{Client, ConnectOptions, EventType, KeyValue, WatchCreateRequest};
+use tailguard_etcd::{Client, ConnectOptions, EventType, KeyValue, Refusal, WatchCreateRequest};
 use tailguard_metrics::{Counter, Gauge, Registry};
 use tailguard_proxy::config::Diagnostic;
 use tailguard_proxy::{Config, Error, Server};
@@ -365,6 +371,13 @@ impl Watcher {
                         self.settings.key, self.settings.key
                     ));
                 }
+                Err(e) if e.refusal.is_some() => {
+                    return Err(format!(
+                        "cannot read {} from etcd at {}: {e}",
+                        self.settings.key,
+                        self.settings.endpoints.join(","),
+                    ));
+                }
                 Err(e) => e,
             };
             let wait = backoff.next();
@@ -430,7 +443,7 @@ impl Watcher {
         let t = self.settings.timeout;
         let mut client = match timeout_at(Instant::now() + t, connect(&self.settings)).await {
             Ok(c) => c,
-            Err(e) => return Ended::Lost(e),
+            Err(e) => return Ended::Lost(e.to_string()),
         };
         let create = WatchCreateRequest {
             key: key.as_bytes().to_vec(),
@@ -539,11 +552,15 @@ impl Watcher {
     /// Reads the key now and sends it (`always`: SIGHUP; else only if it changed, after a
     /// compaction), then moves the watch start past the read.
     async fn reread(&mut self, client: &mut Client, always: bool) -> Result<(), String> {
+        let authentications = client.authentications();
         let (store_revision, kv) = timeout_at(
             Instant::now() + self.settings.timeout,
             read(client, &self.settings.key),
         )
         .await?;
+        if authentications > 0 && client.authentications() > authentications {
+            tracing::info!("tailguard: etcd auth token expired and was renewed; the watch stays");
+        }
         self.next = self.next.max(store_revision + 1);
         self.seen = self.seen.max(store_revision);
         self.state.synced();
@@ -572,36 +589,110 @@ fn document(kv: &KeyValue) -> Result<String, std::str::Utf8Error> {
 }
 
 /// A client for the settings' endpoints. Cheap: it connects lazily, on the first request.
-pub(crate) async fn connect(settings: &Settings) -> Result<Client, String> {
+pub(crate) async fn connect(settings: &Settings) -> Result<Client, Failure> {
     // Pings even while idle (between changes, a watch is an idle stream).
-    let options = ConnectOptions::new()
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(settings.timeout)
         .with_keep_alive(KEEPALIVE, settings.timeout);
+    if let Some(tls) = &settings.tls {
+        options = options.with_tls(tls.clone());
+    }
+    if let Some(c) = &settings.credentials {
+        options = options.with_credentials(c.username.clone(), c.password.clone());
+    }
     Client::connect(&settings.endpoints, &options)
         .await
-        .map_err(|e| format!("connect: {e}"))
+        .map_err(|e| Failure::from_etcd("connect", &e))
 }
 
 /// The key's value (if it exists) and the store's revision at the read.
 pub(crate) async fn read(
     client: &mut Client,
     key: &str,
-) -> Result<(i64, Option<KeyValue>), String> {
+) -> Result<(i64, Option<KeyValue>), Failure> {
     let response = client
         .get(key)
         .await
-        .map_err(|e| format!("read {key}: {e}"))?;
+        .map_err(|e| Failure::from_etcd(&format!("read {key}"), &e))?;
     Ok((response.revision(), response.into_first()))
 }
 
+/// Why an etcd call failed, and whether etcd refused this node (so only a change of
+/// settings, not a retry, can help).
+#[derive(Debug)]
+pub(crate) struct Failure {
+    message: String,
+    pub(crate) refusal: Option<Refusal>,
+}
+
+impl Failure {
+    /// `what` failed with `e`; a refusal's message ends with the setting to look at.
+    pub(crate) fn from_etcd(what: &str, e: &tailguard_etcd::Error) -> Failure {
+        let refusal = e.refusal();
+        let hint = refusal.map_or("", hint);
+        Failure {
+            message: format!("{what}: {e}{hint}"),
+            refusal,
+        }
+    }
+}
+
+/// What to check for each refusal, in the bootstrap file's keys and the flags' names.
+fn hint(refusal: Refusal) -> &'static str {
+    match refusal {
+        Refusal::ClientCertificateRequired => {
+            "; give one: tls.cert and tls.key in [etcd], or --etcd-cert and --etcd-cert-key"
+        }
+        Refusal::ClientCertificateRejected => {
+            "; is it signed by the CA etcd trusts (its --trusted-ca-file)?"
+        }
+        Refusal::UntrustedServer => {
+            "; is tls.ca (--etcd-ca) the CA that signed etcd's certificate?"
+        }
+        Refusal::UntrustedServerSystemRoots => {
+            "; name the CA that signed etcd's certificate: tls.ca in [etcd], or --etcd-ca"
+        }
+        Refusal::WrongPassword => {
+            "; check username and password_file (--etcd-username, --etcd-password-file)"
+        }
+        Refusal::AuthenticationRequired => {
+            "; give username and password_file in [etcd], or --etcd-username and \
+             --etcd-password-file"
+        }
+        Refusal::PermissionDenied => "; grant the user access to the key",
+        _ => "",
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure {
+            message,
+            refusal: None,
+        }
+    }
+}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.message
+    }
+}
+
 /// `future` with a deadline, its error and the timeout's as one message.
-async fn timeout_at<T>(
+async fn timeout_at<T, E: From<String>>(
     deadline: Instant,
-    future: impl Future<Output = Result<T, String>>,
-) -> Result<T, String> {
+    future: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     match tokio::time::timeout_at(deadline, future).await {
         Ok(r) => r,
-        Err(_) => Err("no answer before the timeout".to_owned()),
+        Err(_) => Err(E::from("no answer before the timeout".to_owned())),
     }
 }
 

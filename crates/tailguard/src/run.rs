@@ -22,8 +22,9 @@ use crate::etcd::EtcdSource;
 
 /// Exit status for a config the user must fix (sysexits.h `EX_USAGE`).
 pub(crate) const EX_USAGE: u8 = 64;
-/// Exit status when the config's etcd cannot be read at start (sysexits.h `EX_UNAVAILABLE`).
-const EX_UNAVAILABLE: u8 = 69;
+/// Exit status when the config's etcd cannot be read at start, or refuses this node (TLS,
+/// authentication), for `run` and `config get`/`push` (sysexits.h `EX_UNAVAILABLE`).
+pub(crate) const EX_UNAVAILABLE: u8 = 69;
 
 /// Arguments of `tailguard run`.
 #[derive(Debug, clap::Args)]

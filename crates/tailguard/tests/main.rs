@@ -4,6 +4,7 @@
 mod access_log;
 mod deploy;
 mod etcd;
+mod etcd_tls;
 mod gateway;
 mod install_tools;
 mod listeners;

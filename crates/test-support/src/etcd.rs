@@ -1,6 +1,7 @@
 //! A real etcd (Debian's `etcd-server`, installed by scripts/install-tools) on free
 //! 127.0.0.1 ports with a temporary data dir, for tests of the etcd client and of the
-//! gateway's config from etcd.
+//! gateway's config from etcd; optionally serving its clients over TLS (certificates from a
+//! test CA), requiring client certificates, or with extra flags (`--auth-token-ttl`).
 //!
 //! Without an `etcd` binary [`EtcdServer::start`] fails the test, unless
 //! `TAILGUARD_SKIP_ETCD_TESTS=1` says skipping is allowed (CI installs etcd, so there the
@@ -10,7 +11,13 @@ use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use crate::TestCa;
 
 /// A real etcd, killed (and its data dir removed) on drop. It can be stopped and started
 /// again on the same data dir, on its own client port or another.
@@ -22,6 +29,62 @@ pub struct EtcdServer {
     /// The client port the server was first started on (where the code under test looks).
     pub client_port: u16,
     peer_port: u16,
+    /// With TLS: the certificates, and a client for the health check.
+    pki: Option<EtcdPki>,
+    args: Vec<String>,
+}
+
+/// The certificate files of an etcd serving over TLS, in its temporary dir.
+#[derive(Debug, Clone)]
+pub struct EtcdPki {
+    /// The CA that signed the server's certificate and the client's (PEM).
+    pub ca: PathBuf,
+    /// A client certificate signed by that CA (PEM), and its key.
+    pub client_cert: PathBuf,
+    /// The client certificate's private key (PEM, PKCS#8).
+    pub client_key: PathBuf,
+    /// Whether etcd requires a client certificate (`--client-cert-auth`).
+    pub client_cert_auth: bool,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    health: Arc<rustls::ClientConfig>,
+}
+
+/// How [`EtcdServer::builder`] starts etcd.
+#[derive(Debug, Default)]
+pub struct EtcdBuilder {
+    tls: bool,
+    client_cert_auth: bool,
+    args: Vec<String>,
+}
+
+impl EtcdBuilder {
+    /// Serve clients over TLS (`https://`), with a server certificate for 127.0.0.1 and
+    /// localhost from a CA of the test's own ([`EtcdServer::pki`]).
+    pub fn tls(mut self) -> EtcdBuilder {
+        self.tls = true;
+        self
+    }
+
+    /// Serve clients over TLS and require a client certificate signed by that CA
+    /// (`--client-cert-auth --trusted-ca-file`).
+    pub fn client_cert_auth(mut self) -> EtcdBuilder {
+        self.tls = true;
+        self.client_cert_auth = true;
+        self
+    }
+
+    /// One more command-line argument for etcd (e.g. `--auth-token-ttl=2`).
+    pub fn arg(mut self, arg: &str) -> EtcdBuilder {
+        self.args.push(arg.to_owned());
+        self
+    }
+
+    /// Starts etcd and waits until it serves, or returns `None` when it is absent and
+    /// skipping is allowed.
+    pub fn start(self) -> Option<EtcdServer> {
+        EtcdServer::start_with(self)
+    }
 }
 
 /// A directory removed on drop (test-support has no `tempfile`).
@@ -47,6 +110,15 @@ impl EtcdServer {
     /// Starts etcd and waits until it serves, or returns `None` when it is absent and
     /// skipping is allowed.
     pub fn start() -> Option<EtcdServer> {
+        EtcdServer::builder().start()
+    }
+
+    /// An etcd with TLS, client certificates or extra flags.
+    pub fn builder() -> EtcdBuilder {
+        EtcdBuilder::default()
+    }
+
+    fn start_with(options: EtcdBuilder) -> Option<EtcdServer> {
         let present = Command::new("etcd")
             .arg("--version")
             .stdout(Stdio::null())
@@ -70,26 +142,42 @@ impl EtcdServer {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd temp dir");
+        let pki = options
+            .tls
+            .then(|| EtcdPki::write(&dir, options.client_cert_auth));
         let mut etcd = EtcdServer {
             child: None,
             _tempdir: TempDir(dir.clone()),
             dir,
             client_port: free_port(),
             peer_port: free_port(),
+            pki,
+            args: options.args,
         };
         etcd.spawn(etcd.client_port);
         Some(etcd)
     }
 
-    /// Its client URL on [`client_port`](Self::client_port).
+    /// Its client URL on [`client_port`](Self::client_port) (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        self.url_at(self.client_port)
+    }
+
+    /// Its client URL if it served on `port`.
+    pub fn url_at(&self, port: u16) -> String {
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{port}")
+    }
+
+    /// Its certificates, if it serves over TLS.
+    pub fn pki(&self) -> Option<&EtcdPki> {
+        self.pki.as_ref()
     }
 
     /// Starts etcd on the data dir, serving clients on `port`, and waits (at most 20 s) until
     /// it answers its health check.
     pub fn spawn(&mut self, port: u16) {
-        let client = format!("http://127.0.0.1:{port}");
+        let client = self.url_at(port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -104,6 +192,8 @@ impl EtcdServer {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("t={peer}")])
+            .args(self.pki.iter().flat_map(EtcdPki::args))
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -111,7 +201,7 @@ impl EtcdServer {
             .expect("spawn etcd");
         self.child = Some(child);
         let start = Instant::now();
-        while !healthy(port) {
+        while !healthy(port, self.pki.as_ref()) {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "etcd did not start:\n{}",
@@ -155,14 +245,84 @@ impl Drop for EtcdServer {
 
 /// etcd's `/health` on the client port says `"health":"true"`: it has a leader and serves
 /// reads and writes.
-fn healthy(port: u16) -> bool {
+fn healthy(port: u16, pki: Option<&EtcdPki>) -> bool {
     let attempt = || -> std::io::Result<String> {
         let mut s = TcpStream::connect(("127.0.0.1", port))?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(b"GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n")?;
+        let request = b"GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n";
         let mut raw = String::new();
-        s.read_to_string(&mut raw)?;
+        match pki {
+            None => {
+                s.write_all(request)?;
+                s.read_to_string(&mut raw)?;
+            }
+            Some(pki) => {
+                let name = ServerName::try_from("127.0.0.1").expect("an IP address");
+                let conn = rustls::ClientConnection::new(pki.health.clone(), name)
+                    .map_err(std::io::Error::other)?;
+                let mut tls = rustls::StreamOwned::new(conn, s);
+                tls.write_all(request)?;
+                // etcd closes without close_notify after an HTTP/1.0 answer.
+                let mut bytes = Vec::new();
+                let _ = tls.read_to_end(&mut bytes);
+                raw = String::from_utf8_lossy(&bytes).into_owned();
+            }
+        }
         Ok(raw)
     };
     attempt().is_ok_and(|raw| raw.contains("\"health\":\"true\""))
+}
+
+impl EtcdPki {
+    /// A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate,
+    /// written into `dir`.
+    fn write(dir: &std::path::Path, client_cert_auth: bool) -> EtcdPki {
+        let ca = TestCa::new("etcd test CA");
+        let ca_path = dir.join("ca.pem");
+        ca.write(&ca_path);
+        let (server_cert, server_key) = ca.issue(&["127.0.0.1", "localhost"]).write(dir, "server");
+        let client = ca.issue(&["tailguard-client"]);
+        let (client_cert, client_key) = client.write(dir, "client");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert_der.clone()).expect("ca root");
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots);
+        let chain = CertificateDer::pem_slice_iter(client.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("client certificate");
+        let key = PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).expect("client key");
+        let health = builder
+            .with_client_auth_cert(chain, key)
+            .expect("client auth");
+        EtcdPki {
+            ca: ca_path,
+            client_cert,
+            client_key,
+            client_cert_auth,
+            server_cert,
+            server_key,
+            health: Arc::new(health),
+        }
+    }
+
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--cert-file".into(),
+            self.server_cert.clone().into(),
+            "--key-file".into(),
+            self.server_key.clone().into(),
+        ];
+        if self.client_cert_auth {
+            args.extend([
+                "--client-cert-auth".into(),
+                "--trusted-ca-file".into(),
+                self.ca.clone().into(),
+            ]);
+        }
+        args
+    }
 }
