@@ -7,6 +7,7 @@
 //! endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
 //! key = "/tailguard/config"
 //! timeout_ms = 5000
+//! cache = "/var/lib/tailguard/etcd-config.toml"   # optional; "" turns the cache off
 //! ```
 
 use std::ops::Range;
@@ -17,6 +18,8 @@ use serde::Deserialize;
 use tailguard_proxy::Error;
 use tailguard_proxy::config::Diagnostic;
 use toml::Spanned;
+
+use crate::etcd_cache::CacheSetting;
 
 /// 5 s: long enough for a loaded etcd to answer across a data centre, short enough that a
 /// node that cannot reach it says so before an operator gives up on the start.
@@ -34,6 +37,8 @@ pub(crate) struct Settings {
     /// Directory relative certificate paths in the stored config resolve against: the
     /// bootstrap file's, else the working directory. Each node reads them from its own disk.
     pub(crate) base_dir: PathBuf,
+    /// Where the last applied revision is kept, for a start while etcd is unreachable.
+    pub(crate) cache: CacheSetting,
 }
 
 impl Settings {
@@ -97,6 +102,7 @@ impl EtcdArgs {
             key: key.clone(),
             timeout: Duration::from_millis(self.etcd_timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
             base_dir: PathBuf::new(),
+            cache: CacheSetting::Default,
         }))
     }
 }
@@ -123,6 +129,9 @@ struct EtcdSection {
     key: Spanned<String>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    /// The etcd cache file (relative: to the bootstrap file's directory); `""`: none.
+    #[serde(default)]
+    cache: Option<PathBuf>,
 }
 
 /// Reads and checks a bootstrap file.
@@ -165,6 +174,7 @@ pub(crate) fn load(path: &Path) -> Result<Settings, Error> {
     if !diags.is_empty() {
         return Err(Error::Config(diags));
     }
+    let base_dir = path.parent().map(Path::to_owned).unwrap_or_default();
     Ok(Settings {
         endpoints: etcd
             .endpoints
@@ -174,7 +184,14 @@ pub(crate) fn load(path: &Path) -> Result<Settings, Error> {
             .collect(),
         key: etcd.key.into_inner(),
         timeout: Duration::from_millis(etcd.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
-        base_dir: path.parent().map(Path::to_owned).unwrap_or_default(),
+        cache: etcd.cache.map_or(CacheSetting::Default, |p| {
+            CacheSetting::from_path(if p.as_os_str().is_empty() {
+                p
+            } else {
+                base_dir.join(p)
+            })
+        }),
+        base_dir,
     })
 }
 

@@ -11,6 +11,9 @@ pub(crate) struct Gateway {
     pub(crate) child: Child,
     pub(crate) addr: SocketAddr,
     stderr: Arc<Mutex<String>>,
+    /// Its `$STATE_DIRECTORY` (where a gateway on etcd keeps its default cache), so no test
+    /// writes to /var/lib/tailguard.
+    state: tempfile::TempDir,
 }
 
 impl Gateway {
@@ -21,10 +24,12 @@ impl Gateway {
 
     /// [`Gateway::run`] with another build of the binary (a release build for figures).
     pub(crate) fn run_binary(binary: &std::ffi::OsStr, args: &[&str]) -> Gateway {
+        let state = tempfile::tempdir().expect("state dir");
         let mut child = Command::new(binary)
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")
+            .env("STATE_DIRECTORY", state.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -56,7 +61,13 @@ impl Gateway {
             child,
             addr,
             stderr: log,
+            state,
         }
+    }
+
+    /// Its `$STATE_DIRECTORY`.
+    pub(crate) fn state_dir(&self) -> &std::path::Path {
+        self.state.path()
     }
 
     pub(crate) fn url(&self) -> String {
