@@ -10,6 +10,7 @@
 //! tls = { ca = "etcd-ca.pem", cert = "gateway.pem", key = "gateway.key" }
 //! username = "gateway"
 //! password_file = "etcd-password"
+//! cache = "/var/lib/tailguard/etcd-config.toml"   # optional; "" turns the cache off
 //! ```
 //!
 //! The TLS files and the password are read (and the PEM checked) when the settings are
@@ -24,6 +25,8 @@ use tailguard_etcd::Tls;
 use tailguard_proxy::Error;
 use tailguard_proxy::config::Diagnostic;
 use toml::Spanned;
+
+use crate::etcd_cache::CacheSetting;
 
 /// 5 s: long enough for a loaded etcd to answer across a data centre, short enough that a
 /// node that cannot reach it says so before an operator gives up on the start.
@@ -46,6 +49,8 @@ pub(crate) struct Settings {
     pub(crate) tls: Option<Tls>,
     /// etcd's user/password authentication.
     pub(crate) credentials: Option<Credentials>,
+    /// Where the last applied revision is kept, for a start while etcd is unreachable.
+    pub(crate) cache: CacheSetting,
 }
 
 /// A user name and the password read from its file.
@@ -177,6 +182,7 @@ impl EtcdArgs {
             base_dir: PathBuf::new(),
             tls,
             credentials,
+            cache: CacheSetting::Default,
         }))
     }
 }
@@ -286,6 +292,9 @@ struct EtcdSection {
     username: Option<Spanned<String>>,
     #[serde(default)]
     password_file: Option<Spanned<PathBuf>>,
+    /// The etcd cache file (relative: to the bootstrap file's directory); `""`: none.
+    #[serde(default)]
+    cache: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -394,6 +403,7 @@ pub(crate) fn load(path: &Path) -> Result<Settings, Error> {
     if !diags.is_empty() {
         return Err(Error::Config(diags));
     }
+    let base_dir = path.parent().map(Path::to_owned).unwrap_or_default();
     Ok(Settings {
         endpoints: etcd
             .endpoints
@@ -403,6 +413,13 @@ pub(crate) fn load(path: &Path) -> Result<Settings, Error> {
             .collect(),
         key: etcd.key.into_inner(),
         timeout: Duration::from_millis(etcd.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
+        cache: etcd.cache.map_or(CacheSetting::Default, |p| {
+            CacheSetting::from_path(if p.as_os_str().is_empty() {
+                p
+            } else {
+                base_dir.join(p)
+            })
+        }),
         base_dir,
         tls,
         credentials,

@@ -9,6 +9,11 @@
 //! made meanwhile arrives as an ordinary event. If that revision has been compacted away,
 //! etcd cancels the watch and the watcher reads the key afresh instead.
 //!
+//! Every revision applied is also written to the node's etcd cache (`etcd_cache.rs`). A
+//! start that cannot reach etcd within the timeout serves the cached revision instead, and
+//! the watcher goes on trying: once etcd answers it reads the key and hands over whatever
+//! changed meanwhile.
+//!
 //! The client is `tailguard-etcd` (`crates/etcd`: etcd's v3 gRPC API over tonic): its HTTP/2
 //! keep-alive pings find a dead etcd behind a silent network, which a plain HTTP watch
 //! would not notice.
@@ -19,7 +24,7 @@
 //! a [`Failure`] that names the setting to fix; at start it ends the wait for etcd at once,
 //! since retrying cannot cure it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,15 +38,22 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::bootstrap::Settings;
+use crate::etcd_cache::{Cache, Cached};
 
 /// HTTP/2 ping interval on the etcd connection: a peer that stops answering for this plus
 /// the request timeout is dropped and reconnected, even with no change to deliver.
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// First reconnection delay, doubled per failure up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// 5 s: a fleet of gateways reconnecting to a restarted etcd spreads over a few seconds
-/// (with the jitter) and none waits long once it is back.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// 500 ms: with the ±20 % jitter a gateway tries again at most 600 ms after its last failed
+/// attempt, so it follows etcd again within a second of etcd answering (a 5 s cap made a
+/// change pushed right after etcd's restart reach the last of three gateways 4.9 and 5.8 s
+/// later). A failed attempt against a down etcd is a refused TCP connection, so two a second
+/// per gateway cost etcd's host little; the jitter still spreads a fleet's reconnections
+/// over a tenth of a second or more.
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// About a minute between warnings while etcd stays away, at [`BACKOFF_MAX`] per attempt.
+const WARN_EVERY_ATTEMPTS: u32 = 120;
 
 /// What the watcher hands to the main thread.
 #[derive(Debug)]
@@ -62,6 +74,8 @@ struct SyncState {
     connected: AtomicBool,
     /// Unix time in ms; 0 before the first successful read.
     last_sync_ms: AtomicU64,
+    /// Serving the cached revision, etcd not yet reached since the start.
+    cached: AtomicBool,
 }
 
 impl SyncState {
@@ -91,6 +105,8 @@ struct EtcdMetrics {
     deleted: Counter,
     /// Incremented by the watcher thread.
     connection: Counter,
+    /// A failed write of the etcd cache (main thread).
+    cache: Counter,
 }
 
 impl EtcdMetrics {
@@ -98,7 +114,7 @@ impl EtcdMetrics {
         let errors = r.counter(
             "tailguard_config_etcd_errors",
             "etcd config source errors: a revision rejected as invalid, the key deleted, \
-             or a failed connection, read or watch.",
+             a failed connection, read or watch, or a failed write of the etcd cache.",
             &["kind"],
         )?;
         let connected = r
@@ -116,12 +132,21 @@ impl EtcdMetrics {
                 &[],
             )?
             .get_or_create(&[])?;
+        let cached = r
+            .gauge(
+                "tailguard_config_etcd_cached",
+                "1 while the node serves the revision in its etcd cache because etcd could \
+                 not be reached at its start; 0 once etcd has answered.",
+                &[],
+            )?
+            .get_or_create(&[])?;
         {
-            // Read rather than recorded: only the exporter's thread writes these two.
+            // Read rather than recorded: only the exporter's thread writes these three.
             let state = Arc::clone(state);
             r.on_scrape(move || {
                 let up = state.connected.load(Ordering::Relaxed);
                 connected.set(i64::from(up));
+                cached.set(i64::from(state.cached.load(Ordering::Relaxed)));
                 let ms = if up {
                     unix_ms()
                 } else {
@@ -149,6 +174,7 @@ impl EtcdMetrics {
             invalid: errors.get_or_create(&["invalid"])?,
             deleted: errors.get_or_create(&["deleted"])?,
             connection: errors.get_or_create(&["connection"])?,
+            cache: errors.get_or_create(&["cache"])?,
         })
     }
 }
@@ -164,15 +190,60 @@ pub(crate) struct EtcdSource {
     /// The revision being served.
     applied: i64,
     closed: bool,
+    /// Where each applied revision is written; `None` without a cache (or once the default
+    /// one could not be written).
+    cache: Option<Cache>,
+    /// The cache has been written at least once.
+    cache_written: bool,
+    /// The first document read from etcd, written to the cache once the gateway runs on it.
+    first_document: Option<String>,
+}
+
+/// The document a gateway starts on.
+pub(crate) enum StartDocument {
+    /// Read from etcd (at [`EtcdSource::revision`]).
+    Etcd(Result<String, std::str::Utf8Error>),
+    /// etcd could not be reached within the timeout (`why`): the cached revision (at
+    /// [`EtcdSource::revision`]), to be parsed as the file `path`.
+    Cached {
+        path: PathBuf,
+        text: String,
+        why: String,
+    },
+}
+
+/// What the watcher's first attempt found.
+enum First {
+    Read {
+        revision: i64,
+        text: Result<String, std::str::Utf8Error>,
+    },
+    /// etcd answered: the key does not exist.
+    Missing(String),
+    /// etcd refused the gateway (certificate, password, permission): a setting to fix, so
+    /// neither retried nor covered by the cache.
+    Refused(String),
+    /// etcd did not answer before the timeout. The watcher goes on only if it was told of a
+    /// cached revision.
+    Unreachable(String),
 }
 
 impl EtcdSource {
     /// Starts the watcher thread and waits (up to the settings' timeout, retrying) for the
-    /// key's current document, which the caller parses and starts the gateway with.
+    /// key's current document, which the caller parses and starts the gateway with; if etcd
+    /// cannot be reached by then, the cached revision.
     pub(crate) fn start(
         settings: Settings,
         registry: &Registry,
-    ) -> anyhow::Result<(EtcdSource, Result<String, std::str::Utf8Error>)> {
+    ) -> anyhow::Result<(EtcdSource, StartDocument)> {
+        let cache = settings.cache.resolve(&settings.key);
+        // Read before the watcher starts, which must know whether to go on without etcd.
+        let cached = cache.as_ref().map_or(Ok(None), Cache::load);
+        let cached_revision = cached
+            .as_ref()
+            .ok()
+            .and_then(|c| c.as_ref())
+            .map(|c| c.revision);
         let state = Arc::new(SyncState::default());
         let metrics = EtcdMetrics::register(registry, &state)?;
         let (updates_tx, updates) = mpsc::unbounded_channel();
@@ -192,6 +263,8 @@ impl EtcdSource {
             seen: 0,
             last_document: 0,
             resync_pending: false,
+            cached_revision,
+            read_on_connect: false,
         };
         std::thread::Builder::new()
             .name("tailguard-etcd".into())
@@ -199,17 +272,47 @@ impl EtcdSource {
             .context("starting the etcd watcher thread")?;
         let first = first_rx
             .blocking_recv()
-            .context("the etcd watcher thread ended")?
-            .map_err(|e| anyhow::anyhow!(e))?;
-        let source = EtcdSource {
+            .context("the etcd watcher thread ended")?;
+        let mut source = EtcdSource {
             settings,
             updates,
             resync,
             metrics,
-            applied: first.0,
+            applied: 0,
             closed: false,
+            cache,
+            cache_written: false,
+            first_document: None,
         };
-        Ok((source, first.1))
+        let document = match (first, cached) {
+            (First::Read { revision, text }, cached) => {
+                if let Err(e) = cached {
+                    tracing::warn!("tailguard: {e}; replaced by the revision read from etcd");
+                }
+                source.applied = revision;
+                source.first_document = text.as_ref().ok().cloned();
+                StartDocument::Etcd(text)
+            }
+            (First::Missing(e) | First::Refused(e), _) => anyhow::bail!(e),
+            (First::Unreachable(why), Ok(Some(Cached { revision, text }))) => {
+                source.applied = revision;
+                let path = source.cache.as_ref().map(|c| c.path().to_owned());
+                StartDocument::Cached {
+                    path: path.expect("a cached revision was read from the cache"),
+                    text,
+                    why,
+                }
+            }
+            (First::Unreachable(why), cached) => {
+                let cache = match (&source.cache, cached) {
+                    (_, Err(e)) => format!("; the etcd cache cannot be served: {e}"),
+                    (Some(c), _) => format!("; no etcd cache at {} yet", c.path().display()),
+                    (None, _) => String::new(),
+                };
+                anyhow::bail!("{why}{cache}")
+            }
+        };
+        Ok((source, document))
     }
 
     /// Where relative certificate paths resolve.
@@ -227,10 +330,42 @@ impl EtcdSource {
         self.applied
     }
 
-    /// Records that the gateway started on the document `start` returned.
-    pub(crate) fn started(&self) {
+    /// Records that the gateway started on the document `start` returned (and caches it, if
+    /// it came from etcd).
+    pub(crate) fn started(&mut self) {
         self.metrics.revision.set(self.applied);
         self.metrics.last_apply_ok.set(1);
+        if let Some(text) = self.first_document.take() {
+            self.write_cache(self.applied, &text);
+        }
+    }
+
+    /// Writes an applied revision to the cache. On the main thread, never a serving one; the
+    /// fsyncs cost a reload a few milliseconds. A failure never stops the gateway: it is
+    /// logged and counted, and the default cache is given up at its first failed write.
+    fn write_cache(&mut self, revision: i64, text: &str) {
+        let Some(cache) = &self.cache else { return };
+        match cache.store(revision, text) {
+            Ok(()) => self.cache_written = true,
+            Err(e) if cache.explicit() || self.cache_written => {
+                self.metrics.cache.inc();
+                tracing::error!(
+                    "tailguard: cannot write the etcd cache {}: {e}; a start while etcd is \
+                     unreachable would not serve {}",
+                    cache.path().display(),
+                    self.source_name(revision)
+                );
+            }
+            Err(e) => {
+                self.metrics.cache.inc();
+                tracing::warn!(
+                    "tailguard: cannot write the etcd cache {} ({e}); running without one \
+                     (set `[etcd] cache` or --etcd-cache, or `cache = \"\"` to say so)",
+                    cache.path().display()
+                );
+                self.cache = None;
+            }
+        }
     }
 
     /// The next update; never resolves once the watcher has gone.
@@ -279,8 +414,8 @@ impl EtcdSource {
             }
         };
         let name = self.source_name(revision);
-        let loaded = match text {
-            Ok(text) => parse(&text, &name, &self.settings.base_dir),
+        let loaded = match &text {
+            Ok(text) => parse(text, &name, &self.settings.base_dir),
             Err(e) => Err(Error::Config(vec![Diagnostic {
                 file: name.clone(),
                 position: None,
@@ -293,6 +428,9 @@ impl EtcdSource {
             self.applied = revision;
             self.metrics.revision.set(revision);
             self.metrics.last_apply_ok.set(1);
+            if let Ok(text) = &text {
+                self.write_cache(revision, text);
+            }
         } else {
             self.metrics.invalid.inc();
             self.metrics.last_apply_ok.set(0);
@@ -327,28 +465,36 @@ struct Watcher {
     last_document: i64,
     /// A SIGHUP came while etcd was unreachable: read the key once reconnected.
     resync_pending: bool,
+    /// The revision in the etcd cache, if there is one the start may serve.
+    cached_revision: Option<i64>,
+    /// Started on the cached revision: read the key once connected, and send it if it
+    /// changed.
+    read_on_connect: bool,
 }
-
-type First = Result<(i64, Result<String, std::str::Utf8Error>), String>;
 
 impl Watcher {
     async fn run(mut self, first: oneshot::Sender<First>) {
-        match self.initial().await {
-            Ok((revision, text)) => {
-                if first.send(Ok((revision, text))).is_err() {
-                    return;
-                }
+        let found = self.initial().await;
+        let go_on = match (&found, self.cached_revision) {
+            (First::Read { .. }, _) => true,
+            (First::Unreachable(_), Some(revision)) => {
+                // The main thread serves the cached revision: follow etcd once it answers.
+                self.last_document = revision;
+                self.read_on_connect = true;
+                self.state.cached.store(true, Ordering::Relaxed);
+                self.connection_errors.inc();
+                true
             }
-            Err(e) => {
-                let _ = first.send(Err(e));
-                return;
-            }
+            _ => false,
+        };
+        if first.send(found).is_err() || !go_on {
+            return;
         }
         self.watch_forever().await;
     }
 
     /// Reads the key, retrying until the timeout: a node starts only with a config.
-    async fn initial(&mut self) -> Result<(i64, Result<String, std::str::Utf8Error>), String> {
+    async fn initial(&mut self) -> First {
         let deadline = Instant::now() + self.settings.timeout;
         let mut backoff = Backoff::default();
         loop {
@@ -362,17 +508,20 @@ impl Watcher {
                     self.seen = store_revision;
                     self.last_document = kv.mod_revision;
                     self.state.synced();
-                    return Ok((kv.mod_revision, document(&kv)));
+                    return First::Read {
+                        revision: kv.mod_revision,
+                        text: document(&kv),
+                    };
                 }
                 Ok((store_revision, None)) => {
-                    return Err(format!(
+                    return First::Missing(format!(
                         "etcd key {} does not exist (etcd revision {store_revision}); store a \
                          config there first: tailguard config push FILE --etcd URL --etcd-key {}",
                         self.settings.key, self.settings.key
                     ));
                 }
                 Err(e) if e.refusal.is_some() => {
-                    return Err(format!(
+                    return First::Refused(format!(
                         "cannot read {} from etcd at {}: {e}",
                         self.settings.key,
                         self.settings.endpoints.join(","),
@@ -382,7 +531,7 @@ impl Watcher {
             };
             let wait = backoff.next();
             if Instant::now() + wait >= deadline {
-                return Err(format!(
+                return First::Unreachable(format!(
                     "cannot read {} from etcd at {} within {} ms: {last_error}",
                     self.settings.key,
                     self.settings.endpoints.join(","),
@@ -403,10 +552,10 @@ impl Watcher {
                 Ended::Rewatch => continue,
                 Ended::Lost(why) => {
                     self.connection_errors.inc();
-                    // The first failure, then one line a minute or so while etcd stays away
-                    // (the backoff is capped at 5 s), not one per attempt.
+                    // The first failure, then one line a minute or so while etcd stays away,
+                    // not one per attempt.
                     let attempts = backoff.failures + 1;
-                    if attempts == 1 || attempts % 12 == 0 {
+                    if attempts == 1 || attempts % WARN_EVERY_ATTEMPTS == 0 {
                         tracing::warn!(
                             "tailguard: etcd watch on {} lost ({why}; {attempts} attempts); the \
                              running config keeps serving; reconnecting",
@@ -511,11 +660,29 @@ impl Watcher {
                 established = true;
                 backoff.reset();
                 self.state.set_connected(true);
-                tracing::info!("tailguard: watching etcd:{key} from revision {}", self.next);
-                if std::mem::take(&mut self.resync_pending)
-                    && let Err(e) = self.reread(&mut client, true).await
-                {
-                    return Ended::Lost(e);
+                if self.next == 0 {
+                    // Started on the cached revision: the read below finds where etcd is.
+                    tracing::info!("tailguard: watching etcd:{key} from its current revision");
+                } else {
+                    tracing::info!("tailguard: watching etcd:{key} from revision {}", self.next);
+                }
+                let resync = std::mem::take(&mut self.resync_pending);
+                let first_contact = std::mem::take(&mut self.read_on_connect);
+                if resync || first_contact {
+                    if let Err(e) = self.reread(&mut client, resync).await {
+                        // Not done: done at the next connection.
+                        self.resync_pending = resync;
+                        self.read_on_connect = first_contact;
+                        return Ended::Lost(e);
+                    }
+                    if first_contact {
+                        self.state.cached.store(false, Ordering::Relaxed);
+                        tracing::info!(
+                            "tailguard: etcd answered: following etcd:{key} (the cached \
+                             revision {} served until now)",
+                            self.cached_revision.unwrap_or_default()
+                        );
+                    }
                 }
             }
             for event in &response.events {
@@ -713,5 +880,34 @@ impl Backoff {
 
     fn reset(&mut self) {
         self.failures = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reconnect_backoff_doubles_from_100ms_to_a_500ms_cap_with_its_jitter() {
+        let mut backoff = Backoff::default();
+        let first: Vec<Duration> = (0..3).map(|_| backoff.next()).collect();
+        for (wait, base) in first.iter().zip([100, 200, 400]) {
+            let base = Duration::from_millis(base);
+            assert!(
+                *wait >= base.mul_f64(0.8) && *wait <= base.mul_f64(1.2),
+                "{wait:?}"
+            );
+        }
+        // However long etcd stays away: never more than 600 ms, and still spread.
+        let capped: Vec<Duration> = (0..1000).map(|_| backoff.next()).collect();
+        let (min, max) = (capped.iter().min().unwrap(), capped.iter().max().unwrap());
+        assert!(*min >= Duration::from_millis(400), "{min:?}");
+        assert!(*max <= Duration::from_millis(600), "{max:?}");
+        assert!(
+            *max - *min > Duration::from_millis(100),
+            "no jitter: {min:?}..{max:?}"
+        );
+        backoff.reset();
+        assert!(backoff.next() <= Duration::from_millis(120));
     }
 }

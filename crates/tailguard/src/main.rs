@@ -7,6 +7,7 @@
 mod bootstrap;
 mod config_cmd;
 mod etcd;
+mod etcd_cache;
 mod run;
 
 use std::process::ExitCode;

@@ -18,7 +18,8 @@ use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priorit
 use tailguard_proxy::{Config, Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::etcd::EtcdSource;
+use crate::etcd::{EtcdSource, StartDocument};
+use crate::etcd_cache::CacheSetting;
 
 /// Exit status for a config the user must fix (sysexits.h `EX_USAGE`).
 pub(crate) const EX_USAGE: u8 = 64;
@@ -35,6 +36,12 @@ pub(crate) struct RunArgs {
     /// The config from etcd instead of a file, watched and applied as it changes.
     #[command(flatten)]
     etcd: crate::bootstrap::EtcdArgs,
+    /// With a config from etcd: the file each applied revision is kept in, served by a start
+    /// that cannot reach etcd (`""`: no cache; overrides `[etcd] cache`). Default: a file
+    /// named after the key in $STATE_DIRECTORY, else /var/lib/tailguard.
+    // A String, not a PathBuf: clap refuses an empty path, and `""` is meaningful here.
+    #[arg(long, value_name = "PATH")]
+    etcd_cache: Option<String>,
     /// Replace the first listener's address (e.g. 127.0.0.1:0 for any free port).
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -185,7 +192,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let registry = Registry::builder()
         .self_metrics_prefix(Some("tailguard_metrics"))
         .build()?;
-    let (config, etcd) = match start_etcd(&args, &registry) {
+    let (config, mut etcd) = match start_etcd(&args, &registry) {
         Ok(Some((source, config))) => (Ok(config), Some(source)),
         Ok(None) => (load(&args), None),
         Err(code) => return Ok(code),
@@ -221,7 +228,7 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // not kill the process.
         let signals = Signals::register()?;
         let server = Server::start_with_metrics(config, metrics, threads)?;
-        if let Some(source) = &etcd {
+        if let Some(source) = &mut etcd {
             source.started();
         }
         wait_for_signals(server, signals, &args, etcd).await
@@ -235,15 +242,22 @@ fn start_etcd(
     args: &RunArgs,
     registry: &Registry,
 ) -> Result<Option<(EtcdSource, Config)>, ExitCode> {
-    let settings = match args.etcd.settings() {
+    let mut settings = match args.etcd.settings() {
         Ok(Some(s)) => s,
+        Ok(None) if args.etcd_cache.is_some() => {
+            eprintln!("command line: --etcd-cache: needs --etcd and --etcd-key, or --bootstrap");
+            return Err(ExitCode::from(EX_USAGE));
+        }
         Ok(None) => return Ok(None),
         Err(e) => {
             print_errors(&e);
             return Err(ExitCode::from(EX_USAGE));
         }
     };
-    let (source, text) = match EtcdSource::start(settings, registry) {
+    if let Some(path) = &args.etcd_cache {
+        settings.cache = CacheSetting::from_path(PathBuf::from(path));
+    }
+    let (source, document) = match EtcdSource::start(settings, registry) {
         Ok(started) => started,
         Err(e) => {
             eprintln!("tailguard: {e:#}");
@@ -251,16 +265,27 @@ fn start_etcd(
         }
     };
     let name = source.source_name(source.revision());
-    let parsed = match text {
-        Ok(text) => Config::parse(&text, &name, source.base_dir()),
-        Err(e) => {
+    let (parsed, loaded) = match document {
+        StartDocument::Etcd(Ok(text)) => (
+            Config::parse(&text, &name, source.base_dir()),
+            format!("loaded {name}"),
+        ),
+        StartDocument::Etcd(Err(e)) => {
             eprintln!("{name}: (document): not UTF-8 text: {e}");
             return Err(ExitCode::from(EX_USAGE));
         }
+        // Its errors name the cache file, whose lines they number.
+        StartDocument::Cached { path, text, why } => (
+            Config::parse(&text, &path.display().to_string(), source.base_dir()),
+            format!(
+                "loaded {name} (cached) from {}; {why}; following etcd once it answers",
+                path.display()
+            ),
+        ),
     };
     match parsed.and_then(|c| with_overrides(c, args)) {
         Ok(config) => {
-            tracing::info!("tailguard: loaded {name}");
+            tracing::info!("tailguard: {loaded}");
             Ok(Some((source, config)))
         }
         Err(e) => {

@@ -567,6 +567,18 @@ fn systemd_unit_passes_systemd_analyze_verify() {
 }
 
 #[test]
+fn systemd_unit_gives_the_etcd_cache_its_state_directory() {
+    // The gateway's default etcd cache is in $STATE_DIRECTORY (else /var/lib/tailguard, which
+    // ProtectSystem=strict leaves read-only without StateDirectory=): etcd.rs's tests show
+    // a gateway writing it there.
+    let unit = std::fs::read_to_string(deploy("systemd/tailguard.service")).expect("unit");
+    assert!(
+        unit.lines().any(|l| l == "StateDirectory=tailguard"),
+        "the unit has no StateDirectory=tailguard"
+    );
+}
+
+#[test]
 fn systemd_stop_timeout_outlasts_the_default_drain() {
     let unit = std::fs::read_to_string(deploy("systemd/tailguard.service")).expect("unit");
     let stop_s: u64 = unit

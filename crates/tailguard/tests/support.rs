@@ -11,6 +11,9 @@ pub(crate) struct Gateway {
     pub(crate) child: Child,
     pub(crate) addr: SocketAddr,
     stderr: Arc<Mutex<String>>,
+    /// Its `$STATE_DIRECTORY` (where a gateway on etcd keeps its default cache), so no test
+    /// writes to /var/lib/tailguard.
+    state: tempfile::TempDir,
 }
 
 impl Gateway {
@@ -34,10 +37,12 @@ impl Gateway {
     }
 
     fn start(mut cmd: Command, args: &[&str], limit: Duration) -> Gateway {
+        let state = tempfile::tempdir().expect("state dir");
         let mut child = cmd
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")
+            .env("STATE_DIRECTORY", state.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -69,7 +74,13 @@ impl Gateway {
             child,
             addr,
             stderr: log,
+            state,
         }
+    }
+
+    /// Its `$STATE_DIRECTORY`.
+    pub(crate) fn state_dir(&self) -> &std::path::Path {
+        self.state.path()
     }
 
     pub(crate) fn url(&self) -> String {

@@ -177,6 +177,13 @@ impl EtcdServer {
     /// Starts etcd on the data dir, serving clients on `port`, and waits (at most 20 s) until
     /// it answers its health check.
     pub fn spawn(&mut self, port: u16) {
+        self.spawn_no_wait(port);
+        self.wait_healthy(port);
+    }
+
+    /// Starts etcd on the data dir, serving clients on `port`, and returns at once: the
+    /// caller sees etcd answer for itself (e.g. to time what follows from that moment).
+    pub fn spawn_no_wait(&mut self, port: u16) {
         let client = self.url_at(port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
@@ -200,6 +207,10 @@ impl EtcdServer {
             .spawn()
             .expect("spawn etcd");
         self.child = Some(child);
+    }
+
+    /// Waits (at most 20 s) until etcd on `port` answers its health check.
+    pub fn wait_healthy(&self, port: u16) {
         let start = Instant::now();
         while !healthy(port, self.pki.as_ref()) {
             assert!(
@@ -217,6 +228,20 @@ impl EtcdServer {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts etcd again where the code under test looks for it (its first client port),
+    /// on the same data dir: after [`kill`](Self::kill), a restart as after a crash.
+    pub fn restart(&mut self) {
+        self.restart_no_wait();
+        self.wait_healthy(self.client_port);
+    }
+
+    /// [`restart`](Self::restart) without waiting for etcd to answer.
+    pub fn restart_no_wait(&mut self) {
+        self.kill();
+        let port = self.client_port;
+        self.spawn_no_wait(port);
     }
 
     /// Freezes etcd (SIGSTOP) or thaws it (SIGCONT): its connections stay open but nothing
