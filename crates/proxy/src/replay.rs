@@ -480,7 +480,8 @@ mod tests {
         }
 
         fn size_hint(&self) -> SizeHint {
-            self.left.map_or_else(SizeHint::default, SizeHint::with_exact)
+            self.left
+                .map_or_else(SizeHint::default, SizeHint::with_exact)
         }
     }
 
@@ -524,7 +525,11 @@ mod tests {
         // The first try read part of it before its answer came.
         assert_eq!(next(&mut first), Some(Ok(Bytes::from("ab"))));
         let mut second = kept.next_try();
-        assert_eq!(second.size_hint().exact(), Some(6), "kept + what is still to come");
+        assert_eq!(
+            second.size_hint().exact(),
+            Some(6),
+            "kept + what is still to come"
+        );
         assert_eq!(
             next(&mut first),
             Some(Err("superseded".to_owned())),
@@ -553,17 +558,28 @@ mod tests {
         kept.stop();
         assert_eq!(budget.used(), 64, "still to be sent");
         assert_eq!(all(&mut last), "abcdef");
-        assert_eq!(budget.used(), 0, "sent: released, while the reader lives on");
+        assert_eq!(
+            budget.used(),
+            0,
+            "sent: released, while the reader lives on"
+        );
         assert!(last.is_end_stream());
     }
 
     #[test]
     fn a_chunked_body_past_its_bound_streams_on_but_is_not_kept() {
         let budget = Budget::new(1 << 20);
-        let (kept, mut first) =
-            Kept::new(Client::new(&["0123", "4567", "89"], false), 8, budget.clone())
-                .expect("kept: its length is not known yet");
-        assert_eq!(all(&mut first), "0123456789", "every byte went to the first try");
+        let (kept, mut first) = Kept::new(
+            Client::new(&["0123", "4567", "89"], false),
+            8,
+            budget.clone(),
+        )
+        .expect("kept: its length is not known yet");
+        assert_eq!(
+            all(&mut first),
+            "0123456789",
+            "every byte went to the first try"
+        );
         assert_eq!(kept.unkept(), Some(Unkept::TooLarge));
         assert_eq!(budget.used(), 0);
         // Declared too large: not kept at all, and the body comes back.
@@ -575,8 +591,8 @@ mod tests {
     #[test]
     fn the_thread_budget_bounds_what_is_kept() {
         let budget = Budget::new(10);
-        let (a, _ra) = Kept::new(Client::new(&["12345678"], true), 64, budget.clone())
-            .expect("room for 8");
+        let (a, _ra) =
+            Kept::new(Client::new(&["12345678"], true), 64, budget.clone()).expect("room for 8");
         let (_, why) = Kept::new(Client::new(&["12345"], true), 64, budget.clone())
             .expect_err("no room for 5 more");
         assert_eq!(why, Unkept::Budget);
@@ -596,10 +612,7 @@ mod tests {
         client.fail_at_end = true;
         let (kept, mut first) = Kept::new(client, 64, budget.clone()).expect("kept");
         assert_eq!(next(&mut first), Some(Ok(Bytes::from("ab"))));
-        assert_eq!(
-            next(&mut first),
-            Some(Err("client went away".to_owned()))
-        );
+        assert_eq!(next(&mut first), Some(Err("client went away".to_owned())));
         assert_eq!(kept.unkept(), Some(Unkept::Failed));
         assert_eq!(budget.used(), 0);
     }
@@ -619,7 +632,10 @@ mod tests {
         assert_eq!(frames, 2);
         let mut again = kept.next_try();
         let data = again.frame().now_or_never_ready().expect("data").ok();
-        assert_eq!(data.and_then(|f| f.into_data().ok()), Some(Bytes::from("ab")));
+        assert_eq!(
+            data.and_then(|f| f.into_data().ok()),
+            Some(Bytes::from("ab"))
+        );
         let t = again.frame().now_or_never_ready().expect("trailers").ok();
         assert_eq!(
             t.and_then(|f| f.into_trailers().ok())

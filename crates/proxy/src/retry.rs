@@ -456,7 +456,11 @@ struct RetryCounters {
 
 impl RetryCounters {
     fn inc(&self, family: &Family<Counter>, route: &str, reason: Reason) {
-        inc_slot(&self.table[reason as usize], family, &[route, reason.as_str()]);
+        inc_slot(
+            &self.table[reason as usize],
+            family,
+            &[route, reason.as_str()],
+        );
     }
 }
 
@@ -529,10 +533,7 @@ impl Resend {
         if !policy.retries_after_sending() {
             return Resend::Unsent;
         }
-        let body = std::mem::replace(
-            req.body_mut(),
-            RequestBody::unlimited(IncomingBody::Empty),
-        );
+        let body = std::mem::replace(req.body_mut(), RequestBody::unlimited(IncomingBody::Empty));
         match Kept::new(body, policy.buffer_bytes, replay::thread_budget()) {
             Ok((kept, first)) => {
                 *req.body_mut() = RequestBody::unlimited(IncomingBody::Kept(first));
@@ -663,7 +664,9 @@ fn retry_after(
         .overload
         .may_retry(route.upstream, &record.method, false)
     {
-        route.tries.count_skipped(snap, &route.id, Skip::RetryBudget);
+        route
+            .tries
+            .count_skipped(snap, &route.id, Skip::RetryBudget);
         return None;
     }
     let next = next_endpoint(snap, route.upstream, endpoint)?;
