@@ -595,15 +595,15 @@ impl Resend {
 }
 
 /// Decides whether a try that met retry condition `reason` is retried: counts why not if it
-/// is not, else hands over to [`retry_after`]. `again` is the request for the next try, if
-/// there is one.
+/// is not, else hands over to [`retry_after`] if a request for the next try is at hand
+/// (`at_hand`).
 #[allow(clippy::too_many_arguments)]
-fn next_try<R>(
+fn decide_retry(
     snap: &Snapshot,
     route: &Route,
     resend: &Resend,
     unsent: bool,
-    again: Option<&R>,
+    at_hand: bool,
     reason: Reason,
     endpoint: usize,
     started: Instant,
@@ -618,12 +618,10 @@ fn next_try<R>(
             }
             None
         }
-        Ok(()) => {
-            again?;
-            retry_after(
-                snap, route, reason, endpoint, started, status, failure, record,
-            )
-        }
+        Ok(()) if !at_hand => None,
+        Ok(()) => retry_after(
+            snap, route, reason, endpoint, started, status, failure, record,
+        ),
     }
 }
 
@@ -865,12 +863,12 @@ pub(crate) async fn exchange_http1(
                 Ended::Answer(resp) => (Some(resp.status().as_u16()), None),
                 Ended::Failed(e) => (None, Some(e)),
             };
-            next_try(
+            decide_retry(
                 snap,
                 route,
                 &resend,
                 unsent,
-                again.as_ref(),
+                again.is_some(),
                 reason,
                 endpoint,
                 started,
@@ -1029,12 +1027,12 @@ pub(crate) async fn exchange_h2(
                 Ended::Answer((resp, _)) => (Some(resp.status().as_u16()), None),
                 Ended::Failed(e) => (None, Some(e)),
             };
-            next_try(
+            decide_retry(
                 snap,
                 route,
                 &resend,
                 unsent,
-                again.as_ref(),
+                again.is_some(),
                 reason,
                 endpoint,
                 started,
