@@ -16,6 +16,7 @@ use tailguard_http1::server::{H1Body, OutgoingBody};
 use crate::error::Error;
 use crate::forward_h2::H2Body;
 use crate::record::Finish;
+use crate::replay::{Reader, ReplayError};
 
 /// Set in a request body's byte count (`RequestRecord::bytes_in`) once the body has ended:
 /// a request timeout that fires before then is the client's (408), not the upstream's.
@@ -39,6 +40,9 @@ pub(crate) enum IncomingBody {
     Http1(H1Body),
     /// An HTTP/2 stream's data (hyper).
     Http2(Incoming),
+    /// A try's share of a body kept for a retry (`retry.buffer_bytes`): the kept bytes,
+    /// then the rest of the client's body as it comes.
+    Kept(Reader<RequestBody>),
 }
 
 impl Body for IncomingBody {
@@ -56,6 +60,15 @@ impl Body for IncomingBody {
             }
             IncomingBody::Http2(b) => ready!(Pin::new(b).poll_frame(cx))
                 .map(|r| r.map_err(|e| Error::DownstreamBody(e.to_string()))),
+            IncomingBody::Kept(b) => ready!(Pin::new(b).poll_frame(cx)).map(|r| {
+                r.map_err(|e| match e {
+                    ReplayError::Source(e) => e,
+                    // Only an abandoned try's body sees it; nobody reads its error.
+                    ReplayError::Superseded => {
+                        Error::Internal("request body taken by a later try".to_owned())
+                    }
+                })
+            }),
         };
         Poll::Ready(polled)
     }
@@ -65,6 +78,7 @@ impl Body for IncomingBody {
             IncomingBody::Empty => true,
             IncomingBody::Http1(b) => b.is_end_stream(),
             IncomingBody::Http2(b) => b.is_end_stream(),
+            IncomingBody::Kept(b) => b.is_end_stream(),
         }
     }
 
@@ -73,6 +87,7 @@ impl Body for IncomingBody {
             IncomingBody::Empty => SizeHint::with_exact(0),
             IncomingBody::Http1(b) => b.size_hint(),
             IncomingBody::Http2(b) => b.size_hint(),
+            IncomingBody::Kept(b) => b.size_hint(),
         }
     }
 }

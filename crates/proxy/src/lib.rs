@@ -62,6 +62,7 @@ pub mod pool;
 pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;
+pub mod replay;
 pub mod retry;
 pub mod route;
 pub mod server;

@@ -149,6 +149,7 @@ pub struct GatewayMetrics {
     upstream_duration: Family<Histogram>,
     picks: Family<Counter>,
     retries: Family<Counter>,
+    retries_skipped: Family<Counter>,
     endpoint_up: Family<Gauge>,
     bytes_in: Family<Counter>,
     bytes_out: Family<Counter>,
@@ -213,6 +214,12 @@ impl GatewayMetrics {
             "tailguard_upstream_retries",
             "Tries sent again after a failed one, by route and the condition it met \
              (connect, 502, 503, 504, timeout).",
+            &["route", "reason"],
+        )?;
+        let retries_skipped = r.counter(
+            "tailguard_upstream_retries_skipped",
+            "Tries that met a retry condition and were not retried, by route and why \
+             (method, body_too_large, body_budget, body_failed, retry_budget).",
             &["route", "reason"],
         )?;
         let endpoint_up = r.register::<Gauge>(
@@ -324,6 +331,7 @@ impl GatewayMetrics {
             upstream_duration,
             picks,
             retries,
+            retries_skipped,
             endpoint_up,
             bytes_in,
             bytes_out,
@@ -458,6 +466,11 @@ impl GatewayMetrics {
     /// `tailguard_upstream_retries_total` (each route makes its handles at its first retry).
     pub(crate) fn retries(&self) -> &Family<Counter> {
         &self.retries
+    }
+
+    /// `tailguard_upstream_retries_skipped_total` (made like the retries' handles).
+    pub(crate) fn retries_skipped(&self) -> &Family<Counter> {
+        &self.retries_skipped
     }
 
     /// The counters every endpoint's pool records into.

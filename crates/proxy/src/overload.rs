@@ -92,7 +92,7 @@ impl Retries {
 
 /// GET, HEAD, OPTIONS, PUT and DELETE: sending one twice has the effect of sending it once
 /// (RFC 9110 §9.2.2; TRACE too, but a gateway has no business retrying it).
-fn idempotent(method: &Method) -> bool {
+pub(crate) fn idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE

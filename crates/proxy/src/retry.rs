@@ -1,28 +1,38 @@
 //! Per-route timeouts and retries: a route's `timeouts = { connect_ms, request_ms, read_ms }`
-//! and `retry = { attempts, on, backoff_ms }`, their checks, and the exchanges that retry a
-//! failed try on another endpoint (HTTP/1.1 and HTTP/2 upstreams).
+//! and `retry = { attempts, on, backoff_ms, buffer_bytes }`, their checks, and the exchanges
+//! that retry a failed try on another endpoint (HTTP/1.1 and HTTP/2 upstreams).
 //!
 //! What a route pays: a route without `timeouts` and `retry` reads three `None`s and one
 //! more on the request path (the plain exchange of `gateway.rs`, unchanged, with its one
 //! connect retry). A route with `retry` takes the loop here, boxed so the plain exchange's
 //! future does not grow by it. A try that is retried pays what a retry costs anyway (a pick,
-//! a budget withdrawal, a backoff on the connection's own timer). On HTTP/1.1 the request
-//! head is reused (`client::send` gives a bodiless request back with its answer), except
-//! when `timeout` is a condition: a try cut by its timeout takes the request with it, so
-//! such a route copies the head before each try that may be retried (a `HeaderMap` clone
-//! into a recycled box). An HTTP/2 send always consumes the request: a retrying route to an
-//! HTTP/2 upstream copies the head before each try that may be retried.
+//! a budget withdrawal, a backoff on the connection's own timer). On HTTP/1.1 a bodiless
+//! request's head is reused (`client::send` gives a bodiless request back with its answer),
+//! except when `timeout` is a condition: a try cut by its timeout takes the request with
+//! it, so such a route copies the head before each try that may be retried (a `HeaderMap`
+//! clone into a recycled box); so does a request with a body, which its send keeps. An
+//! HTTP/2 send always consumes the request: a retrying route to an HTTP/2 upstream copies
+//! the head before each try that may be retried.
 //!
 //! The rules, for both protocols:
 //! - `attempts` counts tries, the first included (nginx `proxy_next_upstream_tries`, gRPC
 //!   `maxAttempts`): `attempts = 3` is Envoy's `num_retries = 2`.
-//! - Only an idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) without a request body is
-//!   retried, and every retry takes one from the upstream's retry budget
-//!   ([`crate::overload::Overload::may_retry`]); a body is never held for a resend.
+//! - Only an idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) is retried, and every
+//!   retry takes one from the upstream's retry budget
+//!   ([`crate::overload::Overload::may_retry`]).
+//! - A request body of at most `buffer_bytes` is kept while a try that may be retried is in
+//!   flight (`crate::replay`: it still streams to the first try as it arrives), within a
+//!   byte budget per serving thread ([`crate::replay::THREAD_BUDGET_BYTES`]); a larger one,
+//!   or one the budget has no room for, is forwarded all the same and not retried. A route
+//!   that retries only `connect` keeps no body: a failed connect gives the request back
+//!   unsent.
+//! - A try that met a condition and is not retried for its method, its body or the budget
+//!   is counted by why (`tailguard_upstream_retries_skipped_total`, [`Skip`]).
 //! - A `502`/`503`/`504` answer is looked at before any byte of it goes to the client; a
 //!   retried one is discarded (HTTP/1.1: read from what already arrived and its connection
-//!   pooled if that is the whole body, else closed; HTTP/2: its stream reset). The last
-//!   try's answer, or one the budget does not allow to retry, goes to the client as it is.
+//!   pooled if that is the whole body and the request body went whole, else closed; HTTP/2:
+//!   its stream reset). The last try's answer, or one that is not retried, goes to the client
+//!   as it is.
 //! - `request_ms` bounds each try, from its dispatch to its response head.
 //! - Every pick is completed once with its outcome, and every try's outcome is recorded for
 //!   passive ejection; the breaker of the route sees the request once, with its final
@@ -34,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
 use http::{Request, Response};
+use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -50,6 +61,7 @@ use crate::error::Error;
 use crate::gateway::Snapshot;
 use crate::pool::EndpointPool;
 use crate::record::RequestRecord;
+use crate::replay::{self, Kept, MAX_BUFFER_BYTES, Unkept};
 use crate::route::Route;
 use crate::upstream::Upstream;
 use crate::upstream_h2::{H2Pool, StreamGuard};
@@ -91,6 +103,10 @@ pub struct RetryConfig {
     /// Backoff before the first retry, doubled for each next one (jittered).
     #[serde(default = "default_backoff_ms")]
     pub backoff_ms: Spanned<u64>,
+    /// The largest request body kept while a try is in flight so that it can be sent again
+    /// (`crate::replay`); a larger one is not retried.
+    #[serde(default = "default_buffer_bytes")]
+    pub buffer_bytes: Spanned<u64>,
 }
 
 fn default_attempts() -> Spanned<u32> {
@@ -107,6 +123,12 @@ fn default_backoff_ms() -> Spanned<u64> {
     Spanned::new(0..0, 25)
 }
 
+fn default_buffer_bytes() -> Spanned<u64> {
+    // 64 KiB: Envoy's default per-request buffer for retries and nginx's
+    // `client_body_buffer_size` on 64-bit (16 KiB) x 4: a JSON document or a form fits.
+    Spanned::new(0..0, 64 * 1024)
+}
+
 /// Why a try was retried: the `on` condition it met, also the `reason` label of
 /// `tailguard_upstream_retries_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +143,53 @@ pub enum Reason {
     Status504,
     /// The try's `request_ms` passed before the response head.
     Timeout,
+}
+
+/// Why a try that met a retry condition was not retried: the `reason` label of
+/// `tailguard_upstream_retries_skipped_total` (five values, a dense array per route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// The method is not idempotent (`POST`, `PATCH`, `TRACE`, ...): never sent twice.
+    Method,
+    /// The body is larger than `retry.buffer_bytes` (declared, or grown past it).
+    BodyTooLarge,
+    /// The serving thread's budget for kept bodies had no room for it.
+    BodyBudget,
+    /// The client's body failed while it was being sent: nothing whole to send again.
+    BodyFailed,
+    /// The upstream's retry budget had no retry left.
+    RetryBudget,
+}
+
+const SKIPS: [Skip; 5] = [
+    Skip::Method,
+    Skip::BodyTooLarge,
+    Skip::BodyBudget,
+    Skip::BodyFailed,
+    Skip::RetryBudget,
+];
+
+impl Skip {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::Method => "method",
+            Skip::BodyTooLarge => "body_too_large",
+            Skip::BodyBudget => "body_budget",
+            Skip::BodyFailed => "body_failed",
+            Skip::RetryBudget => "retry_budget",
+        }
+    }
+}
+
+impl From<Unkept> for Skip {
+    fn from(why: Unkept) -> Skip {
+        match why {
+            Unkept::TooLarge => Skip::BodyTooLarge,
+            Unkept::Budget => Skip::BodyBudget,
+            Unkept::Failed => Skip::BodyFailed,
+        }
+    }
 }
 
 const REASONS: [Reason; 5] = [
@@ -177,6 +246,17 @@ pub(crate) fn check(
             span(retry.backoff_ms.span()),
             "retry.backoff_ms".to_owned(),
             format!("{backoff} ms is above the {MAX_BACKOFF_MS} ms ceiling"),
+        ));
+    }
+    let buffer = *retry.buffer_bytes.get_ref();
+    if buffer > MAX_BUFFER_BYTES {
+        out.push((
+            span(retry.buffer_bytes.span()),
+            "retry.buffer_bytes".to_owned(),
+            format!(
+                "{buffer} is above the {MAX_BUFFER_BYTES} ceiling (1 MiB: a larger body is an \
+                 upload, not retried)"
+            ),
         ));
     }
     if retry.on.get_ref().is_empty() {
@@ -240,6 +320,8 @@ pub(crate) struct RetryPolicy {
     /// One bit per [`Reason`].
     on: u8,
     backoff: Duration,
+    /// `buffer_bytes` (at most [`MAX_BUFFER_BYTES`], so it fits any `usize`).
+    buffer_bytes: usize,
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -271,6 +353,7 @@ impl RoutePolicy {
                         .filter_map(|c| Reason::parse(c.get_ref()))
                         .fold(0, |bits, r| bits | r.bit()),
                     backoff: Duration::from_millis(*r.backoff_ms.get_ref()),
+                    buffer_bytes: usize::try_from(*r.buffer_bytes.get_ref()).unwrap_or(usize::MAX),
                 }),
             counters: RetryCounters::default(),
         }
@@ -299,11 +382,24 @@ impl RoutePolicy {
         self.counters
             .inc(snap.metrics.gateway.retries(), route, reason);
     }
+
+    /// Counts a try of this route that met a retry condition and was not retried.
+    fn count_skipped(&self, snap: &Snapshot, route: &str, skip: Skip) {
+        let slot = &self.counters.skipped[skip as usize];
+        let family = snap.metrics.gateway.retries_skipped();
+        inc_slot(slot, family, &[route, skip.as_str()]);
+    }
 }
 
 impl RetryPolicy {
     fn retries_on(&self, reason: Reason) -> bool {
         self.on & reason.bit() != 0
+    }
+
+    /// Whether a try that sent its request may be retried (on a status or a timeout), so
+    /// that a body has to be kept to be sent again.
+    fn retries_after_sending(&self) -> bool {
+        self.on & !Reason::Connect.bit() != 0
     }
 
     /// The condition a failed try met, if the route retries on it.
@@ -351,23 +447,33 @@ impl RetryPolicy {
 /// `tailguard_upstream_retries_total` of one route: a handle per reason, each created at
 /// the route's first retry for that reason (a retry is the rare path; most routes never
 /// make a series), then one relaxed add.
+/// The same for `tailguard_upstream_retries_skipped_total`, by [`Skip`].
 #[derive(Debug, Default)]
 struct RetryCounters {
     table: [OnceLock<Counter>; REASONS.len()],
+    skipped: [OnceLock<Counter>; SKIPS.len()],
 }
 
 impl RetryCounters {
     fn inc(&self, family: &Family<Counter>, route: &str, reason: Reason) {
-        let slot = &self.table[reason as usize];
-        let counter = match slot.get() {
-            Some(c) => c,
-            None => match family.get_or_create(&[route, reason.as_str()]) {
-                Ok(c) => slot.get_or_init(|| c),
-                Err(_) => return,
-            },
-        };
-        counter.inc();
+        inc_slot(
+            &self.table[reason as usize],
+            family,
+            &[route, reason.as_str()],
+        );
     }
+}
+
+/// Adds one to the counter in `slot`, made from `family` with `labels` the first time.
+fn inc_slot(slot: &OnceLock<Counter>, family: &Family<Counter>, labels: &[&str]) {
+    let counter = match slot.get() {
+        Some(c) => c,
+        None => match family.get_or_create(labels) {
+            Ok(c) => slot.get_or_init(|| c),
+            Err(_) => return,
+        },
+    };
+    counter.inc();
 }
 
 /// How an exchange that got no answer ended, for the balancer and ejection.
@@ -402,13 +508,124 @@ fn next_endpoint(snap: &Snapshot, upstream_index: usize, failed: usize) -> Optio
     }
 }
 
-/// Whether the request could be sent again: an idempotent method, no body (the budget and
-/// the exact method list are [`crate::overload::Overload::may_retry`]'s to decide).
-fn resendable<B: http_body::Body>(req: &Request<B>) -> bool {
-    req.method().is_idempotent() && req.body().is_end_stream()
+/// How a request can be sent again, decided before its first try.
+enum Resend {
+    /// No body: its head is all a later try needs.
+    Bodiless,
+    /// Its body is kept for later tries (while it can be: [`Kept::unkept`]).
+    Kept(Kept<RequestBody>),
+    /// Its body is not kept, as the route retries only a failed connect: it goes again
+    /// only when a try gives it back unsent.
+    Unsent,
+    /// Never sent again.
+    Never(Skip),
 }
 
-/// A copy of a bodiless request's head, for a try that may not give the request back.
+impl Resend {
+    /// Decides for `req` under `policy`; a body kept is replaced by its first try's reader.
+    fn prepare(req: &mut Request<RequestBody>, policy: &RetryPolicy) -> Resend {
+        if !crate::overload::idempotent(req.method()) {
+            return Resend::Never(Skip::Method);
+        }
+        if req.body().is_end_stream() {
+            return Resend::Bodiless;
+        }
+        if !policy.retries_after_sending() {
+            return Resend::Unsent;
+        }
+        let body = std::mem::replace(req.body_mut(), RequestBody::unlimited(IncomingBody::Empty));
+        match Kept::new(body, policy.buffer_bytes, replay::thread_budget()) {
+            Ok((kept, first)) => {
+                *req.body_mut() = RequestBody::unlimited(IncomingBody::Kept(first));
+                Resend::Kept(kept)
+            }
+            Err((body, why)) => {
+                *req.body_mut() = body;
+                Resend::Never(why.into())
+            }
+        }
+    }
+
+    /// Whether a later try could still send the request (a body can stop being kept).
+    fn possible(&self) -> bool {
+        match self {
+            Resend::Bodiless | Resend::Unsent => true,
+            Resend::Kept(kept) => kept.unkept().is_none(),
+            Resend::Never(_) => false,
+        }
+    }
+
+    /// Whether a try that may be retried needs a copy of the head made before it, the send
+    /// not giving the request back: an HTTP/2 send (`h2`), a try cut by its timeout, a send
+    /// with a body.
+    fn needs_copy(&self, h2: bool, policy: &RetryPolicy) -> bool {
+        match self {
+            Resend::Bodiless => h2 || policy.retries_on(Reason::Timeout),
+            Resend::Kept(_) => true,
+            Resend::Unsent | Resend::Never(_) => false,
+        }
+    }
+
+    /// Whether a try that met a retry condition may be sent again (`unsent`: the try gave
+    /// the request back untouched); if not, why, when that is worth counting.
+    fn may_resend(&self, unsent: bool) -> Result<(), Option<Skip>> {
+        match self {
+            Resend::Bodiless => Ok(()),
+            Resend::Kept(kept) => kept.unkept().map_or(Ok(()), |why| Err(Some(why.into()))),
+            Resend::Unsent if unsent => Ok(()),
+            Resend::Unsent => Err(None),
+            Resend::Never(skip) => Err(Some(*skip)),
+        }
+    }
+
+    /// No try follows the next one: a kept body is released as it goes out.
+    fn stop(&self) {
+        if let Resend::Kept(kept) = self {
+            kept.stop();
+        }
+    }
+
+    /// Gives the next try its body: the kept one, from its start. (The try before gets no
+    /// more of it.)
+    fn rearm(&self, body: &mut RequestBody) {
+        if let Resend::Kept(kept) = self {
+            *body = RequestBody::unlimited(IncomingBody::Kept(kept.next_try()));
+        }
+    }
+}
+
+/// Decides whether a try that met retry condition `reason` is retried: counts why not if it
+/// is not, else hands over to [`retry_after`] if a request for the next try is at hand
+/// (`at_hand`).
+#[allow(clippy::too_many_arguments)]
+fn decide_retry(
+    snap: &Snapshot,
+    route: &Route,
+    resend: &Resend,
+    unsent: bool,
+    at_hand: bool,
+    reason: Reason,
+    endpoint: usize,
+    started: Instant,
+    status: Option<u16>,
+    failure: Option<&Error>,
+    record: &mut RequestRecord,
+) -> Option<usize> {
+    match resend.may_resend(unsent) {
+        Err(skip) => {
+            if let Some(skip) = skip {
+                route.tries.count_skipped(snap, &route.id, skip);
+            }
+            None
+        }
+        Ok(()) if !at_hand => None,
+        Ok(()) => retry_after(
+            snap, route, reason, endpoint, started, status, failure, record,
+        ),
+    }
+}
+
+/// A copy of a request's head, for a try that may not give the request back.
 fn copy_head<B>(req: &Request<B>) -> Box<Request<RequestBody>> {
     let mut copy = crate::recycle::request(req.headers().len());
     *copy.method_mut() = req.method().clone();
@@ -445,6 +662,9 @@ fn retry_after(
         .overload
         .may_retry(route.upstream, &record.method, false)
     {
+        route
+            .tries
+            .count_skipped(snap, &route.id, Skip::RetryBudget);
         return None;
     }
     let next = next_endpoint(snap, route.upstream, endpoint)?;
@@ -594,15 +814,19 @@ pub(crate) async fn exchange_http1(
     connect: Option<Duration>,
 ) -> (Result<Response<UpstreamBody>, Error>, usize, Instant) {
     let upstream = &snap.upstreams[route.upstream];
-    let resendable = resendable(&req);
     let mut req = req;
+    let resend = Resend::prepare(&mut req, policy);
     let mut endpoint = first;
     let mut started = dispatched;
     let mut tries = 1;
     loop {
-        let last = !resendable || tries >= policy.attempts;
-        // Cut by its timeout, a try drops the request with it.
-        let mut spare = (!last && policy.retries_on(Reason::Timeout)).then(|| copy_head(&req));
+        let more = tries < policy.attempts;
+        let may_retry = more && resend.possible();
+        if !may_retry {
+            resend.stop();
+        }
+        // Cut by its timeout, a try drops the request with it; sent with a body, it keeps it.
+        let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
         let sent = send_try(pool, started, connect, req);
         let result = match request {
@@ -620,11 +844,12 @@ pub(crate) async fn exchange_http1(
             Err((e, back)) => (Ended::Failed(e), back),
         };
         let reason = match &ended {
-            _ if last => None,
+            _ if !more => None,
             Ended::Answer(resp) => policy.reason_of_status(resp.status().as_u16()),
             Ended::Failed(e) => policy.reason_of_error(e),
         };
-        let back = match (back, spare) {
+        let unsent = back.is_some();
+        let again = match (back, spare) {
             (Some(back), spare) => {
                 if let Some(unused) = spare {
                     crate::recycle::give_request(unused);
@@ -633,22 +858,29 @@ pub(crate) async fn exchange_http1(
             }
             (None, spare) => spare,
         };
-        let next = match (reason, &back) {
-            (Some(reason), Some(_)) => {
-                let (status, failure) = match &ended {
-                    Ended::Answer(resp) => (Some(resp.status().as_u16()), None),
-                    Ended::Failed(e) => (None, Some(e)),
-                };
-                retry_after(
-                    snap, route, reason, endpoint, started, status, failure, record,
-                )
-            }
-            _ => None,
-        };
-        let (next, again) = match (next, back) {
+        let next = reason.and_then(|reason| {
+            let (status, failure) = match &ended {
+                Ended::Answer(resp) => (Some(resp.status().as_u16()), None),
+                Ended::Failed(e) => (None, Some(e)),
+            };
+            decide_retry(
+                snap,
+                route,
+                &resend,
+                unsent,
+                again.is_some(),
+                reason,
+                endpoint,
+                started,
+                status,
+                failure,
+                record,
+            )
+        });
+        let (next, mut again) = match (next, again) {
             (Some(next), Some(again)) => (next, again),
-            (_, back) => {
-                if let Some(req) = back {
+            (_, again) => {
+                if let Some(req) = again {
                     crate::recycle::give_request(req);
                 }
                 let result = match ended {
@@ -658,6 +890,8 @@ pub(crate) async fn exchange_http1(
                 return (result, endpoint, started);
             }
         };
+        // Before the discard: the retried try's body writer gets no more of the body.
+        resend.rearm(again.body_mut());
         if let Ended::Answer(resp) = ended {
             discard(resp, pool);
         }
@@ -707,7 +941,8 @@ impl RoutePolicy {
     }
 }
 
-/// A bodiless HTTP/2 request's head again, for the next try (an HTTP/2 send consumes it).
+/// An HTTP/2 request's head again, for the next try (an HTTP/2 send consumes it); its body
+/// is given by [`Resend::rearm`].
 fn copy_h2(req: &Request<RequestBody>) -> Request<RequestBody> {
     let mut copy = Request::new(RequestBody::unlimited(IncomingBody::Empty));
     *copy.method_mut() = req.method().clone();
@@ -738,15 +973,19 @@ pub(crate) async fn exchange_h2(
     Instant,
 ) {
     let upstream = &snap.upstreams[route.upstream];
-    let resendable = resendable(&req);
     let mut req = req;
+    let resend = Resend::prepare(&mut req, policy);
     let mut endpoint = first;
     let mut started = dispatched;
     let mut tries = 1;
     loop {
-        let last = !resendable || tries >= policy.attempts;
+        let more = tries < policy.attempts;
+        let may_retry = more && resend.possible();
+        if !may_retry {
+            resend.stop();
+        }
         // The send consumes the request: the next try needs a copy.
-        let spare = (!last).then(|| copy_h2(&req));
+        let spare = (may_retry && resend.needs_copy(true, policy)).then(|| copy_h2(&req));
         let pool = upstream.endpoints[endpoint]
             .h2
             .as_ref()
@@ -771,7 +1010,7 @@ pub(crate) async fn exchange_h2(
             },
             None => sent.await,
         };
-        let last = last || deadline.is_some_and(|d| Instant::now() >= d);
+        let last = !more || deadline.is_some_and(|d| Instant::now() >= d);
         let ended = match result {
             Ok(answer) => Ended::Answer(answer),
             Err(e) => Ended::Failed(e),
@@ -781,26 +1020,35 @@ pub(crate) async fn exchange_h2(
             Ended::Answer((resp, _)) => policy.reason_of_status(resp.status().as_u16()),
             Ended::Failed(e) => policy.reason_of_error(e),
         };
+        let unsent = back.is_some();
         let again = back.or(spare);
-        let next = match (reason, &again) {
-            (Some(reason), Some(_)) => {
-                let (status, failure) = match &ended {
-                    Ended::Answer((resp, _)) => (Some(resp.status().as_u16()), None),
-                    Ended::Failed(e) => (None, Some(e)),
-                };
-                retry_after(
-                    snap, route, reason, endpoint, started, status, failure, record,
-                )
-            }
-            _ => None,
-        };
-        let (Some(next), Some(again)) = (next, again) else {
+        let next = reason.and_then(|reason| {
+            let (status, failure) = match &ended {
+                Ended::Answer((resp, _)) => (Some(resp.status().as_u16()), None),
+                Ended::Failed(e) => (None, Some(e)),
+            };
+            decide_retry(
+                snap,
+                route,
+                &resend,
+                unsent,
+                again.is_some(),
+                reason,
+                endpoint,
+                started,
+                status,
+                failure,
+                record,
+            )
+        });
+        let (Some(next), Some(mut again)) = (next, again) else {
             let result = match ended {
                 Ended::Answer(answer) => Ok(answer),
                 Ended::Failed(e) => Err(e),
             };
             return (result, endpoint, started);
         };
+        resend.rearm(again.body_mut());
         // A retried answer: dropping it resets its stream.
         drop(ended);
         let wait = policy.backoff(tries);
@@ -823,6 +1071,7 @@ mod tests {
             attempts: 5,
             on: Reason::Connect.bit() | Reason::Status503.bit(),
             backoff: Duration::from_millis(backoff_ms),
+            buffer_bytes: 64 * 1024,
         }
     }
 

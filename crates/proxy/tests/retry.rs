@@ -2,13 +2,18 @@
 //! which timeout a route's requests get, which failed tries are sent again and where, what
 //! the upstreams saw, and how retries show in the metrics and the access log.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use http::Request;
-use http_body_util::BodyExt;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use tailguard_proxy::{Config, Server};
-use tailguard_test_support::{Upstream, h2c_client, http1_client};
+use tailguard_test_support::{RecordingUpstream, TestBody, Upstream, h2c_client, http1_client};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
@@ -60,6 +65,71 @@ fn retries(server: &Server, reason: &str) -> u64 {
         server,
         &format!("tailguard_upstream_retries_total{{route=\"all\",reason=\"{reason}\"}}"),
     )
+}
+
+fn skipped(server: &Server, reason: &str) -> u64 {
+    series(
+        server,
+        &format!("tailguard_upstream_retries_skipped_total{{route=\"all\",reason=\"{reason}\"}}"),
+    )
+}
+
+/// A body of exactly 20 bytes naming `tag` and `i`, so each request's body is its own.
+fn twenty(tag: &str, i: usize) -> String {
+    let body = format!("{:-<20}", format!("{tag}-{i}-"));
+    assert_eq!(body.len(), 20);
+    body
+}
+
+/// A body with its length announced (`Content-Length`).
+fn full(body: impl Into<Bytes>) -> TestBody {
+    Full::new(body.into()).boxed()
+}
+
+/// A body of these frames without an announced length: HTTP/1.1 sends it chunked.
+fn chunked(chunks: &[&str]) -> TestBody {
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> = chunks
+        .iter()
+        .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c.as_bytes()))))
+        .collect();
+    StreamBody::new(futures_util::stream::iter(frames)).boxed()
+}
+
+/// Sends `method` with `body` on `client` and returns the status (the body read whole).
+async fn send_on(
+    client: &hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        TestBody,
+    >,
+    url: &str,
+    method: &str,
+    body: TestBody,
+) -> u16 {
+    let req = Request::builder()
+        .method(method)
+        .uri(url)
+        .body(body)
+        .expect("a request");
+    let resp = within(client.request(req)).await.expect("an answer");
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.expect("the body");
+    status
+}
+
+async fn send(url: &str, method: &str, body: TestBody) -> u16 {
+    send_on(&http1_client(), url, method, body).await
+}
+
+/// Every complete request a recording upstream received, as (request line, body), sorted.
+fn recorded(upstream: &RecordingUpstream) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = upstream
+        .connections()
+        .iter()
+        .flat_map(|c| c.requests.iter())
+        .map(|r| (r.line(), String::from_utf8_lossy(&r.body).into_owned()))
+        .collect();
+    all.sort();
+    all
 }
 
 async fn status_of(url: &str, method: &str) -> u16 {
@@ -250,6 +320,8 @@ async fn retries_stop_at_the_upstream_budget() {
     let retried = retries(&server, "503");
     assert!((30..=36).contains(&retried), "{retried} retries");
     assert_eq!((a.requests() + b.requests()) as u64, 60 + retried);
+    // Every first try met `503`: those the budget did not retry are counted as such.
+    assert_eq!(skipped(&server, "retry_budget"), 60 - retried);
 }
 
 #[tokio::test]
@@ -364,6 +436,394 @@ async fn an_h2c_upstream_503_is_retried_on_the_other_endpoint() {
     assert_eq!(retries(&server, "503"), failing.requests() as u64);
 }
 
+#[tokio::test]
+async fn a_put_and_a_delete_with_a_body_are_retried_and_the_next_endpoint_gets_the_exact_body() {
+    let failing = Upstream::builder()
+        .status(503)
+        .record_bodies()
+        .start()
+        .await;
+    let healthy = RecordingUpstream::start().await;
+    let (server, url) = start(config(
+        &[failing.addr, healthy.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let mut sent = Vec::new();
+    for i in 0..4 {
+        for method in ["PUT", "DELETE"] {
+            let body = twenty(method, i);
+            assert_eq!(send(&url, method, full(body.clone())).await, 200);
+            sent.push((format!("{method} / HTTP/1.1"), body));
+        }
+    }
+    sent.sort();
+    assert_eq!(
+        recorded(&healthy),
+        sent,
+        "every request ended there, body whole"
+    );
+    for request in healthy
+        .connections()
+        .iter()
+        .flat_map(|c| c.requests.clone())
+    {
+        assert_eq!(request.header_values("content-length"), ["20"]);
+    }
+    // The failing endpoint saw whole bodies too (it read them before its 503), and each
+    // of its answers was retried.
+    assert!(failing.requests() >= 1, "round robin picked it");
+    for (method, body) in failing.bodies() {
+        let line = format!("{method} / HTTP/1.1");
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert!(sent.contains(&(line, body.clone())), "{method} {body}");
+    }
+    assert_eq!(retries(&server, "503"), failing.requests() as u64);
+    assert_eq!(skipped(&server, "body_too_large"), 0);
+}
+
+#[tokio::test]
+async fn a_chunked_put_under_buffer_bytes_is_retried_with_its_exact_body() {
+    let failing = Upstream::builder()
+        .status(503)
+        .record_bodies()
+        .start()
+        .await;
+    let healthy = RecordingUpstream::start().await;
+    let (server, url) = start(config(
+        &[failing.addr, healthy.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let mut sent = Vec::new();
+    for i in 0..4 {
+        let tag = format!("{i}:");
+        let chunks = [tag.as_str(), "chunk one|", "chunk two|", "chunk three"];
+        assert_eq!(send(&url, "PUT", chunked(&chunks)).await, 200);
+        sent.push(("PUT / HTTP/1.1".to_owned(), chunks.concat()));
+    }
+    sent.sort();
+    assert_eq!(recorded(&healthy), sent);
+    assert!(failing.requests() >= 1, "round robin picked it");
+    assert_eq!(retries(&server, "503"), failing.requests() as u64);
+}
+
+#[tokio::test]
+async fn a_put_with_a_body_over_buffer_bytes_is_not_retried_and_counted() {
+    let failing = Upstream::builder()
+        .status(503)
+        .record_bodies()
+        .start()
+        .await;
+    let healthy = Upstream::builder().record_bodies().start().await;
+    let (server, url) = start(config(
+        &[failing.addr, healthy.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0, buffer_bytes = 1024 }"),
+        "",
+    ));
+    let big = "b".repeat(2048);
+    let half = &big[..1024];
+    let mut unavailable = 0;
+    for i in 0..6 {
+        // Declared over the bound, or chunked and found over it as it streams.
+        let body = if i % 2 == 0 {
+            full(big.clone())
+        } else {
+            chunked(&[half, half])
+        };
+        match send(&url, "PUT", body).await {
+            503 => unavailable += 1,
+            status => assert_eq!(status, 200),
+        }
+    }
+    assert_eq!(failing.requests() + healthy.requests(), 6, "one try each");
+    assert!(failing.requests() >= 1, "round robin picked it");
+    assert_eq!(
+        unavailable,
+        failing.requests(),
+        "its 503 went to the client"
+    );
+    assert_eq!(retries(&server, "503"), 0);
+    assert_eq!(
+        skipped(&server, "body_too_large"),
+        failing.requests() as u64
+    );
+    // Each try got the whole body all the same: it streamed, only not kept.
+    let bodies = [failing.bodies(), healthy.bodies()].concat();
+    assert!(bodies.iter().all(|(_, b)| b.len() == 2048), "{bodies:?}");
+    // A body of exactly `buffer_bytes` is kept, and retried. (Four: a new connection may
+    // land on either serving thread, and each thread's round robin has its own turn.)
+    for _ in 0..4 {
+        assert_eq!(send(&url, "PUT", full(half.to_owned())).await, 200);
+    }
+    assert!(retries(&server, "503") >= 1);
+}
+
+#[tokio::test]
+async fn a_post_and_a_patch_with_a_body_are_never_retried() {
+    let failing = Upstream::builder()
+        .status(503)
+        .record_bodies()
+        .start()
+        .await;
+    let healthy = Upstream::builder().record_bodies().start().await;
+    let (server, url) = start(config(
+        &[failing.addr, healthy.addr],
+        "",
+        &all("retry = { attempts = 3, on = [\"connect\", \"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let mut unavailable = 0;
+    for i in 0..4 {
+        for method in ["POST", "PATCH"] {
+            if send(&url, method, full(twenty(method, i))).await == 503 {
+                unavailable += 1;
+            }
+        }
+    }
+    assert_eq!(failing.requests() + healthy.requests(), 8, "one try each");
+    assert!(failing.requests() >= 1, "round robin picked it");
+    assert_eq!(unavailable, failing.requests());
+    assert_eq!(retries(&server, "503"), 0);
+    assert_eq!(skipped(&server, "method"), failing.requests() as u64);
+}
+
+/// The upstream answers before it reads the body (as it may to `Expect: 100-continue`), and
+/// the client sends its body only after that: the next try still sends the whole body,
+/// read on from the client where the first try stopped.
+#[tokio::test]
+async fn a_put_answered_503_before_its_body_arrived_is_retried_with_the_whole_body() {
+    // Reads no body: it answers on the head alone.
+    let failing = Upstream::builder().status(503).start().await;
+    let healthy = RecordingUpstream::start().await;
+    let (server, url) = start(config(
+        &[failing.addr, healthy.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let addr = url.trim_start_matches("http://");
+    let mut expected = Vec::new();
+    // Round robin: within two requests one goes to the failing endpoint first.
+    for i in 0..4 {
+        if failing.requests() >= 1 && i >= 2 {
+            break;
+        }
+        let before = (failing.requests(), recorded_heads(&healthy));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(
+                b"PUT /slow HTTP/1.1\r\nhost: a\r\ncontent-length: 20\r\n\
+                  expect: 100-continue\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\n") {
+            assert!(support::read_more(&mut client, &mut got).await, "open");
+        }
+        assert_eq!(got, b"HTTP/1.1 100 Continue\r\n\r\n");
+        // The head went upstream: to the failing endpoint (which answers it at once), or
+        // straight to the healthy one.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failing.requests() == before.0 && recorded_heads(&healthy) == before.1 {
+            assert!(
+                Instant::now() < deadline,
+                "the head never reached an upstream"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let body = twenty("late", i);
+        client.write_all(body.as_bytes()).await.unwrap();
+        expected.push(("PUT /slow HTTP/1.1".to_owned(), body));
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\nok") {
+            assert!(
+                support::read_more(&mut client, &mut answer).await,
+                "{}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    }
+    expected.sort();
+    assert!(failing.requests() >= 1, "round robin picked it");
+    assert_eq!(recorded(&healthy), expected);
+    assert_eq!(retries(&server, "503"), failing.requests() as u64);
+}
+
+/// Keeping a body for a retry does not hold it back: the first try gets each part as the
+/// client sends it (a client that waits for its upstream to see the first half would wait
+/// for ever otherwise), by length or chunked.
+#[tokio::test]
+async fn a_kept_body_streams_to_the_first_try_as_it_arrives() {
+    let upstream = RecordingUpstream::start().await;
+    let (_server, url) = start(config(
+        &[upstream.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let addr = url.trim_start_matches("http://");
+    let framings: [(&str, [&str; 2]); 2] = [
+        ("content-length: 20\r\n", ["first-half", "other-half"]),
+        (
+            "transfer-encoding: chunked\r\n",
+            ["a\r\nfirst-half\r\n", "a\r\nother-half\r\n0\r\n\r\n"],
+        ),
+    ];
+    for (framing, [first, rest]) in framings {
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!("PUT /stream HTTP/1.1\r\nhost: a\r\n{framing}\r\n{first}");
+        client.write_all(head.as_bytes()).await.unwrap();
+        let seen = |conns: &[tailguard_test_support::ConnectionLog]| {
+            conns
+                .iter()
+                .map(|c| c.bytes.windows(10).filter(|w| *w == b"first-half").count())
+                .sum::<usize>()
+        };
+        let before = seen(&upstream.connections());
+        within(upstream.wait_until(|conns| seen(conns) > before)).await;
+        client.write_all(rest.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\nok") {
+            assert!(support::read_more(&mut client, &mut answer).await, "open");
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    }
+    let bodies: Vec<(String, String)> = recorded(&upstream);
+    assert_eq!(
+        bodies,
+        [
+            (
+                "PUT /stream HTTP/1.1".to_owned(),
+                "first-halfother-half".to_owned()
+            ),
+            (
+                "PUT /stream HTTP/1.1".to_owned(),
+                "first-halfother-half".to_owned()
+            ),
+        ]
+    );
+}
+
+/// Request heads a recording upstream has seen so far (complete requests or not).
+fn recorded_heads(upstream: &RecordingUpstream) -> usize {
+    upstream
+        .connections()
+        .iter()
+        .map(|c| c.bytes.windows(4).filter(|w| *w == b"PUT ").count())
+        .sum()
+}
+
+#[tokio::test]
+async fn an_h2c_upstream_503_to_a_put_with_a_body_is_retried_with_the_exact_body() {
+    let failing = Upstream::builder()
+        .status(503)
+        .record_bodies()
+        .start()
+        .await;
+    let healthy = Upstream::builder().record_bodies().start().await;
+    let (server, url) = start(config(
+        &[failing.addr, healthy.addr],
+        "protocol = \"h2c\"",
+        &all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let mut sent = Vec::new();
+    for (name, client) in [("h1", http1_client()), ("h2", h2c_client())] {
+        for i in 0..3 {
+            let body = twenty(name, i);
+            assert_eq!(send_on(&client, &url, "PUT", full(body.clone())).await, 200);
+            sent.push(("PUT".to_owned(), body));
+            let chunks = [name, "-chunked-", "body"];
+            assert_eq!(send_on(&client, &url, "PUT", chunked(&chunks)).await, 200);
+            sent.push(("PUT".to_owned(), chunks.concat()));
+        }
+    }
+    let mut got: Vec<(String, String)> = healthy
+        .bodies()
+        .into_iter()
+        .map(|(m, b)| (m, String::from_utf8_lossy(&b).into_owned()))
+        .collect();
+    got.sort();
+    sent.sort();
+    assert_eq!(got, sent);
+    assert!(failing.requests() >= 1, "round robin picked it");
+    assert_eq!(retries(&server, "503"), failing.requests() as u64);
+}
+
+/// One serving thread keeps at most 8 MiB of bodies: with eight 1 MiB bodies waiting on an
+/// upstream, a ninth is forwarded without being kept, and its 503 is not retried.
+#[tokio::test]
+async fn a_body_past_the_thread_budget_is_forwarded_and_not_retried() {
+    // Reads each body whole, then holds its 503 until the gate opens.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    let read_whole = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&read_whole);
+    let holder = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (opened, counted) = (opened.clone(), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (mut opened, counted) = (opened.clone(), Arc::clone(&counted));
+                    async move {
+                        let body = req.into_body().collect().await;
+                        assert_eq!(body.map(|b| b.to_bytes().len()).ok(), Some(1 << 20));
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        let _ = opened.wait_for(|open| *open).await;
+                        let mut resp = Response::new(Full::new(Bytes::from_static(b"busy")));
+                        *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let route =
+        all("retry = { attempts = 2, on = [\"503\"], backoff_ms = 0, buffer_bytes = 1048576 }");
+    let server = Server::start(config(&[addr], "", &route, ""), 1).expect("gateway starts");
+    let url = format!("http://{}", server.local_addrs()[0]);
+    let megabyte = Bytes::from(vec![b'm'; 1 << 20]);
+    let put =
+        |url: String, body: Bytes| tokio::spawn(async move { send(&url, "PUT", full(body)).await });
+    let held: Vec<_> = (0..8).map(|_| put(url.clone(), megabyte.clone())).collect();
+    let wait_read = |n: usize| {
+        let read_whole = Arc::clone(&read_whole);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while read_whole.load(Ordering::SeqCst) < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "the upstream never got {n} bodies"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    // Eight bodies kept: the budget is full.
+    wait_read(8).await;
+    let ninth = put(url.clone(), megabyte.clone());
+    wait_read(9).await;
+    gate.send(true).unwrap();
+    for request in held {
+        assert_eq!(request.await.unwrap(), 503, "retried once, then answered");
+    }
+    assert_eq!(ninth.await.unwrap(), 503);
+    assert_eq!(retries(&server, "503"), 8, "the kept ones were retried");
+    assert_eq!(skipped(&server, "body_budget"), 1, "the ninth was not");
+    assert_eq!(read_whole.load(Ordering::SeqCst), 17);
+    holder.abort();
+}
+
 #[test]
 fn retry_and_route_timeouts_are_checked_with_their_position() {
     let head = "[[listeners]]\naddress = \"127.0.0.1:0\"\n\
@@ -387,6 +847,13 @@ fn retry_and_route_timeouts_are_checked_with_their_position() {
     assert_eq!(
         crate::support::config_errors(&route("retry = { backoff_ms = 60000 }")),
         ["gw.toml:9:24: routes[0].retry.backoff_ms: 60000 ms is above the 10000 ms ceiling"]
+    );
+    assert_eq!(
+        crate::support::config_errors(&route("retry = { buffer_bytes = 2000000 }")),
+        [
+            "gw.toml:9:26: routes[0].retry.buffer_bytes: 2000000 is above the 1048576 ceiling \
+             (1 MiB: a larger body is an upload, not retried)"
+        ]
     );
     assert_eq!(
         crate::support::config_errors(&route("retry = { on = [] }")),
@@ -416,7 +883,7 @@ fn retry_and_route_timeouts_are_checked_with_their_position() {
         &route(
             "timeouts = { connect_ms = 100, request_ms = 500, read_ms = 0 }\n\
              retry = { attempts = 3, on = [\"connect\", \"502\", \"503\", \"504\", \"timeout\"], \
-             backoff_ms = 50 }",
+             backoff_ms = 50, buffer_bytes = 0 }",
         ),
         "gw.toml",
         std::path::Path::new("."),

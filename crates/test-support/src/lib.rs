@@ -10,7 +10,7 @@
 //! | `/source/N` | 200 with N bytes streamed in 64 KiB chunks |
 //! | `/status/N` | status N |
 //! | `/delay/MS` | waits MS milliseconds, then the default answer |
-//! | anything else | the default answer: [`UpstreamBuilder`]'s status, body and delay |
+//! | anything else | the default answer: [`UpstreamBuilder`]'s status, body and delay (after reading and keeping the request body, with [`UpstreamBuilder::record_bodies`]) |
 //!
 //! Clients: [`http1_client`], [`h2c_client`], [`tls_get`], and [`h2_frames`] for HTTP/2 frames
 //! written byte by byte; certificates: [`TestCert`]; a free port named before the gateway
@@ -76,6 +76,8 @@ pub struct UpstreamBuilder {
     workers: Option<Arc<tokio::sync::Semaphore>>,
     /// Where to listen (127.0.0.1:0).
     bind: SocketAddr,
+    /// The default answer reads the whole request body first and keeps it.
+    record_bodies: bool,
 }
 
 impl UpstreamBuilder {
@@ -101,6 +103,13 @@ impl UpstreamBuilder {
     /// queue in arrival order (a database-bound service: `n` workers of `delay` each).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(Arc::new(tokio::sync::Semaphore::new(n)));
+        self
+    }
+
+    /// Before the default answer, read the whole request body and keep it with its method
+    /// ([`Upstream::bodies`]); without this the default answer reads none of it.
+    pub fn record_bodies(mut self) -> Self {
+        self.record_bodies = true;
         self
     }
 
@@ -146,6 +155,7 @@ impl UpstreamBuilder {
 struct Stats {
     connections: AtomicUsize,
     requests: AtomicUsize,
+    bodies: std::sync::Mutex<Vec<(String, Bytes)>>,
 }
 
 /// A running test upstream; stops accepting when dropped.
@@ -172,6 +182,7 @@ impl Upstream {
             delay: Duration::ZERO,
             workers: None,
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            record_bodies: false,
         }
     }
 
@@ -188,6 +199,16 @@ impl Upstream {
     /// Requests served so far.
     pub fn requests(&self) -> usize {
         self.stats.requests.load(Ordering::SeqCst)
+    }
+
+    /// Method and whole body of each default answer's request, in arrival order (with
+    /// [`UpstreamBuilder::record_bodies`]; a body that failed is not there).
+    pub fn bodies(&self) -> Vec<(String, Bytes)> {
+        self.stats
+            .bodies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -245,6 +266,17 @@ async fn handle(
             answer(config.status, full(config.body.clone()))
         }
         _ => {
+            if config.record_bodies {
+                let method = req.method().to_string();
+                let Ok(body) = req.into_body().collect().await else {
+                    return answer(400, full("body error"));
+                };
+                stats
+                    .bodies
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((method, body.to_bytes()));
+            }
             // The semaphore is fair: waiters get a worker in arrival order.
             let _worker = match &config.workers {
                 Some(w) => Arc::clone(w).acquire_owned().await.ok(),
