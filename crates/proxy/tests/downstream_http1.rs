@@ -1210,6 +1210,28 @@ async fn a_head_over_the_header_limit_is_431() {
 }
 
 #[tokio::test]
+async fn a_413_by_declared_length_is_read_whole_by_a_client_that_goes_on_sending() {
+    // The gateway's own early answer (the declared body is over `limits.body_bytes`): the
+    // client reads it to the end of stream, then sends 8 MiB more, all taken by the
+    // lingering close; nothing reaches the upstream.
+    let upstream = RawUpstream::start(|_| ok(b"unexpected")).await;
+    let server = gateway_to(upstream.addr, "");
+    let answer = within(support::upload_past_an_early_answer(
+        server.local_addrs()[0],
+        1 << 30,
+        8 << 20,
+    ))
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    assert!(
+        answer.ends_with("\r\n\r\nrequest body too large\n"),
+        "{answer}"
+    );
+    assert!(upstream.seen().is_empty());
+}
+
+#[tokio::test]
 async fn bodies_over_the_body_limit_are_413_by_length_and_chunked() {
     let upstream = RawUpstream::start(|seen| ok(seen.body.len().to_string().as_bytes())).await;
     let server = gateway_to(upstream.addr, "[limits]\nbody_bytes = 4096\n");
