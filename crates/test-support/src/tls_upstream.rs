@@ -223,7 +223,6 @@ struct Counts {
     resumed: AtomicUsize,
     failed: AtomicUsize,
     requests: AtomicUsize,
-    close_notifies: AtomicUsize,
 }
 
 /// Answers requests on one TLS connection: a request with a `content-length` body is read
@@ -309,7 +308,6 @@ async fn serve(
             AfterResponse::CloseNotify => {
                 tls.get_mut().1.send_close_notify();
                 let _ = tls.flush().await;
-                counts.close_notifies.fetch_add(1, Ordering::SeqCst);
                 // The TCP connection stays open until the peer closes it.
                 while matches!(tls.get_mut().0.read(&mut chunk).await, Ok(n) if n > 0) {}
                 return;
@@ -363,11 +361,5 @@ impl TlsUpstream {
     /// Request heads answered.
     pub fn requests(&self) -> usize {
         self.counts.requests.load(Ordering::SeqCst)
-    }
-
-    /// `close_notify`s sent and flushed ([`AfterResponse::CloseNotify`]): a test waits for
-    /// one instead of sleeping and hoping it went.
-    pub fn close_notifies(&self) -> usize {
-        self.counts.close_notifies.load(Ordering::SeqCst)
     }
 }
