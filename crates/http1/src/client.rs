@@ -1187,6 +1187,25 @@ mod tests {
         assert!(body.take_reusable().is_none(), "a timed-out body closes");
     }
 
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_closes_its_connection_though_the_rest_is_buffered() {
+        // The gateway's rule for a response whose client left: close, never drain to keep
+        // the connection, even when the whole rest already sits in the socket's buffer.
+        let (body, mut server) =
+            hello_with_read_timeout(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello").await;
+        server.write_all(b"world").await.expect("the rest");
+        let Some(Stream::Tcp(tcp)) = body.conn.as_ref().map(|c| &c.stream) else {
+            panic!("a TCP connection");
+        };
+        within(tcp.readable()).await.expect("the rest arrived");
+        drop(body);
+        // The upstream reads the request it was sent, then its connection's end (a reset,
+        // as the rest was left unread): within the deadline, so the connection was closed.
+        let mut rest = Vec::new();
+        let _ = within(tokio::io::AsyncReadExt::read_to_end(&mut server, &mut rest)).await;
+        assert!(rest.starts_with(b"GET / HTTP/1.1\r\n"), "{rest:?}");
+    }
+
     #[test]
     fn request_head_is_origin_form_with_its_framing_header() {
         let req = Request::builder()

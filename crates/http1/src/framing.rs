@@ -16,7 +16,7 @@ use tokio::io::AsyncRead;
 /// Read sizes: start small (most messages are a few hundred bytes), grow while reads fill
 /// the buffer (a large body), shrink back when they stop.
 pub const MIN_READ: usize = 8 * 1024;
-const MAX_READ: usize = 128 * 1024;
+pub(crate) const MAX_READ: usize = 128 * 1024;
 
 /// Reads more bytes into `buf`, sized by how full the last reads came back (`read_size`,
 /// adjusted here); `Ok(0)` is the peer's end of stream.

@@ -44,7 +44,7 @@
 //!   to its end, with keep-alive, and the request body sent whole.
 //! - **Every wait is bounded**: a request head by `header` (408), each wait for body bytes
 //!   by `body`, the wait for a next request and every write by `idle`, each wait for an
-//!   upstream body by its read timeout.
+//!   upstream body by its read timeout, a lingering close by its [`server::Linger`].
 
 pub mod client;
 pub mod error;

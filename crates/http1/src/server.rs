@@ -36,8 +36,9 @@
 //! A connection is closed after a response whenever its framing could be in doubt: the
 //! request body was not read to its end (and could not be discarded quickly), the response
 //! body failed, the client asked, or the server is shutting down. A close with unread bytes
-//! lingers (stops writing, discards what arrives for a moment) so that the client reads the
-//! response instead of a reset, as nginx's lingering close does.
+//! lingers (stops writing, discards what arrives until the client closes, bounded by
+//! [`Linger`]) so that the client reads the response instead of a reset (RFC 9112 §9.6, as
+//! nginx's lingering close does).
 
 use std::future::Future;
 use std::future::poll_fn;
@@ -64,10 +65,8 @@ use crate::timer::{LazyTimer, WaitTimeout};
 /// A request body left unread after its response is discarded, up to this much, to keep
 /// the connection; past it the connection closes.
 const DISCARD_BYTES: u64 = 256 * 1024;
-/// How long a close with unread bytes waits for the client to stop sending.
-const LINGER: Duration = Duration::from_secs(2);
-/// A lingering close discards at most this much before it gives up.
-const LINGER_BYTES: usize = 4 * 1024 * 1024;
+/// How long discarding that rest may take before the connection closes instead.
+const DISCARD_TIME: Duration = Duration::from_secs(2);
 /// A response body frame this small is copied behind the head, so that both leave in one
 /// write; a larger one goes as its own slice of a vectored write.
 const COPY_BYTES: usize = 16 * 1024;
@@ -94,6 +93,46 @@ pub struct Limits {
     /// `timeouts.body_ms`: the longest wait for the next bytes of a request body; then the
     /// body fails with [`BodyError::Timeout`].
     pub body: Option<Duration>,
+    /// How a close with unread bytes lingers ([`Linger::DEFAULT`] unless a test needs
+    /// small bounds).
+    pub linger: Linger,
+}
+
+/// How a connection closed while the client may still be sending (an answer before the
+/// request body was read, a refused head) lingers: after the response, the server stops
+/// writing (FIN) and reads and drops what arrives until the client closes too, or one of
+/// these bounds is reached; only then is the socket closed. A socket closed with unread
+/// bytes sends a reset, and a reset can destroy the answer before the client reads it: a
+/// client still writing its upload sees `EPIPE`/`ECONNRESET` instead of the `413` it was
+/// sent (RFC 9112 §9.6; nginx's `lingering_close`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Linger {
+    /// The longest a close lingers in all (nginx's `lingering_time`).
+    pub total: Duration,
+    /// The longest wait for the client's next bytes (nginx's `lingering_timeout`).
+    pub between_reads: Duration,
+    /// The most bytes dropped; a client that sends more is not stopping, and is reset.
+    pub bytes: u64,
+}
+
+impl Linger {
+    /// 30 s in all and 5 s between reads: nginx's defaults, time for a client on a slow
+    /// link to finish the part of its upload it had under way. 64 MiB: more than a client
+    /// that stops once it reads the answer can still have on its way, whatever the buffer
+    /// sizes of the hosts (Linux grows a receive buffer up to `net.ipv4.tcp_rmem`'s max, 32
+    /// MiB on some kernels, and a send buffer up to `tcp_wmem`'s, 4 MiB by default), and
+    /// than a client that reads only after sending its whole body sends for most uploads.
+    pub const DEFAULT: Linger = Linger {
+        total: Duration::from_secs(30),
+        between_reads: Duration::from_secs(5),
+        bytes: 64 * 1024 * 1024,
+    };
+}
+
+impl Default for Linger {
+    fn default() -> Linger {
+        Linger::DEFAULT
+    }
 }
 
 /// What the gateway does with the requests of a connection: the small interface between the
@@ -758,7 +797,9 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                 }
             }
         });
-        tokio::time::timeout(LINGER, discard).await.unwrap_or(false)
+        tokio::time::timeout(DISCARD_TIME, discard)
+            .await
+            .unwrap_or(false)
     }
 
     /// Answers a head refused before the handler saw it (the handler logs it), and closes.
@@ -783,8 +824,9 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
     }
 
     /// Closes the connection: stops writing (FIN, or TLS close_notify); if the client may
-    /// still be sending (unread bytes), discards what arrives for a moment first, so that
-    /// the close does not turn into a reset that destroys the response in flight.
+    /// still be sending (unread bytes), lingers first ([`Linger`]): reads and drops what
+    /// arrives until the client closes or a bound is reached, so that the close does not
+    /// turn into a reset that destroys the response in flight.
     async fn close(&mut self) {
         let _ = timed(&mut self.idle, self.writer.shutdown()).await;
         let Some(reader) = self.reader.as_mut() else {
@@ -795,22 +837,32 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
         if !unread {
             return;
         }
-        let mut discarded = 0usize;
-        let linger = poll_fn(|cx| {
+        let linger = self.limits.linger;
+        let mut quiet = WaitTimeout::new(Some(linger.between_reads));
+        let mut discarded = 0u64;
+        let discard = poll_fn(|cx| {
             loop {
                 reader.buf.clear();
-                match ready!(reader.poll_fill(cx)) {
-                    Ok(0) | Err(_) => return Poll::Ready(()),
-                    Ok(n) => {
-                        discarded += n;
-                        if discarded > LINGER_BYTES {
+                match reader.poll_fill(cx) {
+                    // The client closed (or reset): nothing more can destroy the answer.
+                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Ok(n)) => {
+                        discarded = discarded.saturating_add(n as u64);
+                        if discarded > linger.bytes {
                             return Poll::Ready(());
                         }
+                        quiet.restart();
+                    }
+                    Poll::Pending => {
+                        if quiet.poll_expired(cx) {
+                            return Poll::Ready(());
+                        }
+                        return Poll::Pending;
                     }
                 }
             }
         });
-        let _ = tokio::time::timeout(LINGER, linger).await;
+        let _ = tokio::time::timeout(linger.total, discard).await;
     }
 
     /// Waits for the next whole request head, reading as needed; parses it into a request.
@@ -1019,5 +1071,212 @@ mod date {
             let skew = now.duration_since(parsed).unwrap_or_else(|e| e.duration());
             assert!(skew.as_secs() <= 5, "{text} is {skew:?} from now");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The lingering close, on an in-memory connection (`tokio::io::duplex`: its buffer is
+    //! the test's, not the kernel's) and a paused clock: deterministic whatever the host.
+
+    use super::*;
+    use http_body_util::Full;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::time::Instant;
+
+    use crate::timer::LazyTimer;
+
+    /// The connection's buffer each way: a client writing more than this waits for the
+    /// server to read.
+    const PIPE: usize = 64 * 1024;
+    /// The body a client declares: far more than it ever sends.
+    const DECLARED: u64 = 1 << 30;
+    const ANSWER: &[u8] = b"too big\n";
+
+    impl OutgoingBody for Full<Bytes> {}
+
+    /// Answers every request `413` without reading its body, as the gateway relays an
+    /// upstream that refuses by the head.
+    struct EarlyAnswer;
+
+    impl Handler for EarlyAnswer {
+        type Body = Option<H1Body>;
+        type ResponseBody = Full<Bytes>;
+
+        fn new_request(&self, _: usize) -> Box<Request<Option<H1Body>>> {
+            Box::new(Request::new(None))
+        }
+
+        fn attach_body(&self, req: &mut Request<Option<H1Body>>, body: H1Body) {
+            *req.body_mut() = Some(body);
+        }
+
+        async fn serve(
+            &self,
+            req: Box<Request<Option<H1Body>>>,
+            _: &mut LazyTimer,
+        ) -> Response<Full<Bytes>> {
+            drop(req);
+            let mut resp = Response::new(Full::new(Bytes::from_static(ANSWER)));
+            *resp.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            resp
+        }
+
+        fn refused(&self, _: RequestError) -> (StatusCode, &'static str) {
+            (StatusCode::BAD_REQUEST, "bad request\n")
+        }
+    }
+
+    struct NoShutdown;
+
+    impl Shutdown for NoShutdown {
+        fn poll_draining(&mut self, _: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+        fn is_draining(&self) -> bool {
+            false
+        }
+    }
+
+    /// Serves the server end of a pipe with `linger` until the connection ends; returns when
+    /// it did.
+    async fn server(end: DuplexStream, linger: Linger) -> Instant {
+        let (read, write) = tokio::io::split(end);
+        let limits = Limits {
+            header_bytes: 8 * 1024,
+            body_bytes: u64::MAX,
+            idle: None,
+            header: None,
+            body: None,
+            linger,
+        };
+        let reader = Reader::new(Box::new(read), BytesMut::new());
+        serve(
+            reader,
+            Box::new(write),
+            EarlyAnswer,
+            limits,
+            &mut NoShutdown,
+            false,
+        )
+        .await;
+        Instant::now()
+    }
+
+    /// Sends a head declaring a large body and the body's first KiB, then reads the answer
+    /// to the server's end of stream: it must be the whole `413`, closing.
+    async fn upload_and_read_answer(client: &mut DuplexStream) {
+        let head = format!("POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: {DECLARED}\r\n\r\n");
+        client.write_all(head.as_bytes()).await.expect("head");
+        client.write_all(&[b'x'; 1024]).await.expect("body");
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.expect("answer");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 413 "), "{text}");
+        assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\ntoo big\n"), "{text}");
+    }
+
+    /// Writes `chunk`s until a write fails or `limit` bytes went; the bytes that went.
+    async fn send_until_closed(client: &mut DuplexStream, limit: u64) -> (u64, io::Result<()>) {
+        let chunk = [b'x'; 16 * 1024];
+        let mut sent = 0;
+        while sent < limit {
+            if let Err(e) = client.write_all(&chunk).await {
+                return (sent, Err(e));
+            }
+            sent += chunk.len() as u64;
+        }
+        (sent, Ok(()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_still_sending_after_an_early_answer_reads_it_whole_and_is_not_cut_off() {
+        let (mut client, end) = tokio::io::duplex(PIPE);
+        let client_side = async {
+            upload_and_read_answer(&mut client).await;
+            // The answer is written and the server stopped writing; the client goes on with
+            // its upload (it reads only later, or did not look): every byte is taken.
+            let (sent, result) = send_until_closed(&mut client, 4 << 20).await;
+            result.expect("the lingering server takes what the client still sends");
+            assert_eq!(sent, 4 << 20);
+            // The client is done and closes: the server closes at once.
+            client.shutdown().await.expect("shutdown");
+            let closed = Instant::now();
+            (client, closed)
+        };
+        let (server_done, (_client, client_closed)) =
+            tokio::join!(server(end, Linger::DEFAULT), client_side);
+        assert_eq!(server_done, client_closed, "no wait once the client closed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lingering_close_gives_up_after_its_byte_bound() {
+        let bound = 256 * 1024;
+        let linger = Linger {
+            bytes: bound,
+            ..Linger::DEFAULT
+        };
+        let (mut client, end) = tokio::io::duplex(PIPE);
+        let client_side = async {
+            upload_and_read_answer(&mut client).await;
+            // A client that never stops sending: cut off once the bound is dropped.
+            let (sent, result) = send_until_closed(&mut client, u64::MAX).await;
+            let err = result.expect_err("the server closed");
+            assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+            (sent, Instant::now())
+        };
+        let start = Instant::now();
+        let (server_done, (sent, cut)) = tokio::join!(server(end, linger), client_side);
+        assert!(sent > bound, "cut off after {sent} bytes, before the bound");
+        // What the server dropped, at most one read past the bound, and what the pipe held.
+        assert!(
+            sent <= bound + framing::MAX_READ as u64 + PIPE as u64,
+            "{sent} bytes went"
+        );
+        assert!(server_done <= cut);
+        assert_eq!(
+            start, cut,
+            "no time bound was reached (the clock is paused)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lingering_close_ends_when_the_client_is_quiet_for_between_reads() {
+        let linger = Linger::DEFAULT;
+        let (mut client, end) = tokio::io::duplex(PIPE);
+        let client_side = async {
+            upload_and_read_answer(&mut client).await;
+            client.write_all(&[b'x'; 1024]).await.expect("more body");
+            // Then silence, the connection left open.
+            (client, Instant::now())
+        };
+        let (server_done, (mut client, quiet_since)) =
+            tokio::join!(server(end, linger), client_side);
+        assert_eq!(server_done - quiet_since, linger.between_reads);
+        let err = client.write_all(b"x").await.expect_err("closed");
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lingering_close_ends_after_its_total_time_however_the_client_trickles() {
+        let linger = Linger::DEFAULT;
+        let (mut client, end) = tokio::io::duplex(PIPE);
+        let every = linger.between_reads / 2;
+        let client_side = async {
+            upload_and_read_answer(&mut client).await;
+            let answered = Instant::now();
+            // A KiB every half of `between_reads`: never quiet for long enough, for ever.
+            loop {
+                if let Err(e) = client.write_all(&[b'x'; 1024]).await {
+                    assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+                    break;
+                }
+                tokio::time::sleep(every).await;
+            }
+            answered
+        };
+        let (server_done, answered) = tokio::join!(server(end, linger), client_side);
+        assert_eq!(server_done - answered, linger.total);
     }
 }

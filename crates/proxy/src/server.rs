@@ -135,6 +135,7 @@ fn http1(limits: &Limits, timeouts: &Timeouts) -> downstream::Limits {
         idle: millis(timeouts.idle_ms),
         header: millis(timeouts.header_ms),
         body: millis(timeouts.body_ms),
+        linger: downstream::Linger::DEFAULT,
     }
 }
 

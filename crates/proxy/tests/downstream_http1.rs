@@ -1210,6 +1210,28 @@ async fn a_head_over_the_header_limit_is_431() {
 }
 
 #[tokio::test]
+async fn a_413_by_declared_length_is_read_whole_by_a_client_that_goes_on_sending() {
+    // The gateway's own early answer (the declared body is over `limits.body_bytes`): the
+    // client reads it to the end of stream, then sends 8 MiB more, all taken by the
+    // lingering close; nothing reaches the upstream.
+    let upstream = RawUpstream::start(|_| ok(b"unexpected")).await;
+    let server = gateway_to(upstream.addr, "");
+    let answer = within(support::upload_past_an_early_answer(
+        server.local_addrs()[0],
+        1 << 30,
+        8 << 20,
+    ))
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    assert!(
+        answer.ends_with("\r\n\r\nrequest body too large\n"),
+        "{answer}"
+    );
+    assert!(upstream.seen().is_empty());
+}
+
+#[tokio::test]
 async fn bodies_over_the_body_limit_are_413_by_length_and_chunked() {
     let upstream = RawUpstream::start(|seen| ok(seen.body.len().to_string().as_bytes())).await;
     let server = gateway_to(upstream.addr, "[limits]\nbody_bytes = 4096\n");
@@ -1434,12 +1456,13 @@ async fn a_slow_reader_gets_a_large_body_whole() {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off_after_the_idle_timeout() {
-    // 64 MiB asked for and never read: the gateway's writes block once the socket buffers
-    // are full. After `idle_ms` without progress it gives up on the client (and the upstream
-    // exchange) instead of holding both for ever; the client then finds the body cut short.
+    // A terabyte asked for and not read: more than any socket buffers hold, so the
+    // gateway's writes block once they are full, whatever their sizes. After `idle_ms`
+    // without progress it gives up on the client (and the upstream exchange) instead of
+    // holding both for ever; the client then finds the body cut short.
     let upstream = tailguard_test_support::Upstream::start().await;
     let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 400\n");
-    let n = 64 * 1024 * 1024;
+    let n: usize = 1 << 40;
     let mut c = Client::to(&server).await;
     c.send(&get(&format!("/source/{n}"))).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1595,13 +1618,13 @@ async fn idle_connections_are_closed_after_idle_ms() {
 
 #[tokio::test]
 async fn the_idle_timeout_counts_from_the_last_response_not_from_the_first() {
-    // Requests 150 ms apart for ~1.2 s on one connection with idle_ms = 400: every gap is
-    // under the limit though the connection lives three times longer, so none may be cut;
-    // once it goes quiet it is closed.
+    // Requests 150 ms apart for ~2 s on one connection with idle_ms = 1000: every gap is
+    // well under the limit (a stall of 850 ms on a busy machine still passes) though the
+    // connection lives twice as long, so none may be cut; once it goes quiet it is closed.
     let upstream = RawUpstream::echo_line().await;
-    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 400\n");
+    let server = gateway_to(upstream.addr, "[timeouts]\nidle_ms = 1000\n");
     let mut c = Client::to(&server).await;
-    for i in 0..8 {
+    for i in 0..14 {
         c.send(&get(&format!("/tick/{i}"))).await;
         let resp = within(c.response()).await;
         assert_eq!(resp.status, 200, "request {i}");
@@ -1615,7 +1638,7 @@ async fn the_idle_timeout_counts_from_the_last_response_not_from_the_first() {
             .iter()
             .filter(|s| s.line().contains("/tick/"))
             .count(),
-        8
+        14
     );
 }
 
@@ -1652,16 +1675,18 @@ async fn each_request_on_a_connection_gets_its_whole_request_timeout() {
     // The connection's requests share one timer: a later request must still get its own
     // full `request_ms`, not the deadline an earlier request left on the timer.
     let upstream = tailguard_test_support::Upstream::start().await;
-    let server = gateway_to(upstream.addr, "[timeouts]\nrequest_ms = 1000\n");
+    // 2 s each; the second request is answered 1.2 s after it was sent, past the first
+    // request's deadline (a busy machine only moves it further past) and 800 ms inside its
+    // own (room for a stall).
+    let server = gateway_to(upstream.addr, "[timeouts]\nrequest_ms = 2000\n");
     within(async {
         let mut c = Client::to(&server).await;
         c.send(&get("/delay/0")).await;
         assert_eq!(c.response().await.status, 200);
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        // Answered 800 ms after it was sent: past the first request's deadline, inside its own.
-        c.send(&get("/delay/800")).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        c.send(&get("/delay/1200")).await;
         assert_eq!(c.response().await.status, 200);
-        c.send(&get("/delay/3000")).await;
+        c.send(&get("/delay/5000")).await;
         assert_eq!(c.response().await.status, 504);
     })
     .await;

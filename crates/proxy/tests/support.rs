@@ -108,3 +108,45 @@ pub(crate) fn config_errors_in(dir: &Path, text: &str) -> Vec<String> {
         Err(other) => panic!("not a config error: {other}"),
     }
 }
+
+/// A client that uploads without waiting for the answer, as most do: on a new connection to
+/// `addr`, sends a `POST` head declaring `declared` bytes and the body's first 16 KiB, reads
+/// the gateway's answer to its end of stream (an early answer closes the connection), then
+/// goes on sending `more` bytes of its body as if it had not looked, and closes. Every write
+/// must be taken: the gateway lingers (reads and drops) rather than reset a client whose
+/// answer may be unread (RFC 9112 §9.6). Returns the answer as received.
+///
+/// The client's send buffer is pinned small (the kernel's default can grow to MiBs): a write
+/// completes only once the gateway has taken nearly all of it, so a gateway that closed
+/// early fails this client's writes instead of leaving them in its own buffer.
+pub(crate) async fn upload_past_an_early_answer(
+    addr: std::net::SocketAddr,
+    declared: u64,
+    more: usize,
+) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_send_buffer_size(8 * 1024).expect("SO_SNDBUF");
+    let mut c = socket.connect(addr).await.expect("connect");
+    let head = format!("POST /up HTTP/1.1\r\nHost: gw.test\r\nContent-Length: {declared}\r\n\r\n");
+    c.write_all(head.as_bytes()).await.expect("head");
+    let chunk = vec![b'x'; 64 * 1024];
+    c.write_all(&chunk[..16 * 1024])
+        .await
+        .expect("the body's start");
+    let mut answer = Vec::new();
+    // A reset here (instead of the gateway's end of stream) fails the read.
+    c.read_to_end(&mut answer)
+        .await
+        .expect("the answer, then the gateway's end of stream");
+    let mut sent = 0;
+    while sent < more {
+        let n = chunk.len().min(more - sent);
+        c.write_all(&chunk[..n])
+            .await
+            .unwrap_or_else(|e| panic!("the body's rest after the answer, at {sent}: {e}"));
+        sent += n;
+    }
+    c.shutdown().await.expect("shutdown");
+    String::from_utf8_lossy(&answer).into_owned()
+}

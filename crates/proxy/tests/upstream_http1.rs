@@ -315,16 +315,25 @@ async fn a_body_cut_short_by_the_upstream_is_an_error_downstream_not_a_short_suc
     }
 }
 
-#[tokio::test]
-async fn an_answer_before_the_request_body_is_read_comes_through() {
-    // The upstream refuses at once (as a server that checks the head does), then reads and
-    // drops the body; the gateway keeps sending the body while it relays the answer.
-    let upstream = Scripted::start(|_| Answer {
+/// An upstream that refuses every request by its head, before it reads the body (then reads
+/// and drops the body, keeping its connection).
+async fn refusing_upstream() -> Scripted {
+    Scripted::start(|_| Answer {
         bytes: b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 8\r\n\r\ntoo big\n".to_vec(),
         close: false,
         early: true,
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn an_answer_before_the_request_body_is_read_comes_through() {
+    // The upstream refuses at once (as a server that checks the head does), then reads and
+    // drops the body; the gateway keeps sending the body while it relays the answer. The
+    // client (hyper) sends its whole body before it looks at the answer: the gateway's
+    // closing connection lingers, reading and dropping what remains of the 8 MiB, instead
+    // of resetting it (a `BrokenPipe` at the client, its 413 unread: issue 22).
+    let upstream = refusing_upstream().await;
     let (_server, url) = support::start(support::proxy_to(&[upstream.addr], ""));
     let n = 8 * 1024 * 1024;
     let req = Request::post(format!("{url}/"))
@@ -337,6 +346,24 @@ async fn an_answer_before_the_request_body_is_read_comes_through() {
         .expect("body")
         .to_bytes();
     assert_eq!(&body[..], b"too big\n");
+}
+
+#[tokio::test]
+async fn an_early_answer_is_read_whole_by_a_client_that_goes_on_sending_after_it() {
+    // In order, whatever the buffer sizes: the answer is read to the gateway's end of stream
+    // first, and only then does the client send 8 MiB more of its body; the gateway takes
+    // it all (lingering) and closes once the client does.
+    let upstream = refusing_upstream().await;
+    let (server, _) = support::start(support::proxy_to(&[upstream.addr], ""));
+    let answer = within(support::upload_past_an_early_answer(
+        server.local_addrs()[0],
+        12 << 20,
+        8 << 20,
+    ))
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\ntoo big\n"), "{answer}");
 }
 
 #[tokio::test]

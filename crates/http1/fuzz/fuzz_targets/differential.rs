@@ -240,6 +240,7 @@ async fn exchange(data: &[u8]) {
         idle: Some(Duration::from_millis(200)),
         header: Some(Duration::from_millis(200)),
         body: Some(Duration::from_millis(200)),
+        linger: server::Linger::DEFAULT,
     };
     let serve = async {
         let mut never = Never;
