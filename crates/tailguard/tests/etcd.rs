@@ -473,7 +473,7 @@ fn with_etcd_down_both_gateways_keep_serving_then_apply_a_change_made_meanwhile(
     etcd.spawn(hidden);
     let change = put_at(
         &format!("http://127.0.0.1:{hidden}"),
-        &document(up.addr, Some("new")),
+        &marked(up.addr, "new"),
     );
     etcd.kill();
     let port = etcd.client_port;
@@ -484,7 +484,9 @@ fn with_etcd_down_both_gateways_keep_serving_then_apply_a_change_made_meanwhile(
             &format!("reloaded etcd:{KEY}@{change}"),
             Duration::from_secs(20),
         );
-        assert_eq!(get(gw.addr, "/new").0, 200);
+        // The change's own answer: the running config's catch-all route answers /new with
+        // 200 too, with the upstream's body.
+        assert_eq!(get(gw.addr, "/new").1, "new");
         assert_eq!(value(gw, "tailguard_config_etcd_connected"), Some(1.0));
         assert_eq!(
             value(gw, "tailguard_config_etcd_revision"),
@@ -511,8 +513,8 @@ fn a_watch_resumed_at_a_compacted_revision_reads_the_key_afresh() {
     let hidden = format!("http://127.0.0.1:{}", free_port());
     let port: u16 = hidden.rsplit(':').next().unwrap().parse().unwrap();
     etcd.spawn(port);
-    put_at(&hidden, &document(up.addr, Some("one")));
-    let last = put_at(&hidden, &document(up.addr, Some("two")));
+    put_at(&hidden, &marked(up.addr, "one"));
+    let last = put_at(&hidden, &marked(up.addr, "two"));
     block_on(async { client(&hidden).await.compact(last).await }).expect("compact");
     etcd.kill();
     let client_port = etcd.client_port;
@@ -528,7 +530,12 @@ fn a_watch_resumed_at_a_compacted_revision_reads_the_key_afresh() {
         !log.contains(&format!("reloaded etcd:{KEY}@{}", last - 1)),
         "the compacted revision was not replayed: {log}"
     );
-    assert_eq!(get(gw.addr, "/two").0, 200);
+    assert_eq!(get(gw.addr, "/two").1, "two");
+    assert_eq!(
+        get(gw.addr, "/one").1,
+        "up",
+        "the last revision, not a merge"
+    );
     assert_eq!(
         value(&gw, "tailguard_config_etcd_revision"),
         Some(last as f64)
