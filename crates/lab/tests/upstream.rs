@@ -149,13 +149,18 @@ fn two_workers_of_50ms_answer_six_requests_in_three_waves() {
     done.sort();
     let ms: Vec<u128> = done.iter().map(Duration::as_millis).collect();
     // Wave k (0, 1, 2) cannot finish before (k + 1) x 50 ms: only two requests hold a worker
-    // at a time. And it finishes well before the next wave would (the machine may be busy,
-    // hence 40 ms of slack, not 1 ms): a request never waits for more than its place.
+    // at a time. Both requests of a wave are held side by side, so they finish together;
+    // with one worker they would finish at least 50 ms apart. Only these relations are
+    // asserted, not an upper bound on each wave's time: a busy machine delays every wave
+    // (one run here saw [69, 69, 142, 142, 185, 185]), and a delay must not fail the test.
     for (i, t) in ms.iter().enumerate() {
         let wave = i as u128 / 2;
+        assert!(*t >= 50 * (wave + 1), "request {i} done at {t} ms: {ms:?}");
+    }
+    for pair in ms.chunks(2) {
         assert!(
-            *t >= 50 * (wave + 1) && *t < 50 * (wave + 1) + 40,
-            "request {i} done at {t} ms: {ms:?}"
+            pair[1] - pair[0] < 50,
+            "a wave's two requests were not held side by side: {ms:?}"
         );
     }
 }
