@@ -624,6 +624,12 @@ async fn recovery_time_figure() {
                 let h = health_of(&server, b.addr);
                 (h.is_ejected(), h.is_probe_down())
             };
+            // The figure means something only if B was out of service when it recovered.
+            assert_eq!(
+                up_gauge(&server, b.addr),
+                Some(0),
+                "b still in service at 9 s"
+            );
             let on_b = b.requests();
             b.set_status(200);
             b.set_health_status(200);
