@@ -56,6 +56,16 @@ impl Stream {
     /// what carries no data itself (TLS 1.3 session tickets a server sends after the
     /// handshake, a key update) and reports pending, so those leave the connection usable;
     /// a `close_notify`, an end of stream, an alert or application bytes make it unusable.
+    /// The poll runs outside tokio's cooperative budget, as `try_read` does: a task that
+    /// spent its budget (a checkout that threw away many closed connections, an eviction
+    /// sweep) would otherwise be told pending without the read being tried, and take a
+    /// closed connection for a usable one.
+    ///
+    /// What arrives after the check (or has arrived but not yet been reported by the
+    /// runtime's poll of the sockets) is not seen: a request written then meets the closed
+    /// connection, the keep-alive race `client::send` answers with [`SendError::Stale`].
+    ///
+    /// [`SendError::Stale`]: crate::client::SendError::Stale
     pub fn is_idle_usable(&mut self) -> bool {
         match self {
             Stream::Tcp(s) => {
@@ -63,10 +73,13 @@ impl Stream {
                 matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
             Stream::Boxed(io) => {
-                let mut cx = Context::from_waker(Waker::noop());
                 let mut byte = [0u8; 1];
                 let mut buf = ReadBuf::new(&mut byte);
-                Pin::new(io).poll_read(&mut cx, &mut buf).is_pending()
+                let read = std::future::poll_fn(|cx| Pin::new(&mut *io).poll_read(cx, &mut buf));
+                let mut read = std::pin::pin!(tokio::task::coop::unconstrained(read));
+                read.as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                    .is_pending()
             }
         }
     }
@@ -149,6 +162,25 @@ mod tests {
         let mut stream = Stream::boxed(ours);
         drop(peer);
         assert!(!stream.is_idle_usable(), "end of stream: unusable");
+    }
+
+    #[tokio::test]
+    async fn a_boxed_stream_closed_by_its_peer_is_unusable_in_a_task_out_of_budget() {
+        let (ours, peer) = tokio::io::duplex(64);
+        let mut stream = Stream::boxed(ours);
+        drop(peer);
+        // Spends the task's cooperative budget in one poll, as a checkout that threw away
+        // that many closed connections does, then asks.
+        let usable = std::future::poll_fn(|cx| {
+            while std::pin::pin!(tokio::task::coop::consume_budget())
+                .poll(cx)
+                .is_ready()
+            {}
+            assert!(!tokio::task::coop::has_budget_remaining());
+            Poll::Ready(stream.is_idle_usable())
+        })
+        .await;
+        assert!(!usable, "the end of stream is seen with no budget left");
     }
 
     #[tokio::test]

@@ -342,16 +342,142 @@ async fn a_close_notify_on_an_idle_connection_makes_it_unusable() {
     let ca = TestCa::new("test ca");
     ca.write(&dir.path().join("ca.pem"));
     let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"]))
-        .after_response(AfterResponse::CloseNotify)
+        .after_response(AfterResponse::CloseNotifyWhenTold)
         .start()
         .await;
     let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
     // POST: not idempotent, so never resent; had the closed connection been taken, the
     // request would fail instead of going on a new one.
     assert_eq!(send(Method::POST, &url).await.0, 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The gateway has read the whole response (the client has it), so the connection is
+    // idle in the pool when the alert comes. Waited for, not slept on.
+    upstream.send_close_notifies();
+    assert!(
+        eventually(|| upstream.close_notifies() == 1).await,
+        "the upstream sent its close_notify"
+    );
     assert_eq!(send(Method::POST, &url).await.0, 200);
     assert_eq!(upstream.handshakes(), 2);
+}
+
+#[tokio::test]
+async fn a_close_notify_right_behind_a_response_makes_the_connection_unusable() {
+    log();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"]))
+        .after_response(AfterResponse::CloseNotify)
+        .start()
+        .await;
+    let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    assert_eq!(send(Method::POST, &url).await.0, 200);
+    // The alert may arrive within the response's last read or just after it: either way
+    // it has arrived once sent (the upstream's Nagle is off), and the POST must not take
+    // the connection.
+    assert!(
+        eventually(|| upstream.close_notifies() == 1).await,
+        "the upstream sent its close_notify"
+    );
+    assert_eq!(send(Method::POST, &url).await.0, 200);
+    assert_eq!(upstream.handshakes(), 2);
+}
+
+/// The keep-alive race over TLS, treated as over TCP: a request written on a pooled
+/// connection whose `close_notify` comes back instead of an answer is sent once more on a
+/// new connection if it is idempotent and bodiless (unchanged by the attempt).
+#[tokio::test]
+async fn a_get_met_by_a_close_notify_on_a_pooled_connection_goes_again_on_a_new_one() {
+    log();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"]))
+        .after_response(AfterResponse::CloseNotifyOnNextRequest)
+        .start()
+        .await;
+    let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    assert_eq!(send(Method::GET, &url).await.0, 200);
+    assert_eq!(send(Method::GET, &url).await.0, 200);
+    // The second GET reached the first connection (which closed instead of answering),
+    // then went on a second one.
+    assert_eq!(
+        (
+            upstream.close_notifies(),
+            upstream.handshakes(),
+            upstream.requests()
+        ),
+        (1, 2, 2)
+    );
+}
+
+/// The other side of the race: a POST that reached the upstream may have been acted on, so
+/// it is not sent again (RFC 9110 §9.2.2); the client gets a 502, as over TCP.
+#[tokio::test]
+async fn a_post_met_by_a_close_notify_on_a_pooled_connection_is_not_sent_again() {
+    log();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"]))
+        .after_response(AfterResponse::CloseNotifyOnNextRequest)
+        .start()
+        .await;
+    let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    assert_eq!(send(Method::POST, &url).await.0, 200);
+    assert_eq!(send(Method::POST, &url).await.0, 502);
+    assert_eq!(
+        (
+            upstream.close_notifies(),
+            upstream.handshakes(),
+            upstream.requests()
+        ),
+        (1, 1, 1)
+    );
+    assert!(
+        lines_about(upstream.addr)
+            .iter()
+            .any(|l| l.contains("connection closed before a response")),
+        "{}",
+        lines_about(upstream.addr).join("\n")
+    );
+}
+
+/// Regression: the TLS idle check ran under tokio's cooperative budget (128 I/O polls per
+/// poll of a task), so a checkout that had thrown away that many closed connections was told
+/// "pending" for the next one without its `close_notify` being read, took it, and its POST
+/// failed with a 502. (Over TCP the check's `try_read` never consulted the budget.)
+#[tokio::test]
+async fn a_checkout_past_many_closed_tls_connections_sees_every_one_closed() {
+    // Above the 128 of tokio's budget, below the pool's 256 idle connections per thread.
+    const OPEN: usize = 200;
+    log();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("test ca");
+    ca.write(&dir.path().join("ca.pem"));
+    let upstream = TlsUpstream::builder(ca.issue(&["127.0.0.1"]))
+        .after_response(AfterResponse::CloseNotifyWhenTold)
+        .hold_until(OPEN)
+        .start()
+        .await;
+    let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    // All at once, and none answered before all arrived: one connection each, every one
+    // back in the pool's one slot once answered (its whole body was read, or the client
+    // would not have it), then closed by a close_notify while idle.
+    let answers = within(futures_util::future::join_all(
+        (0..OPEN).map(|_| send(Method::GET, &url)),
+    ))
+    .await;
+    assert!(answers.iter().all(|a| a.0 == 200));
+    assert_eq!(upstream.handshakes(), OPEN);
+    upstream.send_close_notifies();
+    assert!(
+        eventually(|| upstream.close_notifies() == OPEN).await,
+        "the upstream sent every close_notify"
+    );
+    // POST: never resent, so a closed connection taken would fail it.
+    assert_eq!(send(Method::POST, &url).await.0, 200);
+    assert_eq!(upstream.handshakes(), OPEN + 1);
 }
 
 #[tokio::test]

@@ -127,6 +127,13 @@ pub enum AfterResponse {
     KeyUpdate,
     /// Sends `close_notify` but keeps the TCP connection open.
     CloseNotify,
+    /// As [`AfterResponse::CloseNotify`], once [`TlsUpstream::send_close_notifies`] is called:
+    /// the peer has read the whole response by then, so the alert reaches an idle connection.
+    CloseNotifyWhenTold,
+    /// Waits for the next request and, instead of answering it, sends `close_notify`
+    /// (keeping the TCP connection open): what a client meets when an upstream closes an
+    /// idle connection just as a request is written on it (the keep-alive race).
+    CloseNotifyOnNextRequest,
     /// Answers with `connection: close` and closes (so every request is a new connection).
     Close,
 }
@@ -139,9 +146,18 @@ pub struct TlsUpstreamBuilder {
     after: AfterResponse,
     body: String,
     body_delay: Duration,
+    hold_until: usize,
 }
 
 impl TlsUpstreamBuilder {
+    /// Answers no request before `n` requests have arrived (0: each at once). A client that
+    /// sends `n` requests at once so makes the gateway open `n` connections, one per
+    /// request, whatever the timing.
+    pub fn hold_until(mut self, n: usize) -> Self {
+        self.hold_until = n;
+        self
+    }
+
     /// Waits this long after a request head before reading its body, so a large body fills
     /// the socket buffers and the sender must wait for room (0).
     pub fn body_delay(mut self, delay: Duration) -> Self {
@@ -196,9 +212,18 @@ impl TlsUpstreamBuilder {
         let addr = listener.local_addr().expect("addr");
         let counts = Arc::new(Counts::default());
         let c = Arc::clone(&counts);
-        let (after, body, body_delay) = (self.after, Arc::new(self.body), self.body_delay);
+        let (after, body, body_delay, hold_until) = (
+            self.after,
+            Arc::new(self.body),
+            self.body_delay,
+            self.hold_until,
+        );
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
+                // A record is on its way to the peer once flushed: with Nagle, a small one
+                // written while the last is unacked (a close_notify right after a response)
+                // waits in this side's kernel for the peer's delayed ACK, up to 40 ms.
+                let _ = tcp.set_nodelay(true);
                 let (acceptor, c, body) = (acceptor.clone(), Arc::clone(&c), Arc::clone(&body));
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
@@ -209,7 +234,7 @@ impl TlsUpstreamBuilder {
                     if tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
                         c.resumed.fetch_add(1, Ordering::SeqCst);
                     }
-                    serve(tls, after, &body, body_delay, &c).await;
+                    serve(tls, after, &body, body_delay, hold_until, &c).await;
                 });
             }
         });
@@ -223,6 +248,11 @@ struct Counts {
     resumed: AtomicUsize,
     failed: AtomicUsize,
     requests: AtomicUsize,
+    close_notifies: AtomicUsize,
+    /// Told each time a request arrives (for [`TlsUpstreamBuilder::hold_until`]).
+    arrived: tokio::sync::Notify,
+    /// Set by [`TlsUpstream::send_close_notifies`].
+    close_notify_told: tokio::sync::watch::Sender<bool>,
 }
 
 /// Answers requests on one TLS connection: a request with a `content-length` body is read
@@ -233,6 +263,7 @@ async fn serve(
     after: AfterResponse,
     body: &str,
     body_delay: Duration,
+    hold_until: usize,
     counts: &Counts,
 ) {
     let mut buf = Vec::new();
@@ -263,6 +294,16 @@ async fn serve(
         }
         buf.drain(..length);
         counts.requests.fetch_add(1, Ordering::SeqCst);
+        counts.arrived.notify_waiters();
+        loop {
+            // Registered before the count is read, so an arrival between the two still wakes.
+            let mut arrived = std::pin::pin!(counts.arrived.notified());
+            arrived.as_mut().enable();
+            if counts.requests.load(Ordering::SeqCst) >= hold_until {
+                break;
+            }
+            arrived.await;
+        }
         if head.contains("\nupgrade: websocket") {
             let answer = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n";
             if tls.write_all(answer).await.is_err() || tls.write_all(&buf).await.is_err() {
@@ -305,9 +346,23 @@ async fn serve(
                     return;
                 }
             }
-            AfterResponse::CloseNotify => {
+            AfterResponse::CloseNotify
+            | AfterResponse::CloseNotifyWhenTold
+            | AfterResponse::CloseNotifyOnNextRequest => {
+                if after == AfterResponse::CloseNotifyWhenTold {
+                    let mut told = counts.close_notify_told.subscribe();
+                    if told.wait_for(|told| *told).await.is_err() {
+                        return;
+                    }
+                }
+                if after == AfterResponse::CloseNotifyOnNextRequest
+                    && !matches!(tls.read(&mut chunk).await, Ok(n) if n > 0)
+                {
+                    return;
+                }
                 tls.get_mut().1.send_close_notify();
                 let _ = tls.flush().await;
+                counts.close_notifies.fetch_add(1, Ordering::SeqCst);
                 // The TCP connection stays open until the peer closes it.
                 while matches!(tls.get_mut().0.read(&mut chunk).await, Ok(n) if n > 0) {}
                 return;
@@ -339,6 +394,7 @@ impl TlsUpstream {
             after: AfterResponse::Wait,
             body: "ok".to_owned(),
             body_delay: Duration::ZERO,
+            hold_until: 0,
         }
     }
 
@@ -361,5 +417,20 @@ impl TlsUpstream {
     /// Request heads answered.
     pub fn requests(&self) -> usize {
         self.counts.requests.load(Ordering::SeqCst)
+    }
+
+    /// `close_notify`s sent and flushed ([`AfterResponse::CloseNotify`]): a test waits for
+    /// one instead of sleeping and hoping it went. Flushed is sent: the upstream's sockets
+    /// have Nagle off, so an alert written while the response is unacknowledged goes at
+    /// once instead of waiting for the peer's delayed ACK (on loopback, it is in the peer's
+    /// socket when the write returns).
+    pub fn close_notifies(&self) -> usize {
+        self.counts.close_notifies.load(Ordering::SeqCst)
+    }
+
+    /// Lets every connection under [`AfterResponse::CloseNotifyWhenTold`] send its
+    /// `close_notify`, now and after any later response.
+    pub fn send_close_notifies(&self) {
+        self.counts.close_notify_told.send_replace(true);
     }
 }
