@@ -109,9 +109,15 @@ async fn https_to_a_plain_etcd_fails_its_handshake_and_http_with_tls_settings_is
     let e = bounded(client(&https, Tls::system_roots()).await.get("/k"))
         .await
         .expect_err("no TLS there");
-    // Not a refusal: a server that closes during the handshake may be restarting.
+    // Not a refusal: a server that closes during the handshake may be restarting. A plain
+    // etcd answers a ClientHello with a close or, at times, a reset: either is a transport
+    // failure of the connection, never a named cause.
     assert_eq!(e.refusal(), None, "{e}");
-    assert!(e.to_string().contains("tls handshake"), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("tls handshake") || text.contains("Connection reset by peer"),
+        "{e}"
+    );
 
     let options = ConnectOptions::new().with_tls(Tls::system_roots());
     let e = Client::connect(&[etcd.url()], &options)

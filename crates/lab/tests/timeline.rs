@@ -18,10 +18,10 @@ use tailguard_lab::scrape::{WatchConfig, read_samples};
 
 use crate::support;
 
-/// A gateway in miniature: at most `limit` requests in flight, each held 20 ms; the rest get
+/// A gateway in miniature: at most `limit` requests in flight, each held `hold`; the rest get
 /// 503 at once. `/metrics` exports the limit, the in-flight count and the rejections the way
 /// the gateway names them.
-fn limited_server(limit: usize) -> support::Server {
+fn limited_server(limit: usize, hold: Duration) -> support::Server {
     let inflight = Arc::new(AtomicUsize::new(0));
     let limited = Arc::new(AtomicU64::new(0));
     support::start(move |listener| async move {
@@ -55,7 +55,7 @@ fn limited_server(limit: usize) -> support::Server {
                             *resp.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
                             return Ok(resp);
                         }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        tokio::time::sleep(hold).await;
                         inflight.fetch_sub(1, Ordering::Relaxed);
                         Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
                     }
@@ -79,8 +79,11 @@ fn phases(list: &[(f64, u64)]) -> Vec<Phase> {
 
 #[test]
 fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
-    // Capacity 4 / 20 ms = 200 req/s: 50/s passes, 1000/s is rejected from the step on.
-    let server = limited_server(4);
+    // Capacity 16 / 80 ms = 200 req/s: 50/s passes, 1000/s is rejected from the step on.
+    // (16 slots held 80 ms rather than 4 held 20 ms: the same capacity, but at 50/s a stall
+    // of the test's own server must last 240 ms, not 60, before a request finds no slot; one
+    // run on a machine busy with builds saw a 98 ms stall reject one request at 50/s.)
+    let server = limited_server(16, Duration::from_millis(80));
     let mut config = LoadConfig::new(&server.url("/"), 50.0, Duration::from_secs(3), 64);
     config.phases = phases(&[(50.0, 1000), (1000.0, 1000), (50.0, 1000)]);
     config.timeout = Duration::from_secs(2);
@@ -98,11 +101,11 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
     let offered: Vec<u64> = t.seconds.iter().take(3).map(|s| s.offered).collect();
     assert_eq!(offered, [50, 1000, 50]);
     assert_eq!(t.seconds[0].rejected, 0, "{:?}", t.seconds[0]);
-    // At most 4 in flight for 20 ms: ~200 of the 1000 pass in the step's second.
+    // At most 16 in flight for 80 ms: ~200 of the 1000 pass in the step's second.
     let step = &t.seconds[1];
     assert!(step.rejected >= 600, "{} rejected", step.rejected);
     assert!(step.ok >= 100 && step.ok <= 260, "{} ok", step.ok);
-    assert!(step.admitted.percentile_us(50.0) >= 20_000);
+    assert!(step.admitted.percentile_us(50.0) >= 80_000);
     // The phases agree with the seconds (the steps fall on whole seconds here).
     assert_eq!(t.phases.len(), 3);
     assert_eq!(t.phases[1].offered, 1000);
@@ -130,7 +133,7 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
     // The gauges, read once a second; the counter as its increase per second.
     let limit = &t.gauges["upstream_limit[a]"];
     assert!(
-        limit.len() >= 3 && limit.iter().take(3).all(|v| *v == Some(4.0)),
+        limit.len() >= 3 && limit.iter().take(3).all(|v| *v == Some(16.0)),
         "{limit:?}"
     );
     assert!(t.gauges.contains_key("upstream_inflight[a]"));
@@ -157,7 +160,7 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
 
 #[test]
 fn metrics_the_gateway_does_not_export_leave_empty_columns() {
-    let server = limited_server(100);
+    let server = limited_server(100, Duration::from_millis(20));
     let mut config = LoadConfig::new(&server.url("/"), 100.0, Duration::from_secs(2), 8);
     config.watch = Some(WatchConfig {
         url: server.url("/no-such-metrics"),
@@ -186,7 +189,7 @@ fn metrics_the_gateway_does_not_export_leave_empty_columns() {
 
 #[test]
 fn streams_share_one_clock_and_keep_their_own_reports() {
-    let server = limited_server(100);
+    let server = limited_server(100, Duration::from_millis(20));
     let a = LoadConfig::new(&server.url("/a"), 200.0, Duration::from_secs(2), 8);
     let mut b = LoadConfig::new(&server.url("/b"), 50.0, Duration::from_secs(2), 4);
     // A stream may step on its own; the window is the first stream's.
