@@ -138,8 +138,20 @@ fn install_tools_forbids_service_starts_during_apt_get_and_stops_nothing() {
             .spawn()
             .expect("start the stand-in nginx"),
     );
-    let comm = std::fs::read_to_string(format!("/proc/{}/comm", running.0.id())).expect("comm");
-    assert_eq!(comm.trim(), "nginx");
+    // Right after fork the child still bears the test thread's name: wait for the exec.
+    let comm_path = format!("/proc/{}/comm", running.0.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let comm = std::fs::read_to_string(&comm_path).expect("comm");
+        if comm.trim() == "nginx" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stand-in nginx never ran as nginx: {comm}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 
     let out = sandbox.run(0);
     assert!(out.status.success(), "{}", text(&out));
