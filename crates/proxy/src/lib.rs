@@ -56,6 +56,7 @@ pub mod grpc;
 pub mod headers;
 pub mod health;
 pub mod metrics;
+pub mod outcome;
 pub mod overload;
 pub mod policy;
 pub mod pool;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 use http::uri::Authority;
 
-use crate::balance::{Balance, Outcome, RoundRobin};
+use crate::balance::{Balance, Outcome, P2cEwma, RoundRobin};
 use crate::config::{BalanceKind, Protocol, UpstreamConfig};
 use crate::health::{EndpointHealth, HealthSettings, Up};
 use crate::pool::EndpointPool;
@@ -53,6 +53,9 @@ pub struct Upstream {
     pub endpoints: Vec<Endpoint>,
     /// Picks the endpoint for each request.
     pub balance: Box<dyn Balance>,
+    /// The endpoints' health states again, in endpoint order: what the balancer reads
+    /// (through [`Up`]) to skip the endpoints that are down.
+    states: Box<[Arc<EndpointHealth>]>,
     /// What the gateway speaks to the endpoints; a request branches on it once.
     pub protocol: Protocol,
     /// `[upstreams.health]`, when the upstream has one.
@@ -120,9 +123,10 @@ impl Upstream {
             })
             .collect();
         let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();
+        let states = endpoints.iter().map(|e| Arc::clone(&e.health)).collect();
         let balance: Box<dyn Balance> = match config.balance {
             BalanceKind::RoundRobin => Box::new(RoundRobin::new(&weights)),
-            BalanceKind::P2cEwma => Box::new(crate::overload::P2cEwma::new(endpoints.len())),
+            BalanceKind::P2cEwma => Box::new(P2cEwma::new(endpoints.len())),
         };
         let unavailable = if endpoints.is_empty() {
             Some(Arc::from(
@@ -136,6 +140,7 @@ impl Upstream {
             name: Arc::from(config.name.get_ref().as_str()),
             endpoints,
             balance,
+            states,
             protocol,
             unavailable,
             tls,
@@ -151,7 +156,7 @@ impl Upstream {
     /// ejected); `None` when every endpoint is down.
     #[inline]
     pub fn pick(&self) -> Option<usize> {
-        self.balance.pick(Up::new(&self.endpoints))
+        self.balance.pick(Up::new(&self.states))
     }
 
     /// The endpoint for the next request, or why there is none: no address resolved
