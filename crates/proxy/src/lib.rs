@@ -60,6 +60,7 @@ pub mod outcome;
 pub mod overload;
 pub mod policy;
 pub mod pool;
+pub mod pool_metrics;
 pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;

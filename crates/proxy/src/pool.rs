@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::error::Error;
-use crate::metrics::{OpenConnection, PoolMetrics};
+use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
 use crate::upstream_tls::TlsTarget;
 use tailguard_http1::client::Connection;

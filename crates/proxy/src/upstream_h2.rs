@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 
 use crate::body::RequestBody;
 use crate::error::Error;
-use crate::metrics::{OpenConnection, PoolMetrics};
+use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
 use crate::upstream_tls::TlsTarget;
 
