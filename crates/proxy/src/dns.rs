@@ -41,8 +41,8 @@ use tokio::time::Instant;
 use toml::Spanned;
 
 use crate::config::Config;
-use crate::error::Error;
 use crate::gateway::Gateway;
+use crate::upstream_error::UpstreamError;
 
 /// `[dns]`: how names are resolved.
 #[derive(Debug, Clone, Deserialize)]
@@ -273,9 +273,9 @@ struct DnsMetrics {
 }
 
 impl DnsMetrics {
-    fn register(registry: &Registry) -> Result<DnsMetrics, Error> {
+    fn register(registry: &Registry) -> Result<DnsMetrics, UpstreamError> {
         let internal =
-            |e: tailguard_metrics::MetricsError| Error::Internal(format!("metrics: {e}"));
+            |e: tailguard_metrics::MetricsError| UpstreamError::Internal(format!("metrics: {e}"));
         Ok(DnsMetrics {
             lookups: registry
                 .counter(
@@ -329,13 +329,13 @@ pub struct Resolver {
 
 impl Resolver {
     /// Starts the resolver thread with `[dns]` settings.
-    pub fn start(dns: &DnsConfig, registry: &Registry) -> Result<Resolver, Error> {
+    pub fn start(dns: &DnsConfig, registry: &Registry) -> Result<Resolver, UpstreamError> {
         let names = Arc::new(Names::default());
         let metrics = DnsMetrics::register(registry)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| Error::Internal(format!("dns runtime: {e}")))?;
+            .map_err(|e| UpstreamError::Internal(format!("dns runtime: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let thread = {
             let names = Arc::clone(&names);
@@ -343,7 +343,7 @@ impl Resolver {
             std::thread::Builder::new()
                 .name("tailguard-dns".into())
                 .spawn(move || runtime.block_on(run(rx, names, dns, metrics)))
-                .map_err(|e| Error::Internal(format!("dns thread: {e}")))?
+                .map_err(|e| UpstreamError::Internal(format!("dns thread: {e}")))?
         };
         Ok(Resolver {
             names,

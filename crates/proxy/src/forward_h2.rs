@@ -226,7 +226,7 @@ async fn forward(
                     crate::retry::h2_stream(pool, connect).await?
                 }
             };
-            pool.send(send, stream, *req).await
+            pool.send(send, stream, *req).await.map_err(Error::from)
         };
         match head_limit {
             Some(limit) => {

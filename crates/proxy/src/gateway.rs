@@ -1186,6 +1186,7 @@ async fn exchange(
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
+            let e = Error::from(e);
             let retry_on = retry_endpoint(snap, upstream_index, first, &req, &e);
             let Some(next) = retry_on else {
                 return (Err(e), first);

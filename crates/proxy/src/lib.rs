@@ -72,6 +72,7 @@ pub mod shard;
 pub mod sni;
 pub mod tls;
 pub mod upstream;
+pub mod upstream_error;
 pub mod upstream_h2;
 pub mod upstream_tls;
 

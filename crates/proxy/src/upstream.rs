@@ -11,6 +11,7 @@ use crate::balance::{Balance, Outcome, P2cEwma, RoundRobin};
 use crate::config::{BalanceKind, Protocol, UpstreamConfig};
 use crate::health::{EndpointHealth, HealthSettings, Up};
 use crate::pool::EndpointPool;
+use crate::upstream_error::UpstreamError;
 use crate::upstream_h2::H2Pool;
 use crate::upstream_tls::UpstreamTls;
 
@@ -162,17 +163,16 @@ impl Upstream {
     /// The endpoint for the next request, or why there is none: no address resolved
     /// (`NoEndpoint`), or every endpoint down (`NoHealthyEndpoint`, answered at once rather
     /// than after a connect attempt that would only fail or reach a broken endpoint).
-    pub(crate) fn pick_endpoint(&self) -> Result<usize, crate::error::Error> {
+    pub(crate) fn pick_endpoint(&self) -> Result<usize, UpstreamError> {
         if let Some(reason) = &self.unavailable {
-            return Err(crate::error::Error::NoEndpoint {
+            return Err(UpstreamError::NoEndpoint {
                 upstream: Arc::clone(&self.name),
                 reason: Arc::clone(reason),
             });
         }
-        self.pick()
-            .ok_or_else(|| crate::error::Error::NoHealthyEndpoint {
-                upstream: Arc::clone(&self.name),
-            })
+        self.pick().ok_or_else(|| UpstreamError::NoHealthyEndpoint {
+            upstream: Arc::clone(&self.name),
+        })
     }
 
     /// Counts how an exchange with `endpoint` ended for passive ejection (nothing without

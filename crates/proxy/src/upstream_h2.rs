@@ -21,9 +21,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use crate::body::RequestBody;
-use crate::error::Error;
 use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
+use crate::upstream_error::UpstreamError;
 use crate::upstream_tls::TlsTarget;
 
 /// What an HTTP/2 pool is built with; two pools with equal settings are interchangeable,
@@ -203,11 +203,16 @@ impl H2Pool {
     /// A stream on this thread's connections, its connection opened if it was not yet.
     /// Fails only if that connection cannot be opened (the request was not sent: safe to
     /// retry elsewhere).
-    pub(crate) async fn stream(&self) -> Result<(SendRequest<RequestBody>, StreamGuard), Error> {
+    pub(crate) async fn stream(
+        &self,
+    ) -> Result<(SendRequest<RequestBody>, StreamGuard), UpstreamError> {
         self.ready(self.take(false)).await
     }
 
-    async fn ready(&self, taken: Taken) -> Result<(SendRequest<RequestBody>, StreamGuard), Error> {
+    async fn ready(
+        &self,
+        taken: Taken,
+    ) -> Result<(SendRequest<RequestBody>, StreamGuard), UpstreamError> {
         let opened = match taken.opened.get() {
             Some(opened) => opened,
             // Boxed: only the requests that wait for a connection pay for the connect
@@ -216,19 +221,19 @@ impl H2Pool {
         };
         match opened {
             Ok(send) => Ok((send.clone(), taken.guard)),
-            Err(Failed::Timeout) => Err(Error::UpstreamTimeout {
+            Err(Failed::Timeout) => Err(UpstreamError::Timeout {
                 addr: self.addr,
                 phase: "connect",
             }),
-            Err(Failed::Refused(reason)) => Err(Error::UpstreamConnect {
+            Err(Failed::Refused(reason)) => Err(UpstreamError::Connect {
                 addr: self.addr,
                 reason: reason.clone(),
             }),
-            Err(Failed::Tls(reason)) => Err(Error::UpstreamTls {
+            Err(Failed::Tls(reason)) => Err(UpstreamError::Tls {
                 addr: self.addr,
                 reason: reason.clone(),
             }),
-            Err(Failed::Handshake(reason)) => Err(Error::UpstreamConnect {
+            Err(Failed::Handshake(reason)) => Err(UpstreamError::Connect {
                 addr: self.addr,
                 reason: format!("HTTP/2 handshake: {reason}"),
             }),
@@ -243,7 +248,7 @@ impl H2Pool {
         mut send: SendRequest<RequestBody>,
         guard: StreamGuard,
         req: Request<RequestBody>,
-    ) -> Result<(Response<Incoming>, StreamGuard), Error> {
+    ) -> Result<(Response<Incoming>, StreamGuard), UpstreamError> {
         match send.try_send_request(req).await {
             Ok(resp) => Ok((resp, guard)),
             Err(mut e) => match e.take_message() {
@@ -260,13 +265,13 @@ impl H2Pool {
         }
     }
 
-    /// A failed exchange, as the gateway's error.
-    fn broken(&self, e: &hyper::Error) -> Error {
+    /// A failed exchange, as the upstream side's error.
+    fn broken(&self, e: &hyper::Error) -> UpstreamError {
         let reason = match std::error::Error::source(e) {
             Some(cause) => format!("{e}: {cause}"),
             None => e.to_string(),
         };
-        Error::UpstreamBroken {
+        UpstreamError::Broken {
             addr: self.addr,
             reason,
         }
