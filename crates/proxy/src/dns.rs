@@ -3,11 +3,12 @@
 //! addresses rebuilds the snapshot the way a reload does.
 //!
 //! How it fits together: every name the config uses is kept in [`Names`], the last good
-//! answer of each with its error if the latest lookup failed. [`Snapshot::build`] reads it to
-//! turn a named endpoint into one endpoint per address (each with the name's weight). The
-//! resolver thread owns a hickory resolver on its own current-thread runtime and keeps a
-//! schedule of the names in the running config; when a lookup changes an answer it calls
-//! [`Gateway::refresh_endpoints`], which rebuilds the snapshot from the same config (pools,
+//! answer of each with its error if the latest lookup failed. The gateway's snapshot build
+//! reads it to turn a named endpoint into one endpoint per address (each with the name's
+//! weight). The resolver thread owns a hickory resolver on its own current-thread runtime and
+//! keeps a schedule of the names in the running config; when a lookup changes an answer it
+//! calls the [`OnChange`] it was handed with them ([`Resolver::watch`]): the gateway's
+//! `refresh_endpoints`, which rebuilds the snapshot from the same config (pools,
 //! breakers and health of unchanged addresses are carried over, as on a reload). A failed
 //! lookup keeps the last good answer; a name that never resolved leaves its upstream
 //! without endpoints, and the upstream answers 503 with the resolver's error as the reason.
@@ -19,14 +20,11 @@
 //! resolves with no name server. As glibc does, the thread reads it again when it changed
 //! (its modification time, size or inode): container platforms write service names there,
 //! and hickory alone would read it once, when the resolver is built.
-//!
-//! [`Snapshot::build`]: crate::gateway::Snapshot::build
-//! [`Gateway::refresh_endpoints`]: crate::gateway::Gateway::refresh_endpoints
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use hickory_resolver::config::{
@@ -41,7 +39,6 @@ use tokio::time::Instant;
 use toml::Spanned;
 
 use crate::config::Config;
-use crate::gateway::Gateway;
 use crate::upstream_error::UpstreamError;
 
 /// `[dns]`: how names are resolved.
@@ -307,6 +304,11 @@ impl DnsMetrics {
     }
 }
 
+/// What the resolver thread calls when a watched name's addresses changed: the layer above
+/// rebuilds its endpoints from the new answers. It should hold that layer weakly, so the
+/// thread never keeps it alive.
+pub type OnChange = Box<dyn Fn() + Send>;
+
 enum Command {
     /// Look these names up now and say when done (a build is waiting for them).
     Resolve(Vec<String>, std::sync::mpsc::Sender<()>),
@@ -314,7 +316,7 @@ enum Command {
     Watch {
         names: HashMap<String, Duration>,
         dns: DnsConfig,
-        gateway: Weak<Gateway>,
+        on_change: OnChange,
     },
 }
 
@@ -379,15 +381,15 @@ impl Resolver {
         }
     }
 
-    /// Follows `config`'s names from now on, telling `gateway` when an answer changes.
-    pub(crate) fn watch(&self, config: &Config, gateway: Weak<Gateway>) {
+    /// Follows `config`'s names from now on, calling `on_change` when an answer changes.
+    pub(crate) fn watch(&self, config: &Config, on_change: OnChange) {
         let names = names_in(config);
         self.names.forget_except(&names);
         if let Some(commands) = &self.commands {
             let _ = commands.send(Command::Watch {
                 names,
                 dns: config.dns.clone(),
-                gateway,
+                on_change,
             });
         }
     }
@@ -600,7 +602,8 @@ async fn run(
 ) {
     let mut source = Source::new(&dns);
     let mut watched: HashMap<String, Watched> = HashMap::new();
-    let mut gateway: Weak<Gateway> = Weak::new();
+    // Nobody to tell until the first `Watch`.
+    let mut on_change: OnChange = Box::new(|| {});
     // When each name's last answer expires (its TTL), kept for names not yet watched.
     let mut expiry: HashMap<String, Instant> = HashMap::new();
     loop {
@@ -631,9 +634,9 @@ async fn run(
             Some(Some(Command::Watch {
                 names: wanted,
                 dns: new_dns,
-                gateway: g,
+                on_change: tell,
             })) => {
-                gateway = g;
+                on_change = tell;
                 let mut resolve_now = Vec::new();
                 if !new_dns.same_as(&dns) {
                     dns = new_dns;
@@ -671,7 +674,7 @@ async fn run(
                     )
                     .await
                 {
-                    refresh(&gateway);
+                    on_change();
                 }
             }
             None => {
@@ -691,7 +694,7 @@ async fn run(
                 )
                 .await
                 {
-                    refresh(&gateway);
+                    on_change();
                 }
             }
         }
@@ -705,12 +708,6 @@ fn next_lookup(now: Instant, refresh: Duration, valid_until: Option<Instant>) ->
         until.saturating_duration_since(now).max(MIN_TTL_WAIT)
     });
     now + refresh.min(ttl)
-}
-
-fn refresh(gateway: &Weak<Gateway>) {
-    if let Some(gateway) = gateway.upgrade() {
-        gateway.refresh_endpoints();
-    }
 }
 
 /// Looks up `hosts` together, records the answers and schedules each name's next lookup;

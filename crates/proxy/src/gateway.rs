@@ -444,9 +444,10 @@ impl Gateway {
             health,
             this: this.clone(),
         });
-        gateway
-            .resolver
-            .watch(&gateway.snapshot().config, Arc::downgrade(&gateway));
+        gateway.resolver.watch(
+            &gateway.snapshot().config,
+            refresh_on_change(Arc::downgrade(&gateway)),
+        );
         gateway.health.follow(&snapshot, Arc::downgrade(&gateway));
         Ok(gateway)
     }
@@ -477,7 +478,8 @@ impl Gateway {
         self.metrics.reloaded(new.is_ok());
         let new = Arc::new(new?);
         self.swap_in(&new);
-        self.resolver.watch(&new.config, Arc::downgrade(self));
+        self.resolver
+            .watch(&new.config, refresh_on_change(Arc::downgrade(self)));
         Ok(())
     }
 
@@ -543,6 +545,16 @@ impl Gateway {
             .iter()
             .any(|net| net.contains(ip))
     }
+}
+
+/// What the resolver thread calls when an answer changed: a refresh of `gateway`, which it
+/// holds weakly (the thread must not keep the gateway alive).
+fn refresh_on_change(gateway: Weak<Gateway>) -> crate::dns::OnChange {
+    Box::new(move || {
+        if let Some(gateway) = gateway.upgrade() {
+            gateway.refresh_endpoints();
+        }
+    })
 }
 
 /// Per downstream connection: the snapshot it started with, so a request touches only this
