@@ -29,7 +29,7 @@ use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
 use crate::headers;
 use crate::health::EndpointHealth;
-use crate::health::checker::Hub;
+use crate::health::checker::{Current, Hub, Upstreams};
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
@@ -159,8 +159,13 @@ impl Snapshot {
             let states = addrs
                 .iter()
                 .map(|a| a.addr)
-                .map(
-                    |addr| match crate::health::carry(previous, name, addr, u.health.is_some()) {
+                .map(|addr| {
+                    match crate::health::handover::carry(
+                        previous.map(|p| &p.upstreams[..]),
+                        name,
+                        addr,
+                        u.health.is_some(),
+                    ) {
                         Some(kept) => Ok((addr, kept)),
                         None => Ok((
                             addr,
@@ -171,8 +176,8 @@ impl Snapshot {
                                 Arc::clone(health.wake()),
                             )),
                         )),
-                    },
-                )
+                    }
+                })
                 .collect::<Result<Vec<_>, Error>>()?;
             let health_for = |addr: SocketAddr| {
                 let (_, state) = states
@@ -448,7 +453,10 @@ impl Gateway {
             &gateway.snapshot().config,
             refresh_on_change(Arc::downgrade(&gateway)),
         );
-        gateway.health.follow(&snapshot, Arc::downgrade(&gateway));
+        gateway.health.follow(
+            &snapshot.upstreams,
+            current_upstreams(Arc::downgrade(&gateway)),
+        );
         Ok(gateway)
     }
 
@@ -526,8 +534,9 @@ impl Gateway {
         }
         // Health states the new snapshot did not take over are retired; the checker
         // follows the new one (started now if it is the first with a health table).
-        crate::health::retire_missing(&old, new);
-        self.health.follow(new, self.this.clone());
+        crate::health::handover::retire_missing(&old.upstreams, &new.upstreams);
+        self.health
+            .follow(&new.upstreams, current_upstreams(self.this.clone()));
     }
 
     /// The current snapshot.
@@ -544,6 +553,22 @@ impl Gateway {
             .trusted_proxies
             .iter()
             .any(|net| net.contains(ip))
+    }
+}
+
+/// How the health checker thread reads the current snapshot's upstreams: through `gateway`,
+/// which it holds weakly (the thread must not keep the gateway alive).
+fn current_upstreams(gateway: Weak<Gateway>) -> Current {
+    Box::new(move || {
+        gateway
+            .upgrade()
+            .map(|g| -> Arc<dyn Upstreams> { g.snapshot() })
+    })
+}
+
+impl Upstreams for Snapshot {
+    fn upstreams(&self) -> &[Upstream] {
+        &self.upstreams
     }
 }
 

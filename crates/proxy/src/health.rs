@@ -17,6 +17,7 @@
 
 pub mod checker;
 pub mod config;
+pub mod handover;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
@@ -428,48 +429,6 @@ fn ejection_length(t: &mut Track, base: Duration, now: Instant) -> Duration {
     let doubled = base.saturating_mul(1u32.checked_shl(t.ejections).unwrap_or(u32::MAX));
     t.ejections = t.ejections.saturating_add(1);
     doubled.min(longest)
-}
-
-/// The state of endpoint `addr` of `upstream` for a new snapshot: the previous snapshot's
-/// when it has one and the upstream is still health-checked (an upstream that lost its
-/// `[upstreams.health]` table starts clean: nothing would ever bring a down endpoint back).
-pub(crate) fn carry(
-    previous: Option<&crate::gateway::Snapshot>,
-    upstream: &str,
-    addr: SocketAddr,
-    checked: bool,
-) -> Option<Arc<EndpointHealth>> {
-    if !checked {
-        return None;
-    }
-    previous?
-        .upstreams
-        .iter()
-        .filter(|u| &*u.name == upstream)
-        .flat_map(|u| u.endpoints.iter())
-        .find(|e| e.addr == addr)
-        .map(|e| Arc::clone(&e.health))
-}
-
-/// After a swap: states of `old` that `new` did not take over are retired, and the gauge of
-/// an endpoint that left the config reads 0.
-pub(crate) fn retire_missing(old: &crate::gateway::Snapshot, new: &crate::gateway::Snapshot) {
-    let new_states = || new.upstreams.iter().flat_map(|u| u.endpoints.iter());
-    for u in &old.upstreams {
-        for e in &u.endpoints {
-            if new_states().any(|n| Arc::ptr_eq(&n.health, &e.health)) {
-                continue;
-            }
-            e.health.retire();
-            let still_listed = new
-                .upstreams
-                .iter()
-                .any(|n| n.name == u.name && n.endpoints.iter().any(|ne| ne.addr == e.addr));
-            if !still_listed {
-                e.health.clear_gauge();
-            }
-        }
-    }
 }
 
 /// Fresh states of endpoints on 127.0.0.1:1.., for balancer unit tests.
