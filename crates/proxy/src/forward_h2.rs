@@ -86,7 +86,7 @@ pub(crate) async fn serve(
 fn authority(
     rewrite: Option<&HeaderValue>,
     req: &Request<RequestBody>,
-    endpoint: &crate::upstream::Endpoint,
+    endpoint: &crate::upstream::Endpoint<RequestBody>,
 ) -> Authority {
     let named = rewrite
         .or_else(|| req.headers().get(HOST))

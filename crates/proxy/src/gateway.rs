@@ -56,7 +56,7 @@ pub struct Snapshot {
     /// Routes in precedence order.
     pub router: Router,
     /// Upstreams in config order (routes hold indexes into this).
-    pub upstreams: Vec<Upstream>,
+    pub upstreams: Vec<Upstream<RequestBody>>,
     /// Shedder, breakers (by route index), carried over from the previous snapshot.
     pub overload: Overload,
     pub(crate) request_timeout: Option<Duration>,
@@ -289,14 +289,14 @@ impl Snapshot {
         addr: SocketAddr,
         settings: H2Settings,
         tls: Option<&TlsTarget>,
-    ) -> Option<Arc<H2Pool>> {
+    ) -> Option<Arc<H2Pool<RequestBody>>> {
         self.h2_pools()
             .find(|p| p.makes_same(addr, settings, tls))
             .map(Arc::clone)
     }
 
     /// Every HTTP/2 endpoint's connections.
-    pub(crate) fn h2_pools(&self) -> impl Iterator<Item = &Arc<H2Pool>> {
+    pub(crate) fn h2_pools(&self) -> impl Iterator<Item = &Arc<H2Pool<RequestBody>>> {
         self.upstreams
             .iter()
             .flat_map(|u| u.endpoints.iter().filter_map(|e| e.h2.as_ref()))
@@ -558,16 +558,16 @@ impl Gateway {
 
 /// How the health checker thread reads the current snapshot's upstreams: through `gateway`,
 /// which it holds weakly (the thread must not keep the gateway alive).
-fn current_upstreams(gateway: Weak<Gateway>) -> Current {
+fn current_upstreams(gateway: Weak<Gateway>) -> Current<RequestBody> {
     Box::new(move || {
         gateway
             .upgrade()
-            .map(|g| -> Arc<dyn Upstreams> { g.snapshot() })
+            .map(|g| -> Arc<dyn Upstreams<RequestBody>> { g.snapshot() })
     })
 }
 
-impl Upstreams for Snapshot {
-    fn upstreams(&self) -> &[Upstream] {
+impl Upstreams<RequestBody> for Snapshot {
+    fn upstreams(&self) -> &[Upstream<RequestBody>] {
         &self.upstreams
     }
 }

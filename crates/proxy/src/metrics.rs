@@ -473,10 +473,10 @@ impl SnapshotMetrics {
         }
     }
 
-    pub(crate) fn build(
+    pub(crate) fn build<B>(
         gateway: &Arc<GatewayMetrics>,
         routes: impl Iterator<Item = Arc<str>>,
-        upstreams: &[crate::upstream::Upstream],
+        upstreams: &[crate::upstream::Upstream<B>],
     ) -> Result<SnapshotMetrics, Error> {
         Ok(SnapshotMetrics {
             gateway: Arc::clone(gateway),

@@ -655,7 +655,7 @@ fn retry_after(
     failure: Option<&Error>,
     record: &mut RequestRecord,
 ) -> Option<usize> {
-    let upstream: &Upstream = &snap.upstreams[route.upstream];
+    let upstream: &Upstream<RequestBody> = &snap.upstreams[route.upstream];
     // The budget is asked last: a `true` takes a retry from it. (Method and body were
     // checked by the caller; `may_retry` checks them again, cheaply.)
     if !snap
@@ -913,7 +913,7 @@ pub(crate) async fn exchange_http1(
 /// so a route's own connect timeout bounds its wait; the connection itself opens under the
 /// global one).
 pub(crate) async fn h2_stream(
-    pool: &H2Pool,
+    pool: &H2Pool<RequestBody>,
     connect: Option<Option<Duration>>,
 ) -> Result<
     (

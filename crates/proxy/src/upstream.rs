@@ -15,13 +15,14 @@ use crate::upstream_error::UpstreamError;
 use crate::upstream_h2::H2Pool;
 use crate::upstream_tls::UpstreamTls;
 
-/// One address of an upstream, as built at config load.
+/// One address of an upstream, as built at config load. `B` is the request body its HTTP/2
+/// connections carry (the gateway's).
 ///
 /// Seam: per-endpoint state (metric handles with the endpoint label resolved, breaker
 /// state, in-flight counters) is added here, so the request path reaches it through the
 /// index the balancer returns, with no lookup.
 #[derive(Debug)]
-pub struct Endpoint {
+pub struct Endpoint<B> {
     /// The socket address.
     pub addr: SocketAddr,
     /// The DNS name `addr` was resolved from (`None` for an IP literal in the config).
@@ -35,7 +36,7 @@ pub struct Endpoint {
     pub pool: Arc<EndpointPool>,
     /// The multiplexed HTTP/2 connections to `addr`, for an upstream whose protocol is
     /// `h2c` or `h2` (`None` for `http1`).
-    pub h2: Option<Arc<H2Pool>>,
+    pub h2: Option<Arc<H2Pool<B>>>,
     /// Relative share of requests.
     pub weight: u32,
     /// Whether it may take traffic (active checks, passive ejection); kept across reloads
@@ -43,15 +44,15 @@ pub struct Endpoint {
     pub health: Arc<EndpointHealth>,
 }
 
-/// A named service: endpoints plus the balancer over them.
+/// A named service: endpoints plus the balancer over them (`B`: as for [`Endpoint`]).
 ///
 /// Seam: per-upstream state (metrics, retry budget) is added here.
 #[derive(Debug)]
-pub struct Upstream {
+pub struct Upstream<B> {
     /// The name routes refer to.
     pub name: Arc<str>,
     /// Endpoints, in config order; the balancer's indexes point here.
-    pub endpoints: Vec<Endpoint>,
+    pub endpoints: Vec<Endpoint<B>>,
     /// Picks the endpoint for each request.
     pub balance: Box<dyn Balance>,
     /// The endpoints' health states again, in endpoint order: what the balancer reads
@@ -82,7 +83,7 @@ pub struct EndpointAddr {
     pub name: Option<Arc<str>>,
 }
 
-impl Upstream {
+impl<B> Upstream<B> {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
     /// connection pool (a reload passes the previous snapshot's, so warm connections stay),
@@ -96,11 +97,11 @@ impl Upstream {
         unavailable: Option<String>,
         tls: Option<Arc<UpstreamTls>>,
         mut pool_for: impl FnMut(&EndpointAddr) -> Arc<EndpointPool>,
-        mut h2_for: impl FnMut(&EndpointAddr) -> Arc<H2Pool>,
+        mut h2_for: impl FnMut(&EndpointAddr) -> Arc<H2Pool<B>>,
         mut health_for: impl FnMut(SocketAddr) -> Arc<EndpointHealth>,
-    ) -> Upstream {
+    ) -> Upstream<B> {
         let protocol = *config.protocol.get_ref();
-        let endpoints: Vec<Endpoint> = addrs
+        let endpoints: Vec<Endpoint<B>> = addrs
             .iter()
             .map(|a| {
                 let addr_text = a.addr.to_string();

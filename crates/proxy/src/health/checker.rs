@@ -20,6 +20,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::{ActiveCheck, Ejection};
 use crate::upstream::{Endpoint, Upstream};
+use crate::upstream_h2::H2Body;
 
 /// How long the thread sleeps when nothing is due: it also wakes on every reload and on
 /// every ejection threshold crossed, so this only bounds how late a missed wake is noticed.
@@ -29,16 +30,16 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 const STATUS_LINE_MAX: usize = 4 * 1024;
 
 /// The upstreams the checker thread works on, held for as long as a round runs: the
-/// gateway's snapshot implements it.
-pub trait Upstreams: Send + Sync {
+/// gateway's snapshot implements it (`B`: the request body of the upstreams' HTTP/2 pools).
+pub trait Upstreams<B>: Send + Sync {
     /// The upstreams, in the order their indexes refer to.
-    fn upstreams(&self) -> &[Upstream];
+    fn upstreams(&self) -> &[Upstream<B>];
 }
 
 /// How the checker thread gets the current upstreams at each turn of its loop; `None` once
 /// the layer above is gone, which stops the thread. It should hold that layer weakly, so the
 /// thread never keeps it alive.
-pub type Current = Box<dyn Fn() -> Option<Arc<dyn Upstreams>> + Send>;
+pub type Current<B> = Box<dyn Fn() -> Option<Arc<dyn Upstreams<B>>> + Send>;
 
 /// The gateway's side of the checker thread: wakes it, and stops it when dropped.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ impl Hub {
     /// Starts the checker thread if `upstreams` (a new snapshot's) check or eject anything
     /// and the thread is not running yet, reading the upstreams from `current` from then on;
     /// else wakes it, so a new snapshot's checks start now.
-    pub(crate) fn follow(&self, upstreams: &[Upstream], current: Current) {
+    pub(crate) fn follow<B: H2Body>(&self, upstreams: &[Upstream<B>], current: Current<B>) {
         if upstreams.iter().any(|u| u.health.is_some()) {
             self.checker
                 .get_or_init(|| spawn(current, Arc::clone(&self.wake)));
@@ -80,7 +81,7 @@ impl Hub {
     }
 }
 
-fn spawn(current: Current, wake: Arc<Notify>) -> Option<Checker> {
+fn spawn<B: H2Body>(current: Current<B>, wake: Arc<Notify>) -> Option<Checker> {
     let (stop, stopped) = oneshot::channel();
     let started = std::thread::Builder::new()
         .name("tailguard-health".to_owned())
@@ -110,7 +111,11 @@ fn spawn(current: Current, wake: Arc<Notify>) -> Option<Checker> {
 
 /// The thread's loop: start the rounds that are due, eject and un-eject, sleep until the
 /// next thing is due or a wake comes.
-async fn run(current: Current, wake: Arc<Notify>, mut stopped: oneshot::Receiver<()>) {
+async fn run<B: H2Body>(
+    current: Current<B>,
+    wake: Arc<Notify>,
+    mut stopped: oneshot::Receiver<()>,
+) {
     // Each upstream's rounds by name (kept across snapshots; a changed interval starts a
     // round now).
     let mut due: HashMap<Arc<str>, Rounds> = HashMap::new();
@@ -181,8 +186,8 @@ async fn run(current: Current, wake: Arc<Notify>, mut stopped: oneshot::Receiver
 /// Ends the ejections of `upstream` that are due and (with `ejection` on) ejects the
 /// endpoints whose failures reached the threshold, as far as `max_ejected_percent` allows;
 /// returns when the next ejection ends.
-fn eject_and_expire(
-    upstream: &Upstream,
+fn eject_and_expire<B>(
+    upstream: &Upstream<B>,
     ejection: Option<&Ejection>,
     now: Instant,
 ) -> Option<Instant> {
@@ -235,8 +240,8 @@ impl Rounds {
 
 /// Checks every endpoint of upstream `index` at once and applies the results; then clears
 /// `running` and wakes the loop, which starts the next round if it is already due.
-async fn round(
-    snapshot: Arc<dyn Upstreams>,
+async fn round<B: H2Body>(
+    snapshot: Arc<dyn Upstreams<B>>,
     index: usize,
     check: ActiveCheck,
     running: Arc<AtomicBool>,
@@ -259,14 +264,17 @@ async fn round(
 /// requests use (TCP, or TLS with the upstream's `[upstreams.tls]`: a certificate that no
 /// longer verifies fails the check), from the endpoint's pool but not counted in its
 /// metrics and never pooled.
-pub(crate) async fn connect(endpoint: &Endpoint) -> Result<Stream, String> {
+pub(crate) async fn connect<B>(endpoint: &Endpoint<B>) -> Result<Stream, String> {
     endpoint.pool.open().await.map_err(|e| e.to_string())
 }
 
 /// One check: `GET path` over HTTP/1.1 with the endpoint's `Host` (over HTTP/2 for an
 /// `h2c`/`h2` upstream), bounded by the check's timeout (connect included); the status of
 /// the answer, or why there is none.
-pub(crate) async fn probe(endpoint: &Endpoint, check: &ActiveCheck) -> Result<u16, String> {
+pub(crate) async fn probe<B: H2Body>(
+    endpoint: &Endpoint<B>,
+    check: &ActiveCheck,
+) -> Result<u16, String> {
     // An HTTP/2 upstream's endpoints may speak nothing else (a gRPC server): checked in
     // HTTP/2, on a connection opened as its requests' are.
     if let Some(h2) = &endpoint.h2 {
