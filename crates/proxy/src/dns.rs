@@ -3,12 +3,12 @@
 //! addresses rebuilds the snapshot the way a reload does.
 //!
 //! How it fits together: every name the config uses is kept in [`Names`], the last good
-//! answer of each with its error if the latest lookup failed. The gateway's snapshot build
-//! reads it to turn a named endpoint into one endpoint per address (each with the name's
-//! weight). The resolver thread owns a hickory resolver on its own current-thread runtime and
-//! keeps a schedule of the names in the running config; when a lookup changes an answer it
-//! calls the [`OnChange`] it was handed with them ([`Resolver::watch`]): the gateway's
-//! `refresh_endpoints`, which rebuilds the snapshot from the same config (pools,
+//! answer of each with its error if the latest lookup failed. A snapshot build reads it to
+//! turn a named endpoint into one endpoint per address (each with the name's weight). The
+//! resolver thread owns a hickory resolver on its own current-thread runtime and keeps a
+//! schedule of the names in the running config; when a lookup changes an answer it calls the
+//! [`OnChange`] handed to `Resolver::watch`: the gateway's `refresh_endpoints`, which
+//! rebuilds the snapshot from the same config (pools,
 //! breakers and health of unchanged addresses are carried over, as on a reload). A failed
 //! lookup keeps the last good answer; a name that never resolved leaves its upstream
 //! without endpoints, and the upstream answers 503 with the resolver's error as the reason.
@@ -305,8 +305,7 @@ impl DnsMetrics {
 }
 
 /// What the resolver thread calls when a watched name's addresses changed: the layer above
-/// rebuilds its endpoints from the new answers. It should hold that layer weakly, so the
-/// thread never keeps it alive.
+/// rebuilds its endpoints (holding itself weakly in it, so the thread never keeps it alive).
 pub type OnChange = Box<dyn Fn() + Send>;
 
 enum Command {
@@ -602,8 +601,7 @@ async fn run(
 ) {
     let mut source = Source::new(&dns);
     let mut watched: HashMap<String, Watched> = HashMap::new();
-    // Nobody to tell until the first `Watch`.
-    let mut on_change: OnChange = Box::new(|| {});
+    let mut on_change: OnChange = Box::new(|| {}); // Nobody to tell before the first `Watch`.
     // When each name's last answer expires (its TTL), kept for names not yet watched.
     let mut expiry: HashMap<String, Instant> = HashMap::new();
     loop {

@@ -1,6 +1,6 @@
 //! What goes wrong on the upstream side (a connect, a TLS handshake, an exchange, no endpoint
-//! to send to, the resolver's setup), naming the endpoint or upstream; the gateway's
-//! [`Error`](crate::Error) takes each one over with the same message, blame and status.
+//! to send to, the resolver's setup), naming the endpoint or upstream; the gateway's `Error`
+//! takes each one over with the same message, blame and status.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
