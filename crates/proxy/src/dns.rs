@@ -3,11 +3,12 @@
 //! addresses rebuilds the snapshot the way a reload does.
 //!
 //! How it fits together: every name the config uses is kept in [`Names`], the last good
-//! answer of each with its error if the latest lookup failed. [`Snapshot::build`] reads it to
+//! answer of each with its error if the latest lookup failed. A snapshot build reads it to
 //! turn a named endpoint into one endpoint per address (each with the name's weight). The
 //! resolver thread owns a hickory resolver on its own current-thread runtime and keeps a
-//! schedule of the names in the running config; when a lookup changes an answer it calls
-//! [`Gateway::refresh_endpoints`], which rebuilds the snapshot from the same config (pools,
+//! schedule of the names in the running config; when a lookup changes an answer it calls the
+//! [`OnChange`] handed to `Resolver::watch`: the gateway's `refresh_endpoints`, which
+//! rebuilds the snapshot from the same config (pools,
 //! breakers and health of unchanged addresses are carried over, as on a reload). A failed
 //! lookup keeps the last good answer; a name that never resolved leaves its upstream
 //! without endpoints, and the upstream answers 503 with the resolver's error as the reason.
@@ -19,14 +20,11 @@
 //! resolves with no name server. As glibc does, the thread reads it again when it changed
 //! (its modification time, size or inode): container platforms write service names there,
 //! and hickory alone would read it once, when the resolver is built.
-//!
-//! [`Snapshot::build`]: crate::gateway::Snapshot::build
-//! [`Gateway::refresh_endpoints`]: crate::gateway::Gateway::refresh_endpoints
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use hickory_resolver::config::{
@@ -41,8 +39,7 @@ use tokio::time::Instant;
 use toml::Spanned;
 
 use crate::config::Config;
-use crate::error::Error;
-use crate::gateway::Gateway;
+use crate::upstream_error::UpstreamError;
 
 /// `[dns]`: how names are resolved.
 #[derive(Debug, Clone, Deserialize)]
@@ -273,9 +270,9 @@ struct DnsMetrics {
 }
 
 impl DnsMetrics {
-    fn register(registry: &Registry) -> Result<DnsMetrics, Error> {
+    fn register(registry: &Registry) -> Result<DnsMetrics, UpstreamError> {
         let internal =
-            |e: tailguard_metrics::MetricsError| Error::Internal(format!("metrics: {e}"));
+            |e: tailguard_metrics::MetricsError| UpstreamError::Internal(format!("metrics: {e}"));
         Ok(DnsMetrics {
             lookups: registry
                 .counter(
@@ -307,6 +304,10 @@ impl DnsMetrics {
     }
 }
 
+/// What the resolver thread calls when a watched name's addresses changed: the layer above
+/// rebuilds its endpoints (holding itself weakly in it, so the thread never keeps it alive).
+pub type OnChange = Box<dyn Fn() + Send>;
+
 enum Command {
     /// Look these names up now and say when done (a build is waiting for them).
     Resolve(Vec<String>, std::sync::mpsc::Sender<()>),
@@ -314,7 +315,7 @@ enum Command {
     Watch {
         names: HashMap<String, Duration>,
         dns: DnsConfig,
-        gateway: Weak<Gateway>,
+        on_change: OnChange,
     },
 }
 
@@ -329,13 +330,13 @@ pub struct Resolver {
 
 impl Resolver {
     /// Starts the resolver thread with `[dns]` settings.
-    pub fn start(dns: &DnsConfig, registry: &Registry) -> Result<Resolver, Error> {
+    pub fn start(dns: &DnsConfig, registry: &Registry) -> Result<Resolver, UpstreamError> {
         let names = Arc::new(Names::default());
         let metrics = DnsMetrics::register(registry)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| Error::Internal(format!("dns runtime: {e}")))?;
+            .map_err(|e| UpstreamError::Internal(format!("dns runtime: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let thread = {
             let names = Arc::clone(&names);
@@ -343,7 +344,7 @@ impl Resolver {
             std::thread::Builder::new()
                 .name("tailguard-dns".into())
                 .spawn(move || runtime.block_on(run(rx, names, dns, metrics)))
-                .map_err(|e| Error::Internal(format!("dns thread: {e}")))?
+                .map_err(|e| UpstreamError::Internal(format!("dns thread: {e}")))?
         };
         Ok(Resolver {
             names,
@@ -379,15 +380,15 @@ impl Resolver {
         }
     }
 
-    /// Follows `config`'s names from now on, telling `gateway` when an answer changes.
-    pub(crate) fn watch(&self, config: &Config, gateway: Weak<Gateway>) {
+    /// Follows `config`'s names from now on, calling `on_change` when an answer changes.
+    pub(crate) fn watch(&self, config: &Config, on_change: OnChange) {
         let names = names_in(config);
         self.names.forget_except(&names);
         if let Some(commands) = &self.commands {
             let _ = commands.send(Command::Watch {
                 names,
                 dns: config.dns.clone(),
-                gateway,
+                on_change,
             });
         }
     }
@@ -600,7 +601,7 @@ async fn run(
 ) {
     let mut source = Source::new(&dns);
     let mut watched: HashMap<String, Watched> = HashMap::new();
-    let mut gateway: Weak<Gateway> = Weak::new();
+    let mut on_change: OnChange = Box::new(|| {}); // Nobody to tell before the first `Watch`.
     // When each name's last answer expires (its TTL), kept for names not yet watched.
     let mut expiry: HashMap<String, Instant> = HashMap::new();
     loop {
@@ -631,9 +632,9 @@ async fn run(
             Some(Some(Command::Watch {
                 names: wanted,
                 dns: new_dns,
-                gateway: g,
+                on_change: tell,
             })) => {
-                gateway = g;
+                on_change = tell;
                 let mut resolve_now = Vec::new();
                 if !new_dns.same_as(&dns) {
                     dns = new_dns;
@@ -671,7 +672,7 @@ async fn run(
                     )
                     .await
                 {
-                    refresh(&gateway);
+                    on_change();
                 }
             }
             None => {
@@ -691,7 +692,7 @@ async fn run(
                 )
                 .await
                 {
-                    refresh(&gateway);
+                    on_change();
                 }
             }
         }
@@ -705,12 +706,6 @@ fn next_lookup(now: Instant, refresh: Duration, valid_until: Option<Instant>) ->
         until.saturating_duration_since(now).max(MIN_TTL_WAIT)
     });
     now + refresh.min(ttl)
-}
-
-fn refresh(gateway: &Weak<Gateway>) {
-    if let Some(gateway) = gateway.upgrade() {
-        gateway.refresh_endpoints();
-    }
 }
 
 /// Looks up `hosts` together, records the answers and schedules each name's next lookup;

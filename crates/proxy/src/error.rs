@@ -1,4 +1,5 @@
 //! The crate's one error type: every failure has a blame, a retryability and one status.
+//! The upstream side's failures come in from its own [`UpstreamError`], one variant each.
 
 use std::io;
 use std::net::SocketAddr;
@@ -7,6 +8,7 @@ use std::path::PathBuf;
 use http::StatusCode;
 
 use crate::config::Diagnostic;
+use crate::upstream_error::UpstreamError;
 
 /// Who caused a failure: the answer decides which side's metrics and alerts it lands on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,6 +327,22 @@ impl Error {
             Error::RateLimited { .. } => "rate_limited",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<UpstreamError> for Error {
+    fn from(err: UpstreamError) -> Error {
+        match err {
+            UpstreamError::Connect { addr, reason } => Error::UpstreamConnect { addr, reason },
+            UpstreamError::Timeout { addr, phase } => Error::UpstreamTimeout { addr, phase },
+            UpstreamError::Broken { addr, reason } => Error::UpstreamBroken { addr, reason },
+            UpstreamError::Tls { addr, reason } => Error::UpstreamTls { addr, reason },
+            UpstreamError::NoEndpoint { upstream, reason } => {
+                Error::NoEndpoint { upstream, reason }
+            }
+            UpstreamError::NoHealthyEndpoint { upstream } => Error::NoHealthyEndpoint { upstream },
+            UpstreamError::Internal(why) => Error::Internal(why),
         }
     }
 }

@@ -86,7 +86,7 @@ pub(crate) async fn serve(
 fn authority(
     rewrite: Option<&HeaderValue>,
     req: &Request<RequestBody>,
-    endpoint: &crate::upstream::Endpoint,
+    endpoint: &crate::upstream::Endpoint<RequestBody>,
 ) -> Authority {
     let named = rewrite
         .or_else(|| req.headers().get(HOST))
@@ -226,7 +226,7 @@ async fn forward(
                     crate::retry::h2_stream(pool, connect).await?
                 }
             };
-            pool.send(send, stream, *req).await
+            pool.send(send, stream, *req).await.map_err(Error::from)
         };
         match head_limit {
             Some(limit) => {

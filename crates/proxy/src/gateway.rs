@@ -29,7 +29,7 @@ use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
 use crate::headers;
 use crate::health::EndpointHealth;
-use crate::health::checker::Hub;
+use crate::health::checker::{Current, Hub, Upstreams};
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
@@ -56,7 +56,7 @@ pub struct Snapshot {
     /// Routes in precedence order.
     pub router: Router,
     /// Upstreams in config order (routes hold indexes into this).
-    pub upstreams: Vec<Upstream>,
+    pub upstreams: Vec<Upstream<RequestBody>>,
     /// Shedder, breakers (by route index), carried over from the previous snapshot.
     pub overload: Overload,
     pub(crate) request_timeout: Option<Duration>,
@@ -159,8 +159,13 @@ impl Snapshot {
             let states = addrs
                 .iter()
                 .map(|a| a.addr)
-                .map(
-                    |addr| match crate::health::carry(previous, name, addr, u.health.is_some()) {
+                .map(|addr| {
+                    match crate::health::handover::carry(
+                        previous.map(|p| &p.upstreams[..]),
+                        name,
+                        addr,
+                        u.health.is_some(),
+                    ) {
                         Some(kept) => Ok((addr, kept)),
                         None => Ok((
                             addr,
@@ -171,8 +176,8 @@ impl Snapshot {
                                 Arc::clone(health.wake()),
                             )),
                         )),
-                    },
-                )
+                    }
+                })
                 .collect::<Result<Vec<_>, Error>>()?;
             let health_for = |addr: SocketAddr| {
                 let (_, state) = states
@@ -284,14 +289,14 @@ impl Snapshot {
         addr: SocketAddr,
         settings: H2Settings,
         tls: Option<&TlsTarget>,
-    ) -> Option<Arc<H2Pool>> {
+    ) -> Option<Arc<H2Pool<RequestBody>>> {
         self.h2_pools()
             .find(|p| p.makes_same(addr, settings, tls))
             .map(Arc::clone)
     }
 
     /// Every HTTP/2 endpoint's connections.
-    pub(crate) fn h2_pools(&self) -> impl Iterator<Item = &Arc<H2Pool>> {
+    pub(crate) fn h2_pools(&self) -> impl Iterator<Item = &Arc<H2Pool<RequestBody>>> {
         self.upstreams
             .iter()
             .flat_map(|u| u.endpoints.iter().filter_map(|e| e.h2.as_ref()))
@@ -444,10 +449,14 @@ impl Gateway {
             health,
             this: this.clone(),
         });
-        gateway
-            .resolver
-            .watch(&gateway.snapshot().config, Arc::downgrade(&gateway));
-        gateway.health.follow(&snapshot, Arc::downgrade(&gateway));
+        gateway.resolver.watch(
+            &gateway.snapshot().config,
+            refresh_on_change(Arc::downgrade(&gateway)),
+        );
+        gateway.health.follow(
+            &snapshot.upstreams,
+            current_upstreams(Arc::downgrade(&gateway)),
+        );
         Ok(gateway)
     }
 
@@ -477,7 +486,8 @@ impl Gateway {
         self.metrics.reloaded(new.is_ok());
         let new = Arc::new(new?);
         self.swap_in(&new);
-        self.resolver.watch(&new.config, Arc::downgrade(self));
+        self.resolver
+            .watch(&new.config, refresh_on_change(Arc::downgrade(self)));
         Ok(())
     }
 
@@ -524,8 +534,9 @@ impl Gateway {
         }
         // Health states the new snapshot did not take over are retired; the checker
         // follows the new one (started now if it is the first with a health table).
-        crate::health::retire_missing(&old, new);
-        self.health.follow(new, self.this.clone());
+        crate::health::handover::retire_missing(&old.upstreams, &new.upstreams);
+        self.health
+            .follow(&new.upstreams, current_upstreams(self.this.clone()));
     }
 
     /// The current snapshot.
@@ -543,6 +554,32 @@ impl Gateway {
             .iter()
             .any(|net| net.contains(ip))
     }
+}
+
+/// How the health checker thread reads the current snapshot's upstreams: through `gateway`,
+/// which it holds weakly (the thread must not keep the gateway alive).
+fn current_upstreams(gateway: Weak<Gateway>) -> Current<RequestBody> {
+    Box::new(move || {
+        gateway
+            .upgrade()
+            .map(|g| -> Arc<dyn Upstreams<RequestBody>> { g.snapshot() })
+    })
+}
+
+impl Upstreams<RequestBody> for Snapshot {
+    fn upstreams(&self) -> &[Upstream<RequestBody>] {
+        &self.upstreams
+    }
+}
+
+/// What the resolver thread calls when an answer changed: a refresh of `gateway`, which it
+/// holds weakly (the thread must not keep the gateway alive).
+fn refresh_on_change(gateway: Weak<Gateway>) -> crate::dns::OnChange {
+    Box::new(move || {
+        if let Some(gateway) = gateway.upgrade() {
+            gateway.refresh_endpoints();
+        }
+    })
 }
 
 /// Per downstream connection: the snapshot it started with, so a request touches only this
@@ -1186,6 +1223,7 @@ async fn exchange(
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
+            let e = Error::from(e);
             let retry_on = retry_endpoint(snap, upstream_index, first, &req, &e);
             let Some(next) = retry_on else {
                 return (Err(e), first);

@@ -17,6 +17,7 @@
 
 pub mod checker;
 pub mod config;
+pub mod handover;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
@@ -26,9 +27,8 @@ use std::time::{Duration, Instant};
 use tailguard_metrics::Gauge;
 use tokio::sync::Notify;
 
-use crate::balance::Outcome;
+use crate::outcome::Outcome;
 use crate::shard::Padded;
-use crate::upstream::Endpoint;
 
 pub use config::{ActiveCheck, Ejection, ExpectStatus, HealthConfig, MAX_EJECTION_FACTOR};
 
@@ -57,20 +57,23 @@ impl HealthSettings {
 }
 
 /// The endpoints a balancer may pick from: those neither down by checks nor ejected.
+///
+/// A view of the endpoints' health states (in endpoint order), not of the endpoints, so the
+/// balancers below the upstream that holds them need not know what an endpoint is.
 #[derive(Debug, Clone, Copy)]
-pub struct Up<'a>(&'a [Endpoint]);
+pub struct Up<'a>(&'a [Arc<EndpointHealth>]);
 
 impl<'a> Up<'a> {
-    /// A view of `endpoints`' states.
-    pub fn new(endpoints: &'a [Endpoint]) -> Up<'a> {
-        Up(endpoints)
+    /// A view of `states`, the health of an upstream's endpoints in endpoint order.
+    pub fn new(states: &'a [Arc<EndpointHealth>]) -> Up<'a> {
+        Up(states)
     }
 
     /// Whether endpoint `i` may take a request: one relaxed atomic load (an index past the
     /// end, which no balancer should ask about, is not up).
     #[inline]
     pub fn is_up(&self, i: usize) -> bool {
-        self.0.get(i).is_some_and(|e| e.health.is_up())
+        self.0.get(i).is_some_and(|h| h.is_up())
     }
 
     /// Number of endpoints (up or not).
@@ -428,81 +431,22 @@ fn ejection_length(t: &mut Track, base: Duration, now: Instant) -> Duration {
     doubled.min(longest)
 }
 
-/// The state of endpoint `addr` of `upstream` for a new snapshot: the previous snapshot's
-/// when it has one and the upstream is still health-checked (an upstream that lost its
-/// `[upstreams.health]` table starts clean: nothing would ever bring a down endpoint back).
-pub(crate) fn carry(
-    previous: Option<&crate::gateway::Snapshot>,
-    upstream: &str,
-    addr: SocketAddr,
-    checked: bool,
-) -> Option<Arc<EndpointHealth>> {
-    if !checked {
-        return None;
-    }
-    previous?
-        .upstreams
-        .iter()
-        .filter(|u| &*u.name == upstream)
-        .flat_map(|u| u.endpoints.iter())
-        .find(|e| e.addr == addr)
-        .map(|e| Arc::clone(&e.health))
-}
-
-/// After a swap: states of `old` that `new` did not take over are retired, and the gauge of
-/// an endpoint that left the config reads 0.
-pub(crate) fn retire_missing(old: &crate::gateway::Snapshot, new: &crate::gateway::Snapshot) {
-    let new_states = || new.upstreams.iter().flat_map(|u| u.endpoints.iter());
-    for u in &old.upstreams {
-        for e in &u.endpoints {
-            if new_states().any(|n| Arc::ptr_eq(&n.health, &e.health)) {
-                continue;
-            }
-            e.health.retire();
-            let still_listed = new
-                .upstreams
-                .iter()
-                .any(|n| n.name == u.name && n.endpoints.iter().any(|ne| ne.addr == e.addr));
-            if !still_listed {
-                e.health.clear_gauge();
-            }
-        }
-    }
-}
-
-/// Endpoints on 127.0.0.1:1.. with fresh states, for balancer unit tests.
+/// Fresh states of endpoints on 127.0.0.1:1.., for balancer unit tests.
 #[cfg(test)]
-pub(crate) fn test_endpoints(n: usize) -> Vec<Endpoint> {
-    let metrics = crate::GatewayMetrics::register(&tailguard_metrics::Registry::new())
-        .expect("a fresh registry takes the gateway's families");
-    let upstream: Arc<str> = Arc::from("test");
+pub(crate) fn test_states(n: usize) -> Vec<Arc<EndpointHealth>> {
+    let registry = tailguard_metrics::Registry::new();
+    let up = registry
+        .gauge("up", "test", &["endpoint"])
+        .expect("a fresh registry takes a gauge");
     (0..n)
         .map(|i| {
             let addr: SocketAddr = ([127, 0, 0, 1], 1 + i as u16).into();
-            let text = addr.to_string();
-            Endpoint {
+            Arc::new(EndpointHealth::new(
+                Arc::from("test"),
                 addr,
-                name: None,
-                authority: text.parse().expect("an address is an authority"),
-                host: http::HeaderValue::from_str(&text).expect("an address is a header value"),
-                pool: Arc::new(crate::pool::EndpointPool::new(
-                    addr,
-                    crate::pool::PoolSettings {
-                        connect_timeout: None,
-                        idle_timeout: None,
-                    },
-                    None,
-                    Arc::clone(metrics.pool()),
-                )),
-                h2: None,
-                weight: 1,
-                health: Arc::new(EndpointHealth::new(
-                    Arc::clone(&upstream),
-                    addr,
-                    metrics.endpoint_up(&upstream, addr).expect("gauge"),
-                    Arc::new(Notify::new()),
-                )),
-            }
+                up.get_or_create(&[&addr.to_string()]).expect("gauge"),
+                Arc::new(Notify::new()),
+            ))
         })
         .collect()
 }

@@ -20,6 +20,7 @@ use tailguard_metrics::{
 
 use crate::error::{Blame, Error};
 use crate::gateway::Snapshot;
+use crate::pool_metrics::{PoolMetrics, UpstreamGuard};
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
@@ -128,15 +129,6 @@ pub(crate) struct EndpointHandles {
 
 /// An endpoint by upstream name and address.
 type EndpointKey = (Arc<str>, SocketAddr);
-
-/// Upstream connection pool counters, shared with every endpoint's pool.
-#[derive(Debug)]
-pub(crate) struct PoolMetrics {
-    opened: Counter,
-    open: Gauge,
-    pub(crate) reused: Counter,
-    in_flight: Gauge,
-}
 
 /// The gateway's metric families, one per process (reloads keep them; routes and
 /// endpoints that come back after a reload get their old series).
@@ -259,32 +251,7 @@ impl GatewayMetrics {
             "tailguard_downstream_connections_active",
             "Client connections open now.",
         )?;
-        let pool = Arc::new(PoolMetrics {
-            opened: one(
-                "tailguard_upstream_connections_opened",
-                "Connections opened to upstream endpoints.",
-            )?,
-            open: gauge(
-                "tailguard_upstream_connections_open",
-                "Upstream connections open now (busy or idle in the pool).",
-            )?,
-            reused: one(
-                "tailguard_upstream_connections_reused",
-                "Upstream requests sent on a connection that had served a request before.",
-            )?,
-            in_flight: gauge(
-                "tailguard_upstream_requests_in_flight",
-                "Requests dispatched upstream and waiting for the response head.",
-            )?,
-        });
-        let idle = gauge(
-            "tailguard_upstream_connections_idle",
-            "Upstream connections open and not waiting for a response head (computed at scrape).",
-        )?;
-        {
-            let pool = Arc::clone(&pool);
-            r.on_scrape(move || idle.set((pool.open.get() - pool.in_flight.get()).max(0)));
-        }
+        let pool = PoolMetrics::register(r)?;
         let errors = r.counter(
             "tailguard_errors",
             "Requests that ended in an error, by kind and by who was at fault.",
@@ -459,8 +426,7 @@ impl GatewayMetrics {
 
     /// A request is being dispatched upstream; until the guard drops it waits for a head.
     pub(crate) fn upstream_dispatched(&self) -> UpstreamGuard<'_> {
-        self.pool.in_flight.inc();
-        UpstreamGuard(&self.pool)
+        self.pool.dispatched()
     }
 
     /// `tailguard_upstream_retries_total` (each route makes its handles at its first retry).
@@ -489,16 +455,6 @@ impl Drop for ConnectionGuard {
     }
 }
 
-/// Keeps an upstream request counted as waiting for its response head.
-#[derive(Debug)]
-pub(crate) struct UpstreamGuard<'a>(&'a PoolMetrics);
-
-impl Drop for UpstreamGuard<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.dec();
-    }
-}
-
 /// The metric handles of one snapshot, by the router's and upstreams' indexes.
 #[derive(Debug)]
 pub(crate) struct SnapshotMetrics {
@@ -517,10 +473,10 @@ impl SnapshotMetrics {
         }
     }
 
-    pub(crate) fn build(
+    pub(crate) fn build<B>(
         gateway: &Arc<GatewayMetrics>,
         routes: impl Iterator<Item = Arc<str>>,
-        upstreams: &[crate::upstream::Upstream],
+        upstreams: &[crate::upstream::Upstream<B>],
     ) -> Result<SnapshotMetrics, Error> {
         Ok(SnapshotMetrics {
             gateway: Arc::clone(gateway),
@@ -565,29 +521,6 @@ pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) 
     }
     if let Some(synthetic) = m.gateway.synthetic.get() {
         synthetic.record(bytes_in, bytes_out, elapsed, record.upstream_time);
-    }
-}
-
-/// An upstream connection counted as open until dropped.
-#[derive(Debug)]
-pub(crate) struct OpenConnection {
-    pool: Arc<PoolMetrics>,
-}
-
-impl OpenConnection {
-    /// Counts a newly opened connection.
-    pub(crate) fn new(pool: &Arc<PoolMetrics>) -> OpenConnection {
-        pool.opened.inc();
-        pool.open.inc();
-        OpenConnection {
-            pool: Arc::clone(pool),
-        }
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.pool.open.dec();
     }
 }
 

@@ -1,6 +1,7 @@
 //! Overload protection in the gateway (tailguard-overload): the shedder decides admission
-//! right after the request head is parsed, the adaptive breaker of each (upstream, route)
-//! gates dispatch, and p2c over peak-EWMA latency is a [`Balance`].
+//! right after the request head is parsed, and the adaptive breaker of each (upstream, route)
+//! gates dispatch (p2c over peak-EWMA latency, the library's other upstream-side part, is a
+//! balancer: [`P2cEwma`](crate::balance::P2cEwma)).
 //!
 //! Built with each config snapshot; the shedder (its route groups keep their windows by
 //! route id) and its CPU sampler thread outlive reloads, breakers are carried over by
@@ -22,13 +23,12 @@ use http::{HeaderValue, Method, Response, header::CONNECTION};
 use tailguard_metrics::Registry;
 use tailguard_overload::{
     Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig, OverloadMetrics,
-    OverloadMode, OwnedBreakerPermit, OwnedLimitPermit, OwnedPermit, P2c, P2cConfig, RetryBudget,
-    SamplerHandle, Shedder, UpstreamLimit, failure_status,
+    OverloadMode, OwnedBreakerPermit, OwnedLimitPermit, OwnedPermit, RetryBudget, SamplerHandle,
+    Shedder, UpstreamLimit, failure_status,
 };
 
-use crate::balance::{Balance, Outcome};
+use crate::balance::Outcome;
 use crate::error::Error;
-use crate::health::Up;
 use crate::route::Router;
 use crate::shard::PerThread;
 
@@ -430,43 +430,6 @@ impl Dispatched {
     }
 }
 
-/// p2c over peak-EWMA latency × (in-flight + 1) with a success-rate health gate, as a
-/// [`Balance`] (`balance = "p2c_ewma"`).
-#[derive(Debug)]
-pub struct P2cEwma {
-    p2c: P2c<()>,
-}
-
-impl P2cEwma {
-    /// Over `n` endpoints.
-    pub fn new(n: usize) -> P2cEwma {
-        P2cEwma {
-            p2c: P2c::new(vec![(); n], P2cConfig::default()),
-        }
-    }
-}
-
-impl Balance for P2cEwma {
-    fn pick(&self, up: Up<'_>) -> Option<usize> {
-        self.p2c
-            .pick_index_where(MonotonicClock.now(), |i| up.is_up(i))
-    }
-
-    fn complete(&self, endpoint: usize, outcome: Outcome, latency: Duration) {
-        if endpoint >= self.p2c.endpoints().len() {
-            return;
-        }
-        let now = MonotonicClock.now();
-        match outcome {
-            Outcome::Status(s) => self.p2c.complete_index(endpoint, now, latency, s < 500),
-            Outcome::ConnectFailed | Outcome::Timeout | Outcome::Broken => {
-                self.p2c.complete_index(endpoint, now, latency, false)
-            }
-            Outcome::Aborted => self.p2c.release_index(endpoint),
-        }
-    }
-}
-
 /// `--overload off|adaptive|gozero`.
 pub fn parse_mode(s: &str) -> Result<OverloadMode, String> {
     OverloadMode::parse(s).map_err(|e| e.to_string())
@@ -550,27 +513,5 @@ mod tests {
         let second = off(&["c", "a"], Some(&first));
         assert_eq!(granted(&second, now, 1), 0, "`a` kept its spent budget");
         assert_eq!(granted(&second, now, 0), 30, "`c` is new");
-    }
-
-    #[test]
-    fn p2c_balance_prefers_the_faster_endpoint() {
-        let b = P2cEwma::new(2);
-        let endpoints = crate::health::test_endpoints(2);
-        let up = Up::new(&endpoints);
-        // Both start at the default estimate: a tie goes to endpoint 0, which is slow.
-        assert_eq!(b.pick(up), Some(0));
-        b.complete(0, Outcome::Status(200), Duration::from_millis(200));
-        assert_eq!(b.pick(up), Some(1));
-        b.complete(1, Outcome::Status(200), Duration::from_millis(1));
-        let to_fast = (0..20)
-            .filter(|_| {
-                let i = b.pick(up).unwrap();
-                b.complete(i, Outcome::Aborted, Duration::ZERO);
-                i == 1
-            })
-            .count();
-        // (A starved endpoint is forced once a second: at most one pick goes to 0 unless
-        // this test stalls for seconds.)
-        assert!(to_fast >= 19, "{to_fast}");
     }
 }

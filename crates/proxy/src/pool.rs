@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use crate::error::Error;
-use crate::metrics::{OpenConnection, PoolMetrics};
+use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
+use crate::upstream_error::UpstreamError;
 use crate::upstream_tls::TlsTarget;
 use tailguard_http1::client::Connection;
 use tailguard_http1::stream::Stream;
@@ -123,7 +123,7 @@ impl EndpointPool {
         &self,
         now: Instant,
         connect: Option<Duration>,
-    ) -> Result<(Box<Connection>, bool), Error> {
+    ) -> Result<(Box<Connection>, bool), UpstreamError> {
         loop {
             let Some(mut idle) = self.slot().pop() else {
                 break;
@@ -144,14 +144,14 @@ impl EndpointPool {
     pub(crate) async fn connect_within(
         &self,
         connect: Option<Duration>,
-    ) -> Result<Box<Connection>, Error> {
+    ) -> Result<Box<Connection>, UpstreamError> {
         let addr = self.addr;
         let connecting = self.open();
         let stream = match connect {
             Some(limit) => match tokio::time::timeout(limit, connecting).await {
                 Ok(r) => r,
                 Err(_) => {
-                    return Err(Error::UpstreamTimeout {
+                    return Err(UpstreamError::Timeout {
                         addr,
                         phase: "connect",
                     });
@@ -169,7 +169,7 @@ impl EndpointPool {
     /// The transport a connection of this pool runs over: TCP, then TLS when the upstream
     /// has it (no timeout, nothing counted; health checks open theirs here too, so they
     /// test what requests use).
-    pub(crate) async fn open(&self) -> Result<Stream, Error> {
+    pub(crate) async fn open(&self) -> Result<Stream, UpstreamError> {
         let addr = self.addr;
         let stream = TcpStream::connect(addr)
             .await
@@ -182,7 +182,7 @@ impl EndpointPool {
         // Boxed: the handshake's state is large and only a new TLS connection needs it.
         match Box::pin(tls.connect(stream)).await {
             Ok(tls) => Ok(Stream::boxed(tls)),
-            Err(e) => Err(Error::UpstreamTls {
+            Err(e) => Err(UpstreamError::Tls {
                 addr,
                 reason: e.to_string(),
             }),
@@ -247,14 +247,14 @@ impl EndpointPool {
     }
 }
 
-fn connect_error(addr: SocketAddr, err: &std::io::Error) -> Error {
+fn connect_error(addr: SocketAddr, err: &std::io::Error) -> UpstreamError {
     if err.kind() == std::io::ErrorKind::TimedOut {
-        Error::UpstreamTimeout {
+        UpstreamError::Timeout {
             addr,
             phase: "connect",
         }
     } else {
-        Error::UpstreamConnect {
+        UpstreamError::Connect {
             addr,
             reason: err.to_string(),
         }

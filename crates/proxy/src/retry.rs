@@ -655,7 +655,7 @@ fn retry_after(
     failure: Option<&Error>,
     record: &mut RequestRecord,
 ) -> Option<usize> {
-    let upstream: &Upstream = &snap.upstreams[route.upstream];
+    let upstream: &Upstream<RequestBody> = &snap.upstreams[route.upstream];
     // The budget is asked last: a `true` takes a retry from it. (Method and body were
     // checked by the caller; `may_retry` checks them again, cheaply.)
     if !snap
@@ -749,7 +749,7 @@ async fn send_try(
 ) -> TryResult {
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(c) => c,
-        Err(e) => return Err((e, Some(req))),
+        Err(e) => return Err((e.into(), Some(req))),
     };
     match client::send(conn, req, reused).await {
         Ok(sent) => Ok(sent),
@@ -757,7 +757,7 @@ async fn send_try(
         Err(SendError::Stale(req)) => {
             let conn = match pool.connect_within(connect).await {
                 Ok(c) => c,
-                Err(e) => return Err((e, Some(req))),
+                Err(e) => return Err((e.into(), Some(req))),
             };
             match client::send(conn, req, false).await {
                 Ok(sent) => Ok(sent),
@@ -913,7 +913,7 @@ pub(crate) async fn exchange_http1(
 /// so a route's own connect timeout bounds its wait; the connection itself opens under the
 /// global one).
 pub(crate) async fn h2_stream(
-    pool: &H2Pool,
+    pool: &H2Pool<RequestBody>,
     connect: Option<Option<Duration>>,
 ) -> Result<
     (
@@ -924,13 +924,13 @@ pub(crate) async fn h2_stream(
 > {
     match connect {
         Some(Some(limit)) => match tokio::time::timeout(limit, pool.stream()).await {
-            Ok(r) => r,
+            Ok(r) => r.map_err(Error::from),
             Err(_) => Err(Error::UpstreamTimeout {
                 addr: pool.addr(),
                 phase: "connect",
             }),
         },
-        _ => pool.stream().await,
+        _ => pool.stream().await.map_err(Error::from),
     }
 }
 
@@ -997,7 +997,10 @@ pub(crate) async fn exchange_h2(
                 Ok(s) => s,
                 Err(e) => return (Err(e), Some(req)),
             };
-            (pool.send(send, stream, req).await, None)
+            (
+                pool.send(send, stream, req).await.map_err(Error::from),
+                None,
+            )
         };
         let limit = match (request.map(|l| started + l), deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -7,20 +7,22 @@ use std::sync::Arc;
 use http::HeaderValue;
 use http::uri::Authority;
 
-use crate::balance::{Balance, Outcome, RoundRobin};
+use crate::balance::{Balance, Outcome, P2cEwma, RoundRobin};
 use crate::config::{BalanceKind, Protocol, UpstreamConfig};
 use crate::health::{EndpointHealth, HealthSettings, Up};
 use crate::pool::EndpointPool;
+use crate::upstream_error::UpstreamError;
 use crate::upstream_h2::H2Pool;
 use crate::upstream_tls::UpstreamTls;
 
-/// One address of an upstream, as built at config load.
+/// One address of an upstream, as built at config load. `B` is the request body its HTTP/2
+/// connections carry (the gateway's).
 ///
 /// Seam: per-endpoint state (metric handles with the endpoint label resolved, breaker
 /// state, in-flight counters) is added here, so the request path reaches it through the
 /// index the balancer returns, with no lookup.
 #[derive(Debug)]
-pub struct Endpoint {
+pub struct Endpoint<B> {
     /// The socket address.
     pub addr: SocketAddr,
     /// The DNS name `addr` was resolved from (`None` for an IP literal in the config).
@@ -34,7 +36,7 @@ pub struct Endpoint {
     pub pool: Arc<EndpointPool>,
     /// The multiplexed HTTP/2 connections to `addr`, for an upstream whose protocol is
     /// `h2c` or `h2` (`None` for `http1`).
-    pub h2: Option<Arc<H2Pool>>,
+    pub h2: Option<Arc<H2Pool<B>>>,
     /// Relative share of requests.
     pub weight: u32,
     /// Whether it may take traffic (active checks, passive ejection); kept across reloads
@@ -42,17 +44,20 @@ pub struct Endpoint {
     pub health: Arc<EndpointHealth>,
 }
 
-/// A named service: endpoints plus the balancer over them.
+/// A named service: endpoints plus the balancer over them (`B`: as for [`Endpoint`]).
 ///
 /// Seam: per-upstream state (metrics, retry budget) is added here.
 #[derive(Debug)]
-pub struct Upstream {
+pub struct Upstream<B> {
     /// The name routes refer to.
     pub name: Arc<str>,
     /// Endpoints, in config order; the balancer's indexes point here.
-    pub endpoints: Vec<Endpoint>,
+    pub endpoints: Vec<Endpoint<B>>,
     /// Picks the endpoint for each request.
     pub balance: Box<dyn Balance>,
+    /// The endpoints' health states again, in endpoint order: what the balancer reads
+    /// (through [`Up`]) to skip the endpoints that are down.
+    states: Box<[Arc<EndpointHealth>]>,
     /// What the gateway speaks to the endpoints; a request branches on it once.
     pub protocol: Protocol,
     /// `[upstreams.health]`, when the upstream has one.
@@ -78,7 +83,7 @@ pub struct EndpointAddr {
     pub name: Option<Arc<str>>,
 }
 
-impl Upstream {
+impl<B> Upstream<B> {
     /// Builds an upstream from its config and the resolved endpoint addresses (for a
     /// `builtin` upstream, the responder's bound address); `pool_for` gives each address its
     /// connection pool (a reload passes the previous snapshot's, so warm connections stay),
@@ -92,11 +97,11 @@ impl Upstream {
         unavailable: Option<String>,
         tls: Option<Arc<UpstreamTls>>,
         mut pool_for: impl FnMut(&EndpointAddr) -> Arc<EndpointPool>,
-        mut h2_for: impl FnMut(&EndpointAddr) -> Arc<H2Pool>,
+        mut h2_for: impl FnMut(&EndpointAddr) -> Arc<H2Pool<B>>,
         mut health_for: impl FnMut(SocketAddr) -> Arc<EndpointHealth>,
-    ) -> Upstream {
+    ) -> Upstream<B> {
         let protocol = *config.protocol.get_ref();
-        let endpoints: Vec<Endpoint> = addrs
+        let endpoints: Vec<Endpoint<B>> = addrs
             .iter()
             .map(|a| {
                 let addr_text = a.addr.to_string();
@@ -120,9 +125,10 @@ impl Upstream {
             })
             .collect();
         let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();
+        let states = endpoints.iter().map(|e| Arc::clone(&e.health)).collect();
         let balance: Box<dyn Balance> = match config.balance {
             BalanceKind::RoundRobin => Box::new(RoundRobin::new(&weights)),
-            BalanceKind::P2cEwma => Box::new(crate::overload::P2cEwma::new(endpoints.len())),
+            BalanceKind::P2cEwma => Box::new(P2cEwma::new(endpoints.len())),
         };
         let unavailable = if endpoints.is_empty() {
             Some(Arc::from(
@@ -136,6 +142,7 @@ impl Upstream {
             name: Arc::from(config.name.get_ref().as_str()),
             endpoints,
             balance,
+            states,
             protocol,
             unavailable,
             tls,
@@ -151,23 +158,22 @@ impl Upstream {
     /// ejected); `None` when every endpoint is down.
     #[inline]
     pub fn pick(&self) -> Option<usize> {
-        self.balance.pick(Up::new(&self.endpoints))
+        self.balance.pick(Up::new(&self.states))
     }
 
     /// The endpoint for the next request, or why there is none: no address resolved
     /// (`NoEndpoint`), or every endpoint down (`NoHealthyEndpoint`, answered at once rather
     /// than after a connect attempt that would only fail or reach a broken endpoint).
-    pub(crate) fn pick_endpoint(&self) -> Result<usize, crate::error::Error> {
+    pub(crate) fn pick_endpoint(&self) -> Result<usize, UpstreamError> {
         if let Some(reason) = &self.unavailable {
-            return Err(crate::error::Error::NoEndpoint {
+            return Err(UpstreamError::NoEndpoint {
                 upstream: Arc::clone(&self.name),
                 reason: Arc::clone(reason),
             });
         }
-        self.pick()
-            .ok_or_else(|| crate::error::Error::NoHealthyEndpoint {
-                upstream: Arc::clone(&self.name),
-            })
+        self.pick().ok_or_else(|| UpstreamError::NoHealthyEndpoint {
+            upstream: Arc::clone(&self.name),
+        })
     }
 
     /// Counts how an exchange with `endpoint` ended for passive ejection (nothing without

@@ -14,17 +14,36 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use crate::body::RequestBody;
-use crate::error::Error;
-use crate::metrics::{OpenConnection, PoolMetrics};
+use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
+use crate::upstream_error::UpstreamError;
 use crate::upstream_tls::TlsTarget;
+
+/// A request body an HTTP/2 pool sends: the pool is generic over it, so it needs nothing
+/// of the layer above whose body it carries (the gateway's streams the client's request,
+/// under its limit). Implemented for every body hyper's HTTP/2 client can send.
+pub trait H2Body:
+    http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + Unpin
+    + 'static
+{
+}
+
+impl<T> H2Body for T where
+    T: http_body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + Unpin
+        + 'static
+{
+}
 
 /// What an HTTP/2 pool is built with; two pools with equal settings are interchangeable,
 /// which is how a reload keeps the connections of endpoints it did not change.
@@ -53,19 +72,19 @@ enum Failed {
 type Driver = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// A connection's handle once open, shared by the requests that waited for it to open.
-type Opened = Arc<tokio::sync::OnceCell<Result<SendRequest<RequestBody>, Failed>>>;
+type Opened<B> = Arc<tokio::sync::OnceCell<Result<SendRequest<B>, Failed>>>;
 
 /// One multiplexed connection of a slot, open or being opened, and how many of its streams
 /// are taken.
 #[derive(Debug)]
-struct H2Conn {
-    opened: Opened,
+struct H2Conn<B> {
+    opened: Opened<B>,
     streams: Arc<AtomicUsize>,
     /// When the eviction pass first saw it without streams (`None`: busy when last seen).
     idle_since: Option<Instant>,
 }
 
-impl H2Conn {
+impl<B> H2Conn<B> {
     /// Closed, or failed to open: dropped from its slot.
     fn is_gone(&self) -> bool {
         match self.opened.get() {
@@ -89,32 +108,32 @@ impl Drop for StreamGuard {
 
 /// A stream taken on a connection that may still be opening.
 #[derive(Debug)]
-pub(crate) struct Taken {
-    opened: Opened,
+pub(crate) struct Taken<B> {
+    opened: Opened<B>,
     guard: StreamGuard,
 }
 
-/// The HTTP/2 connections of one endpoint.
+/// The HTTP/2 connections of one endpoint, carrying request bodies of type `B`.
 #[derive(Debug)]
-pub struct H2Pool {
+pub struct H2Pool<B> {
     addr: SocketAddr,
     settings: H2Settings,
     /// `h2`: the upstream's TLS and the name this endpoint is verified against.
     tls: Option<TlsTarget>,
-    slots: PerThread<Mutex<Vec<H2Conn>>>,
+    slots: PerThread<Mutex<Vec<H2Conn<B>>>>,
     metrics: Arc<PoolMetrics>,
     /// Set when a reload removed the endpoint: connections are no longer kept for reuse.
     retired: AtomicBool,
 }
 
-impl H2Pool {
+impl<B: H2Body> H2Pool<B> {
     /// An empty pool for `addr`, connecting over TLS (ALPN `h2`) when `tls` is set.
     pub(crate) fn new(
         addr: SocketAddr,
         settings: H2Settings,
         tls: Option<TlsTarget>,
         metrics: Arc<PoolMetrics>,
-    ) -> H2Pool {
+    ) -> H2Pool<B> {
         H2Pool {
             addr,
             settings,
@@ -148,7 +167,7 @@ impl H2Pool {
             && TlsTarget::same_option(self.tls.as_ref(), tls)
     }
 
-    fn slot(&self) -> MutexGuard<'_, Vec<H2Conn>> {
+    fn slot(&self) -> MutexGuard<'_, Vec<H2Conn<B>>> {
         // A panic while holding a slot cannot leave the Vec half-changed (push and retain).
         self.slots
             .get()
@@ -160,7 +179,7 @@ impl H2Pool {
     /// opened; else on a new connection, which the requests after this one share while it
     /// opens (a burst of requests opens one connection per `max_concurrent_streams`, not
     /// one each). Closed connections are dropped here.
-    fn take(&self, fresh: bool) -> Taken {
+    fn take(&self, fresh: bool) -> Taken<B> {
         let mut slot = self.slot();
         slot.retain(|c| !c.is_gone());
         let free = (!fresh)
@@ -203,11 +222,11 @@ impl H2Pool {
     /// A stream on this thread's connections, its connection opened if it was not yet.
     /// Fails only if that connection cannot be opened (the request was not sent: safe to
     /// retry elsewhere).
-    pub(crate) async fn stream(&self) -> Result<(SendRequest<RequestBody>, StreamGuard), Error> {
+    pub(crate) async fn stream(&self) -> Result<(SendRequest<B>, StreamGuard), UpstreamError> {
         self.ready(self.take(false)).await
     }
 
-    async fn ready(&self, taken: Taken) -> Result<(SendRequest<RequestBody>, StreamGuard), Error> {
+    async fn ready(&self, taken: Taken<B>) -> Result<(SendRequest<B>, StreamGuard), UpstreamError> {
         let opened = match taken.opened.get() {
             Some(opened) => opened,
             // Boxed: only the requests that wait for a connection pay for the connect
@@ -216,19 +235,19 @@ impl H2Pool {
         };
         match opened {
             Ok(send) => Ok((send.clone(), taken.guard)),
-            Err(Failed::Timeout) => Err(Error::UpstreamTimeout {
+            Err(Failed::Timeout) => Err(UpstreamError::Timeout {
                 addr: self.addr,
                 phase: "connect",
             }),
-            Err(Failed::Refused(reason)) => Err(Error::UpstreamConnect {
+            Err(Failed::Refused(reason)) => Err(UpstreamError::Connect {
                 addr: self.addr,
                 reason: reason.clone(),
             }),
-            Err(Failed::Tls(reason)) => Err(Error::UpstreamTls {
+            Err(Failed::Tls(reason)) => Err(UpstreamError::Tls {
                 addr: self.addr,
                 reason: reason.clone(),
             }),
-            Err(Failed::Handshake(reason)) => Err(Error::UpstreamConnect {
+            Err(Failed::Handshake(reason)) => Err(UpstreamError::Connect {
                 addr: self.addr,
                 reason: format!("HTTP/2 handshake: {reason}"),
             }),
@@ -240,10 +259,10 @@ impl H2Pool {
     /// taken) is sent once more on a new connection.
     pub(crate) async fn send(
         &self,
-        mut send: SendRequest<RequestBody>,
+        mut send: SendRequest<B>,
         guard: StreamGuard,
-        req: Request<RequestBody>,
-    ) -> Result<(Response<Incoming>, StreamGuard), Error> {
+        req: Request<B>,
+    ) -> Result<(Response<Incoming>, StreamGuard), UpstreamError> {
         match send.try_send_request(req).await {
             Ok(resp) => Ok((resp, guard)),
             Err(mut e) => match e.take_message() {
@@ -260,20 +279,20 @@ impl H2Pool {
         }
     }
 
-    /// A failed exchange, as the gateway's error.
-    fn broken(&self, e: &hyper::Error) -> Error {
+    /// A failed exchange, as the upstream side's error.
+    fn broken(&self, e: &hyper::Error) -> UpstreamError {
         let reason = match std::error::Error::source(e) {
             Some(cause) => format!("{e}: {cause}"),
             None => e.to_string(),
         };
-        Error::UpstreamBroken {
+        UpstreamError::Broken {
             addr: self.addr,
             reason,
         }
     }
 
     /// Opens a connection: TCP, the transport, the HTTP/2 handshake; spawns its driver.
-    async fn connect(&self) -> Result<SendRequest<RequestBody>, Failed> {
+    async fn connect(&self) -> Result<SendRequest<B>, Failed> {
         let (send, driver) = self.handshake().await?;
         let open = OpenConnection::new(&self.metrics);
         tokio::spawn(async move {
@@ -286,7 +305,8 @@ impl H2Pool {
     /// A health check over HTTP/2 (`[upstreams.health]` of an `h2c`/`h2` upstream, whose
     /// endpoints may speak nothing else): `GET path` with `authority` on a connection of its
     /// own, opened like the pool's (TLS included) but neither kept nor counted; the status
-    /// of the answer, or why there is none. The caller bounds it in time.
+    /// of the answer, or why there is none. The caller bounds it in time. Its request has
+    /// no body, so its connection carries `Empty` bodies, not the pool's `B`.
     pub(crate) async fn probe(&self, path: &str, authority: &str) -> Result<u16, String> {
         let (mut send, driver) = self.handshake().await.map_err(|f| match f {
             Failed::Timeout => "connect timed out".to_owned(),
@@ -299,7 +319,7 @@ impl H2Pool {
         let req = Request::get(format!("{scheme}://{authority}{path}"))
             .version(http::Version::HTTP_2)
             .header(http::header::USER_AGENT, "tailguard-health-check")
-            .body(RequestBody::unlimited(crate::body::IncomingBody::Empty))
+            .body(http_body_util::Empty::<Bytes>::new())
             .map_err(|e| format!("request: {e}"))?;
         let answer = send.send_request(req).await;
         // Closing the connection: dropping its last handle lets the driver end it.
@@ -312,7 +332,7 @@ impl H2Pool {
 
     /// TCP, the transport, the HTTP/2 handshake, within the connect timeout; the
     /// connection's handle and its driver (not yet spawned).
-    async fn handshake(&self) -> Result<(SendRequest<RequestBody>, Driver), Failed> {
+    async fn handshake<C: H2Body>(&self) -> Result<(SendRequest<C>, Driver), Failed> {
         let addr = self.addr;
         let opening = async {
             let tcp = TcpStream::connect(addr).await.map_err(|e| {
@@ -365,7 +385,7 @@ impl H2Pool {
         let Some(limit) = self.settings.idle_timeout else {
             return;
         };
-        let idle: Vec<H2Conn> = {
+        let idle: Vec<H2Conn<B>> = {
             let mut slot = self.slot();
             if slot.is_empty() {
                 return;

@@ -3,14 +3,15 @@
 //! health-checked upstream, ejects endpoints whose failures crossed their upstream's
 //! threshold, and ends ejections when they are due.
 //!
-//! Each round reads the gateway's current snapshot, so endpoints added or removed by a
-//! reload (or a re-resolution that swaps a snapshot) are followed without telling the
-//! thread anything. It holds the gateway only weakly: it stops when the gateway is dropped
-//! (or its [`Checker`] handle is).
+//! Each round reads the current upstreams through the [`Current`] it is handed (the
+//! gateway's current snapshot), so endpoints added or removed by a reload (or a
+//! re-resolution that swaps a snapshot) are followed without telling the thread anything.
+//! The layer above holds itself only weakly in it: the thread stops when it answers `None`
+//! (the gateway was dropped), or when its [`Checker`] handle is dropped.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tailguard_http1::stream::Stream;
@@ -18,8 +19,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{Notify, oneshot};
 
 use super::{ActiveCheck, Ejection};
-use crate::gateway::{Gateway, Snapshot};
 use crate::upstream::{Endpoint, Upstream};
+use crate::upstream_h2::H2Body;
 
 /// How long the thread sleeps when nothing is due: it also wakes on every reload and on
 /// every ejection threshold crossed, so this only bounds how late a missed wake is noticed.
@@ -27,6 +28,18 @@ const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 /// The most bytes of a check's answer read while looking for its status line.
 const STATUS_LINE_MAX: usize = 4 * 1024;
+
+/// The upstreams the checker thread works on, held for as long as a round runs: the
+/// gateway's snapshot implements it (`B`: the request body of the upstreams' HTTP/2 pools).
+pub trait Upstreams<B>: Send + Sync {
+    /// The upstreams, in the order their indexes refer to.
+    fn upstreams(&self) -> &[Upstream<B>];
+}
+
+/// How the checker thread gets the current upstreams at each turn of its loop; `None` once
+/// the layer above is gone, which stops the thread. It should hold that layer weakly, so the
+/// thread never keeps it alive.
+pub type Current<B> = Box<dyn Fn() -> Option<Arc<dyn Upstreams<B>>> + Send>;
 
 /// The gateway's side of the checker thread: wakes it, and stops it when dropped.
 #[derive(Debug)]
@@ -56,18 +69,19 @@ impl Hub {
         &self.wake
     }
 
-    /// Starts the checker thread if `snapshot` checks or ejects anything and the thread is
-    /// not running yet; else wakes it, so a new snapshot's checks start now.
-    pub(crate) fn follow(&self, snapshot: &Snapshot, gateway: Weak<Gateway>) {
-        if snapshot.upstreams.iter().any(|u| u.health.is_some()) {
+    /// Starts the checker thread if `upstreams` (a new snapshot's) check or eject anything
+    /// and the thread is not running yet, reading the upstreams from `current` from then on;
+    /// else wakes it, so a new snapshot's checks start now.
+    pub(crate) fn follow<B: H2Body>(&self, upstreams: &[Upstream<B>], current: Current<B>) {
+        if upstreams.iter().any(|u| u.health.is_some()) {
             self.checker
-                .get_or_init(|| spawn(gateway, Arc::clone(&self.wake)));
+                .get_or_init(|| spawn(current, Arc::clone(&self.wake)));
         }
         self.wake.notify_one();
     }
 }
 
-fn spawn(gateway: Weak<Gateway>, wake: Arc<Notify>) -> Option<Checker> {
+fn spawn<B: H2Body>(current: Current<B>, wake: Arc<Notify>) -> Option<Checker> {
     let (stop, stopped) = oneshot::channel();
     let started = std::thread::Builder::new()
         .name("tailguard-health".to_owned())
@@ -82,7 +96,7 @@ fn spawn(gateway: Weak<Gateway>, wake: Arc<Notify>) -> Option<Checker> {
                     return;
                 }
             };
-            runtime.block_on(run(gateway, wake, stopped));
+            runtime.block_on(run(current, wake, stopped));
         });
     match started {
         Ok(_) => Some(Checker { stop: Some(stop) }),
@@ -97,17 +111,21 @@ fn spawn(gateway: Weak<Gateway>, wake: Arc<Notify>) -> Option<Checker> {
 
 /// The thread's loop: start the rounds that are due, eject and un-eject, sleep until the
 /// next thing is due or a wake comes.
-async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Receiver<()>) {
+async fn run<B: H2Body>(
+    current: Current<B>,
+    wake: Arc<Notify>,
+    mut stopped: oneshot::Receiver<()>,
+) {
     // Each upstream's rounds by name (kept across snapshots; a changed interval starts a
     // round now).
     let mut due: HashMap<Arc<str>, Rounds> = HashMap::new();
     loop {
-        let Some(snapshot) = gateway.upgrade().map(|g| g.snapshot()) else {
+        let Some(snapshot) = current() else {
             return;
         };
         let now = Instant::now();
         let mut next = now + IDLE_WAKE;
-        for (index, upstream) in snapshot.upstreams.iter().enumerate() {
+        for (index, upstream) in snapshot.upstreams().iter().enumerate() {
             let Some(settings) = &upstream.health else {
                 continue;
             };
@@ -152,7 +170,7 @@ async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Re
         }
         due.retain(|name, _| {
             snapshot
-                .upstreams
+                .upstreams()
                 .iter()
                 .any(|u| &u.name == name && u.health.as_ref().is_some_and(|h| h.active.is_some()))
         });
@@ -168,8 +186,8 @@ async fn run(gateway: Weak<Gateway>, wake: Arc<Notify>, mut stopped: oneshot::Re
 /// Ends the ejections of `upstream` that are due and (with `ejection` on) ejects the
 /// endpoints whose failures reached the threshold, as far as `max_ejected_percent` allows;
 /// returns when the next ejection ends.
-fn eject_and_expire(
-    upstream: &Upstream,
+fn eject_and_expire<B>(
+    upstream: &Upstream<B>,
     ejection: Option<&Ejection>,
     now: Instant,
 ) -> Option<Instant> {
@@ -222,14 +240,14 @@ impl Rounds {
 
 /// Checks every endpoint of upstream `index` at once and applies the results; then clears
 /// `running` and wakes the loop, which starts the next round if it is already due.
-async fn round(
-    snapshot: Arc<Snapshot>,
+async fn round<B: H2Body>(
+    snapshot: Arc<dyn Upstreams<B>>,
     index: usize,
     check: ActiveCheck,
     running: Arc<AtomicBool>,
     wake: Arc<Notify>,
 ) {
-    let upstream = &snapshot.upstreams[index];
+    let upstream = &snapshot.upstreams()[index];
     let probes = upstream.endpoints.iter().map(|e| {
         let check = &check;
         async move {
@@ -246,14 +264,17 @@ async fn round(
 /// requests use (TCP, or TLS with the upstream's `[upstreams.tls]`: a certificate that no
 /// longer verifies fails the check), from the endpoint's pool but not counted in its
 /// metrics and never pooled.
-pub(crate) async fn connect(endpoint: &Endpoint) -> Result<Stream, String> {
+pub(crate) async fn connect<B>(endpoint: &Endpoint<B>) -> Result<Stream, String> {
     endpoint.pool.open().await.map_err(|e| e.to_string())
 }
 
 /// One check: `GET path` over HTTP/1.1 with the endpoint's `Host` (over HTTP/2 for an
 /// `h2c`/`h2` upstream), bounded by the check's timeout (connect included); the status of
 /// the answer, or why there is none.
-pub(crate) async fn probe(endpoint: &Endpoint, check: &ActiveCheck) -> Result<u16, String> {
+pub(crate) async fn probe<B: H2Body>(
+    endpoint: &Endpoint<B>,
+    check: &ActiveCheck,
+) -> Result<u16, String> {
     // An HTTP/2 upstream's endpoints may speak nothing else (a gRPC server): checked in
     // HTTP/2, on a connection opened as its requests' are.
     if let Some(h2) = &endpoint.h2 {
