@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 
-use crate::config::Diagnostic;
+use crate::config::diagnostic::{self, Diagnostic};
 
 /// Who caused a failure: the answer decides which side's metrics and alerts it lands on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,7 @@ impl Blame {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The config has errors; each one carries file, line, column and field.
-    #[error("{}", display_diagnostics(.0))]
+    #[error("{}", diagnostic::lines(.0))]
     Config(Vec<Diagnostic>),
     /// A file (config, certificate, key) could not be read.
     #[error("cannot read {}: {source}", path.display())]
@@ -154,17 +154,6 @@ pub enum Error {
     /// A bug or an exhausted resource in the gateway.
     #[error("internal error: {0}")]
     Internal(String),
-}
-
-fn display_diagnostics(diags: &[Diagnostic]) -> String {
-    let mut out = String::new();
-    for (i, d) in diags.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        out.push_str(&d.to_string());
-    }
-    out
 }
 
 impl Error {
@@ -325,6 +314,17 @@ impl Error {
             Error::RateLimited { .. } => "rate_limited",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
+        }
+    }
+}
+
+/// A config that failed to load is the same failure in the gateway: the same variant, so
+/// the same message, kind and status.
+impl From<crate::config::Error> for Error {
+    fn from(err: crate::config::Error) -> Error {
+        match err {
+            crate::config::Error::Config(diags) => Error::Config(diags),
+            crate::config::Error::Read { path, source } => Error::Read { path, source },
         }
     }
 }

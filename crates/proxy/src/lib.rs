@@ -45,7 +45,6 @@ pub mod admission;
 pub mod balance;
 pub mod body;
 pub mod builtin;
-pub mod cidr;
 pub mod config;
 pub mod dns;
 pub(crate) mod drain;
