@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use tailguard_proxy::Config;
+use tailguard_config::Config;
 
 use crate::bootstrap::{EtcdArgs, Settings};
 use crate::etcd::{Failure, connect, read};

@@ -14,8 +14,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use tailguard_config::Config;
 use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priority, Registry};
-use tailguard_proxy::{Config, Error, GatewayMetrics, Server};
+use tailguard_proxy::{Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::etcd::{EtcdSource, StartDocument};

@@ -11,7 +11,7 @@ use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, StatusCode, Uri};
 use toml::Spanned;
 
-use crate::config::route::{
+use crate::route::{
     HeaderEntry, HeaderOpsConfig, PathMatch, RedirectConfig, RespondConfig, RewriteConfig,
     RouteConfig,
 };

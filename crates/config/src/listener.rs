@@ -3,8 +3,8 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::rate_limit::RateLimitConfig;
-use crate::config::tls::{ListenerTls, TlsVersion};
+use crate::rate_limit::RateLimitConfig;
+use crate::tls::{ListenerTls, TlsVersion};
 
 /// A listening socket.
 #[derive(Debug, Clone, Deserialize)]

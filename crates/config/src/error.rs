@@ -4,7 +4,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::config::diagnostic::{self, Diagnostic};
+use crate::diagnostic::{self, Diagnostic};
 
 /// Why a config could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::limits::Timeouts;
+use crate::limits::Timeouts;
 
 /// The most tries a route may ask for: more would only multiply the load on a failing
 /// upstream (the budget stops it anyway, but a config that asks for it is a mistake).

@@ -6,8 +6,8 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::rate_limit::RateLimitConfig;
-use crate::config::retry::{RetryConfig, RouteTimeouts};
+use crate::rate_limit::RateLimitConfig;
+use crate::retry::{RetryConfig, RouteTimeouts};
 
 /// How a route matches the request path.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -75,7 +75,7 @@ pub struct RouteConfig {
     /// The route's own `connect_ms`, `request_ms`, `read_ms` (each overrides `[timeouts]`).
     #[serde(default)]
     pub timeouts: Option<Spanned<RouteTimeouts>>,
-    /// Retries of a failed try on another endpoint ([`crate::config::retry`]).
+    /// Retries of a failed try on another endpoint ([`crate::retry`]).
     #[serde(default)]
     pub retry: Option<Spanned<RetryConfig>>,
     /// A rate limit on this route's requests, checked right after routing.

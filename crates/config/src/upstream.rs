@@ -4,8 +4,8 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::health::HealthConfig;
-use crate::config::upstream_tls::UpstreamTlsConfig;
+use crate::health::HealthConfig;
+use crate::upstream_tls::UpstreamTlsConfig;
 
 /// How an upstream spreads requests over its endpoints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

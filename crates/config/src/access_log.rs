@@ -3,7 +3,7 @@
 
 use tailguard_access_log::{Config as LogConfig, Output};
 
-use crate::config::listener::ListenerConfig;
+use crate::listener::ListenerConfig;
 
 /// The settings each listener logs with: its own `access_log` table, else `top`.
 pub fn effective<'a>(top: &'a LogConfig, listeners: &'a [ListenerConfig]) -> Vec<&'a LogConfig> {

@@ -17,7 +17,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, de::value};
 use toml::Spanned;
 
-use crate::config::sni::{Names, ServerName};
+use crate::sni::{Names, ServerName};
 
 /// Certificate chain and private key for a TLS listener, PEM files.
 #[derive(Debug, Clone, Deserialize)]

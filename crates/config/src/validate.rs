@@ -8,14 +8,14 @@ use std::ops::Range;
 
 use toml::Spanned;
 
-use crate::config::diagnostic::Diags;
-use crate::config::dns::{Target, parse_server};
-use crate::config::file::Config;
-use crate::config::rate_limit::Scope;
-use crate::config::route::PathMatch;
-use crate::config::upstream::{Protocol, UpstreamConfig};
-use crate::config::upstream_tls::{self, UpstreamTlsConfig};
-use crate::config::{policy, retry, tls};
+use crate::diagnostic::Diags;
+use crate::dns::{Target, parse_server};
+use crate::file::Config;
+use crate::rate_limit::Scope;
+use crate::route::PathMatch;
+use crate::upstream::{Protocol, UpstreamConfig};
+use crate::upstream_tls::{self, UpstreamTlsConfig};
+use crate::{policy, retry, tls};
 
 /// File index of each element that deserialized, per array section.
 #[derive(Default)]

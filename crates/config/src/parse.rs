@@ -9,15 +9,15 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 
-use crate::config::access_log;
-use crate::config::cidr::Cidr;
-use crate::config::diagnostic::{Diags, line_col};
-use crate::config::dns::DnsConfig;
-use crate::config::error::Error;
-use crate::config::file::{Config, ListenOrigin};
-use crate::config::limits::{Limits, Timeouts};
-use crate::config::listener::ListenerConfig;
-use crate::config::validate::{self, FileIndexes};
+use crate::access_log;
+use crate::cidr::Cidr;
+use crate::diagnostic::{Diags, line_col};
+use crate::dns::DnsConfig;
+use crate::error::Error;
+use crate::file::{Config, ListenOrigin};
+use crate::limits::{Limits, Timeouts};
+use crate::listener::ListenerConfig;
+use crate::validate::{self, FileIndexes};
 
 /// The config compiled into the binary: what `tailguard run` serves with no `--config`.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");

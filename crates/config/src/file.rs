@@ -8,14 +8,14 @@ use tailguard_access_log::FormatName;
 use tailguard_access_log::Output;
 use toml::Spanned;
 
-use crate::config::cidr::Cidr;
-use crate::config::diagnostic::{self, Diagnostic};
-use crate::config::dns::DnsConfig;
-use crate::config::error::Error;
-use crate::config::limits::{Limits, Timeouts};
-use crate::config::listener::ListenerConfig;
-use crate::config::route::RouteConfig;
-use crate::config::upstream::{self, EndpointConfig, UpstreamConfig};
+use crate::cidr::Cidr;
+use crate::diagnostic::{self, Diagnostic};
+use crate::dns::DnsConfig;
+use crate::error::Error;
+use crate::limits::{Limits, Timeouts};
+use crate::listener::ListenerConfig;
+use crate::route::RouteConfig;
+use crate::upstream::{self, EndpointConfig, UpstreamConfig};
 
 /// A validated config. Only [`Config::parse`] and [`Config::load`] make one, so every
 /// `Config` has passed every check.
