@@ -4,8 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use tailguard_access_log::FormatName;
-use tailguard_access_log::Output;
+use tailguard_access_log::{FormatName, Output};
 use toml::Spanned;
 
 use crate::cidr::Cidr;
