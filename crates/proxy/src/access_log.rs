@@ -14,8 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Version};
 use tailguard_access_log::{
-    AccessLog, Config as LogConfig, FormatName, LogMetrics, Metrics, Output, Record, Reopener,
-    Stats, Writer,
+    AccessLog, Config as LogConfig, LogMetrics, Metrics, Output, Record, Reopener, Stats, Writer,
 };
 
 use crate::config::{Config, Diagnostic};
@@ -49,83 +48,7 @@ pub struct Attached {
 
 /// The settings a listener logs with: its own `access_log` table, else the top-level one.
 fn effective(config: &Config) -> Vec<&LogConfig> {
-    config
-        .listeners
-        .iter()
-        .map(|l| l.access_log.as_ref().unwrap_or(&config.access_log))
-        .collect()
-}
-
-/// Config checks, as `(field, message)` pairs for the config's diagnostics.
-pub(crate) fn check(config: &Config) -> Vec<(String, String)> {
-    let mut problems = Vec::new();
-    if let Err(e) = config.access_log.validate() {
-        problems.push(("access_log".to_owned(), e.to_string()));
-    }
-    for (i, l) in config.listeners.iter().enumerate() {
-        if let Some(own) = &l.access_log
-            && let Err(e) = own.validate()
-        {
-            problems.push((format!("listeners[{i}].access_log"), e.to_string()));
-        }
-    }
-    // One file, one writer: two listeners may share a path only with the same settings.
-    let logs = effective(config);
-    for (i, a) in logs.iter().enumerate() {
-        if let Output::File(path) = &a.path
-            && let Some(j) = logs[..i].iter().position(|b| b.path == a.path && b != a)
-        {
-            problems.push((
-                format!("listeners[{i}].access_log"),
-                format!(
-                    "{} is also the access log of listeners[{j}], with different settings",
-                    path.display()
-                ),
-            ));
-        }
-    }
-    problems
-}
-
-impl Config {
-    /// Applies `tailguard run --access-log FILE|- [--access-log-format F]
-    /// [--access-log-buffer BYTES]`: sets the top-level `[access_log]` and makes every
-    /// listener use it.
-    pub fn override_access_log(
-        &mut self,
-        path: Option<&str>,
-        format: Option<FormatName>,
-        buffer_size: Option<usize>,
-    ) -> Result<(), Error> {
-        if path.is_none() && format.is_none() && buffer_size.is_none() {
-            return Ok(());
-        }
-        let log = &mut self.access_log;
-        if let Some(p) = path {
-            log.path = Output::parse(p);
-        }
-        if let Some(f) = format {
-            log.format = Some(f);
-            log.template = None;
-        }
-        if let Some(b) = buffer_size {
-            log.buffer_size = b;
-        }
-        log.validate().map_err(|e| cli_error("--access-log", e))?;
-        for l in &mut self.listeners {
-            l.access_log = None;
-        }
-        Ok(())
-    }
-}
-
-fn cli_error(field: &str, e: impl std::fmt::Display) -> Error {
-    Error::Config(vec![Diagnostic {
-        file: "command line".to_owned(),
-        position: None,
-        field: field.to_owned(),
-        message: e.to_string(),
-    }])
+    crate::config::access_log::effective(&config.access_log, &config.listeners)
 }
 
 impl AccessLogs {
@@ -229,6 +152,13 @@ impl AccessLogs {
 }
 
 /// How a log is named in messages and metric labels: its resolved path, `-` or `off`.
+fn cli_error(field: &str, e: impl std::fmt::Display) -> Error {
+    Error::Config(vec![crate::config::diagnostic::command_line(
+        field,
+        e.to_string(),
+    )])
+}
+
 fn output_name(config: &Config, path: &Output) -> String {
     match path {
         Output::Off => "off".to_owned(),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 
-use crate::config::Diagnostic;
+use crate::config::diagnostic::{self, Diagnostic};
 use crate::upstream_error::UpstreamError;
 
 /// Who caused a failure: the answer decides which side's metrics and alerts it lands on.
@@ -36,7 +36,7 @@ impl Blame {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The config has errors; each one carries file, line, column and field.
-    #[error("{}", display_diagnostics(.0))]
+    #[error("{}", diagnostic::lines(.0))]
     Config(Vec<Diagnostic>),
     /// A file (config, certificate, key) could not be read.
     #[error("cannot read {}: {source}", path.display())]
@@ -156,17 +156,6 @@ pub enum Error {
     /// A bug or an exhausted resource in the gateway.
     #[error("internal error: {0}")]
     Internal(String),
-}
-
-fn display_diagnostics(diags: &[Diagnostic]) -> String {
-    let mut out = String::new();
-    for (i, d) in diags.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        out.push_str(&d.to_string());
-    }
-    out
 }
 
 impl Error {
@@ -343,6 +332,17 @@ impl From<UpstreamError> for Error {
             }
             UpstreamError::NoHealthyEndpoint { upstream } => Error::NoHealthyEndpoint { upstream },
             UpstreamError::Internal(why) => Error::Internal(why),
+        }
+    }
+}
+
+/// A config that failed to load is the same failure in the gateway: the same variant, so
+/// the same message, kind and status.
+impl From<crate::config::Error> for Error {
+    fn from(err: crate::config::Error) -> Error {
+        match err {
+            crate::config::Error::Config(diags) => Error::Config(diags),
+            crate::config::Error::Read { path, source } => Error::Read { path, source },
         }
     }
 }

@@ -16,7 +16,6 @@
 //! snapshot) keeps what the checks learned about the endpoints it keeps.
 
 pub mod checker;
-pub mod config;
 pub mod handover;
 
 use std::net::SocketAddr;
@@ -30,7 +29,9 @@ use tokio::sync::Notify;
 use crate::outcome::Outcome;
 use crate::shard::Padded;
 
-pub use config::{ActiveCheck, Ejection, ExpectStatus, HealthConfig, MAX_EJECTION_FACTOR};
+pub use crate::config::health::{
+    ActiveCheck, Ejection, ExpectStatus, HealthConfig, MAX_EJECTION_FACTOR,
+};
 
 /// `down` bit: the active check took the endpoint out.
 const PROBE_DOWN: u8 = 1;

@@ -1,7 +1,8 @@
-//! The gateway: config, routes, upstreams, pools, balancing and the HTTP data path.
+//! The gateway: routes, upstreams, pools, balancing and the HTTP data path, built from a
+//! config.
 //!
-//! A [`Config`] (parsed and validated from TOML, every error with file:line:column) is
-//! built into a [`gateway::Snapshot`]: a [`route::Router`] with the routes in precedence
+//! A [`Config`] (the `tailguard-config` crate, re-exported as [`config`]: parsed and
+//! validated from TOML, every error with file:line:column) is built into a [`gateway::Snapshot`]: a [`route::Router`] with the routes in precedence
 //! order, the [`upstream::Upstream`]s with their endpoints and [`balance::Balance`]r, and a
 //! pooled keep-alive upstream client. A [`Server`] binds the listeners and serves each
 //! connection (HTTP/1.1, h2c, or TLS with ALPN) through the current snapshot;
@@ -45,8 +46,6 @@ pub mod admission;
 pub mod balance;
 pub mod body;
 pub mod builtin;
-pub mod cidr;
-pub mod config;
 pub mod dns;
 pub(crate) mod drain;
 pub mod error;
@@ -76,8 +75,10 @@ pub mod upstream_error;
 pub mod upstream_h2;
 pub mod upstream_tls;
 
-pub use config::Config;
 pub use error::{Blame, Error};
 pub use gateway::Gateway;
 pub use metrics::GatewayMetrics;
 pub use server::Server;
+/// The config crate, so that `config::X` paths (`crate::config::Config`) keep working.
+pub use tailguard_config as config;
+pub use tailguard_config::Config;

@@ -1,6 +1,7 @@
 //! Per-route timeouts and retries: a route's `timeouts = { connect_ms, request_ms, read_ms }`
-//! and `retry = { attempts, on, backoff_ms, buffer_bytes }`, their checks, and the exchanges
-//! that retry a failed try on another endpoint (HTTP/1.1 and HTTP/2 upstreams).
+//! and `retry = { attempts, on, backoff_ms, buffer_bytes }` as built from their config
+//! ([`crate::config::retry`] has it and its checks), and the exchanges that retry a failed
+//! try on another endpoint (HTTP/1.1 and HTTP/2 upstreams).
 //!
 //! What a route pays: a route without `timeouts` and `retry` reads three `None`s and one
 //! more on the request path (the plain exchange of `gateway.rs`, unchanged, with its one
@@ -38,7 +39,6 @@
 //!   passive ejection; the breaker of the route sees the request once, with its final
 //!   outcome.
 
-use std::ops::Range;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,6 @@ use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use serde::Deserialize;
 use tailguard_access_log::UpstreamTry;
 use tailguard_http1::client::{self, SendError};
 use tailguard_http1::timer::LazyTimer;
@@ -56,94 +55,21 @@ use toml::Spanned;
 
 use crate::balance::Outcome;
 use crate::body::{IncomingBody, RequestBody};
-use crate::config::{RouteConfig, Timeouts};
+use crate::config::RouteConfig;
+use crate::config::retry::REASONS;
 use crate::error::Error;
 use crate::gateway::Snapshot;
 use crate::pool::EndpointPool;
 use crate::record::RequestRecord;
-use crate::replay::{self, Kept, MAX_BUFFER_BYTES, Unkept};
+use crate::replay::{self, Kept, Unkept};
 use crate::route::Route;
 use crate::upstream::Upstream;
 use crate::upstream_h2::{H2Pool, StreamGuard};
 
-/// The most tries a route may ask for: more would only multiply the load on a failing
-/// upstream (the budget stops it anyway, but a config that asks for it is a mistake).
-const MAX_ATTEMPTS: u32 = 10;
-/// The longest `backoff_ms`: a retry is for a blip, and a client waits through it.
-const MAX_BACKOFF_MS: u64 = 10_000;
+pub use crate::config::retry::Reason;
+
 /// The backoff doubles from try to try up to this many times `backoff_ms`.
 const MAX_BACKOFF_FACTOR: u32 = 8;
-
-/// A route's `timeouts`: each one set overrides `[timeouts]` for the route (`0` disables it,
-/// as there).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteTimeouts {
-    /// TCP connect (and TLS handshake) to an endpoint.
-    #[serde(default)]
-    pub connect_ms: Option<u64>,
-    /// From a try's dispatch to the upstream's response head.
-    #[serde(default)]
-    pub request_ms: Option<u64>,
-    /// Between two reads of the upstream's response body.
-    #[serde(default)]
-    pub read_ms: Option<u64>,
-}
-
-/// A route's `retry`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetryConfig {
-    /// Tries in all, the first included (1: none).
-    #[serde(default = "default_attempts")]
-    pub attempts: Spanned<u32>,
-    /// Conditions that retry: `connect`, `502`, `503`, `504`, `timeout`.
-    #[serde(default = "default_on")]
-    pub on: Spanned<Vec<Spanned<String>>>,
-    /// Backoff before the first retry, doubled for each next one (jittered).
-    #[serde(default = "default_backoff_ms")]
-    pub backoff_ms: Spanned<u64>,
-    /// The largest request body kept while a try is in flight so that it can be sent again
-    /// (`crate::replay`); a larger one is not retried.
-    #[serde(default = "default_buffer_bytes")]
-    pub buffer_bytes: Spanned<u64>,
-}
-
-fn default_attempts() -> Spanned<u32> {
-    Spanned::new(0..0, 2)
-}
-
-fn default_on() -> Spanned<Vec<Spanned<String>>> {
-    // A failed connect never reached the upstream: retrying it processes nothing twice.
-    Spanned::new(0..0, vec![Spanned::new(0..0, "connect".to_owned())])
-}
-
-fn default_backoff_ms() -> Spanned<u64> {
-    // 25 ms: Envoy's default base interval.
-    Spanned::new(0..0, 25)
-}
-
-fn default_buffer_bytes() -> Spanned<u64> {
-    // 64 KiB: Envoy's default per-request buffer for retries and nginx's
-    // `client_body_buffer_size` on 64-bit (16 KiB) x 4: a JSON document or a form fits.
-    Spanned::new(0..0, 64 * 1024)
-}
-
-/// Why a try was retried: the `on` condition it met, also the `reason` label of
-/// `tailguard_upstream_retries_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// The connect (or TLS handshake) failed or timed out: nothing was sent.
-    Connect,
-    /// The upstream answered `502`.
-    Status502,
-    /// The upstream answered `503`.
-    Status503,
-    /// The upstream answered `504`.
-    Status504,
-    /// The try's `request_ms` passed before the response head.
-    Timeout,
-}
 
 /// Why a try that met a retry condition was not retried: the `reason` label of
 /// `tailguard_upstream_retries_skipped_total` (five values, a dense array per route).
@@ -192,112 +118,6 @@ impl From<Unkept> for Skip {
     }
 }
 
-const REASONS: [Reason; 5] = [
-    Reason::Connect,
-    Reason::Status502,
-    Reason::Status503,
-    Reason::Status504,
-    Reason::Timeout,
-];
-
-impl Reason {
-    /// The name as written in `on` and in the metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Connect => "connect",
-            Reason::Status502 => "502",
-            Reason::Status503 => "503",
-            Reason::Status504 => "504",
-            Reason::Timeout => "timeout",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Reason> {
-        REASONS.into_iter().find(|r| r.as_str() == s)
-    }
-
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
-}
-
-/// The problems of route `r`'s `timeouts` and `retry`, as `(span, field, message)` with the
-/// field below the route (`retry.on[1]`).
-pub(crate) fn check(
-    r: &RouteConfig,
-    global: &Timeouts,
-) -> Vec<(Option<Range<usize>>, String, String)> {
-    let mut out = Vec::new();
-    let Some(retry) = r.retry.as_ref().map(Spanned::get_ref) else {
-        return out;
-    };
-    let span = |s: Range<usize>| (!s.is_empty()).then_some(s);
-    let attempts = *retry.attempts.get_ref();
-    if !(1..=MAX_ATTEMPTS).contains(&attempts) {
-        out.push((
-            span(retry.attempts.span()),
-            "retry.attempts".to_owned(),
-            format!("{attempts} is outside 1..={MAX_ATTEMPTS} (tries in all, the first included)"),
-        ));
-    }
-    let backoff = *retry.backoff_ms.get_ref();
-    if backoff > MAX_BACKOFF_MS {
-        out.push((
-            span(retry.backoff_ms.span()),
-            "retry.backoff_ms".to_owned(),
-            format!("{backoff} ms is above the {MAX_BACKOFF_MS} ms ceiling"),
-        ));
-    }
-    let buffer = *retry.buffer_bytes.get_ref();
-    if buffer > MAX_BUFFER_BYTES {
-        out.push((
-            span(retry.buffer_bytes.span()),
-            "retry.buffer_bytes".to_owned(),
-            format!(
-                "{buffer} is above the {MAX_BUFFER_BYTES} ceiling (1 MiB: a larger body is an \
-                 upload, not retried)"
-            ),
-        ));
-    }
-    if retry.on.get_ref().is_empty() {
-        out.push((
-            span(retry.on.span()),
-            "retry.on".to_owned(),
-            "names no condition; for no retries at all, set `attempts = 1`".to_owned(),
-        ));
-    }
-    for (i, c) in retry.on.get_ref().iter().enumerate() {
-        match Reason::parse(c.get_ref()) {
-            Some(Reason::Timeout) => {
-                let request_ms = r
-                    .timeouts
-                    .as_ref()
-                    .and_then(|t| t.get_ref().request_ms)
-                    .unwrap_or(global.request_ms);
-                if request_ms == 0 {
-                    out.push((
-                        span(c.span()),
-                        format!("retry.on[{i}]"),
-                        "`timeout` needs a request timeout, and `request_ms` is 0 (disabled)"
-                            .to_owned(),
-                    ));
-                }
-            }
-            Some(_) => {}
-            None => out.push((
-                span(c.span()),
-                format!("retry.on[{i}]"),
-                format!(
-                    "`{}` is not a retry condition; expected one of `connect`, `502`, `503`, \
-                     `504`, `timeout`",
-                    c.get_ref()
-                ),
-            )),
-        }
-    }
-    out
-}
-
 /// A route's timeouts and retries as built at config load.
 #[derive(Debug, Default)]
 pub(crate) struct RoutePolicy {
@@ -320,7 +140,8 @@ pub(crate) struct RetryPolicy {
     /// One bit per [`Reason`].
     on: u8,
     backoff: Duration,
-    /// `buffer_bytes` (at most [`MAX_BUFFER_BYTES`], so it fits any `usize`).
+    /// `buffer_bytes` (at most [`crate::config::retry::MAX_BUFFER_BYTES`], so it fits any
+    /// `usize`).
     buffer_bytes: usize,
 }
 

@@ -11,39 +11,26 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::sign::SingleCertAndKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::config::UpstreamTlsConfig;
+use crate::config::upstream_tls;
+
+pub use crate::config::upstream_tls::LoadError;
 
 /// ALPN offered to an HTTP/1.1 upstream.
 pub const ALPN_HTTP1: &[&[u8]] = &[b"http/1.1"];
 /// ALPN offered to an HTTP/2 upstream (`protocol = "h2"`).
 pub const ALPN_H2: &[&[u8]] = &[b"h2"];
-
-/// A `[upstreams.tls]` that cannot be loaded: the field whose file is at fault, and why
-/// (the message names the file).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadError {
-    /// `ca`, `client_cert`, `client_key` or `sni`.
-    pub field: &'static str,
-    /// What is wrong, naming the file.
-    pub message: String,
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tls.{}: {}", self.field, self.message)
-    }
-}
 
 /// What a loaded config was made of: two loads with equal identities make interchangeable
 /// client configs (so a reload keeps the running one). File contents, not paths: a file
@@ -79,24 +66,15 @@ impl fmt::Debug for UpstreamTls {
 }
 
 impl UpstreamTls {
-    /// Loads `tls` (files relative to `base_dir`) into a client config that offers `alpn`
+    /// Loads `tls` (files relative to `base_dir`, read and parsed by
+    /// [`crate::config::upstream_tls::load`]) into a client config that offers `alpn`
     /// ([`ALPN_HTTP1`], or [`ALPN_H2`] for an HTTP/2 upstream).
     pub fn load(
         base_dir: &Path,
         tls: &UpstreamTlsConfig,
         alpn: &[&[u8]],
     ) -> Result<UpstreamTls, LoadError> {
-        let sni = match &tls.sni {
-            Some(name) => {
-                Some(
-                    ServerName::try_from(name.get_ref().clone()).map_err(|_| LoadError {
-                        field: "sni",
-                        message: format!("`{}` is not a DNS name or IP address", name.get_ref()),
-                    })?,
-                )
-            }
-            None => None,
-        };
+        let files = upstream_tls::load(base_dir, tls)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
@@ -104,71 +82,16 @@ impl UpstreamTls {
                 field: "ca",
                 message: e.to_string(),
             })?;
-        let ca = match &tls.ca {
-            Some(path) => Some(read(base_dir, path.get_ref(), "ca")?),
-            None => None,
-        };
-        let builder = if !tls.verify {
-            builder
+        let builder = match files.roots {
+            Some(roots) => builder.with_root_certificates(roots),
+            // `verify = false`.
+            None => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyCertificate(Arc::clone(&provider))))
-        } else {
-            let mut roots = rustls::RootCertStore::empty();
-            match (&ca, &tls.ca) {
-                (Some(pem), Some(path)) => {
-                    let full = base_dir.join(path.get_ref());
-                    let certs = certificates(pem, &full, "ca")?;
-                    for cert in certs {
-                        roots.add(cert).map_err(|e| LoadError {
-                            field: "ca",
-                            message: format!("{}: {e}", full.display()),
-                        })?;
-                    }
-                }
-                _ => {
-                    let found = system_roots();
-                    roots.add_parsable_certificates(found);
-                    if roots.is_empty() {
-                        return Err(LoadError {
-                            field: "ca",
-                            message: "no `ca` given and no system root certificates found \
-                                      (install ca-certificates or set `ca`)"
-                                .to_string(),
-                        });
-                    }
-                }
-            }
-            builder.with_root_certificates(roots)
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(Arc::clone(&provider)))),
         };
-        let client = match (&tls.client_cert, &tls.client_key) {
-            (Some(cert), Some(key)) => Some((
-                read(base_dir, cert.get_ref(), "client_cert")?,
-                read(base_dir, key.get_ref(), "client_key")?,
-            )),
-            // Config validation refuses one without the other.
-            _ => None,
-        };
-        let mut config = match (&client, &tls.client_cert, &tls.client_key) {
-            (Some((cert_pem, key_pem)), Some(cert_path), Some(key_path)) => {
-                let cert_full = base_dir.join(cert_path.get_ref());
-                let key_full = base_dir.join(key_path.get_ref());
-                let certs = certificates(cert_pem, &cert_full, "client_cert")?;
-                let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| LoadError {
-                    field: "client_key",
-                    message: format!("{}: {e}", key_full.display()),
-                })?;
-                builder
-                    .with_client_auth_cert(certs, key)
-                    .map_err(|e| LoadError {
-                        field: "client_key",
-                        message: format!(
-                            "{} does not fit {}: {e}",
-                            key_full.display(),
-                            cert_full.display()
-                        ),
-                    })?
-            }
-            _ => builder.with_no_client_auth(),
+        let mut config = match files.client_key {
+            Some(key) => builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(key))),
+            None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         // The default resumption: an in-memory cache of 256 sessions (TLS 1.3 tickets, TLS
@@ -177,12 +100,12 @@ impl UpstreamTls {
             identity: Identity {
                 sni: tls.sni.as_ref().map(|s| s.get_ref().clone()),
                 verify: tls.verify,
-                ca,
-                client,
+                ca: files.ca,
+                client: files.client,
                 alpn: config.alpn_protocols.clone(),
             },
             config: Arc::new(config),
-            sni,
+            sni: files.sni,
         })
     }
 
@@ -252,44 +175,6 @@ impl TlsTarget {
             _ => false,
         }
     }
-}
-
-/// The system's trust anchors (rustls-native-certs: the OS store, e.g.
-/// `/etc/ssl/certs`, or `SSL_CERT_FILE`). Unreadable entries are skipped, as a browser does.
-fn system_roots() -> Vec<CertificateDer<'static>> {
-    let found = rustls_native_certs::load_native_certs();
-    for e in &found.errors {
-        tracing::debug!("system root certificates: {e}");
-    }
-    found.certs
-}
-
-fn read(base_dir: &Path, path: &PathBuf, field: &'static str) -> Result<Vec<u8>, LoadError> {
-    let full = base_dir.join(path);
-    std::fs::read(&full).map_err(|e| LoadError {
-        field,
-        message: format!("cannot read {}: {e}", full.display()),
-    })
-}
-
-fn certificates(
-    pem: &[u8],
-    path: &Path,
-    field: &'static str,
-) -> Result<Vec<CertificateDer<'static>>, LoadError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| LoadError {
-            field,
-            message: format!("{}: {e}", path.display()),
-        })?;
-    if certs.is_empty() {
-        return Err(LoadError {
-            field,
-            message: format!("{}: no certificate in file", path.display()),
-        });
-    }
-    Ok(certs)
 }
 
 /// `verify = false`: any certificate is accepted, for any name, expired or not (nginx's

@@ -5,7 +5,8 @@ use std::path::Path;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use tailguard_proxy::{Config, Error, Server};
+use tailguard_proxy::config::Error;
+use tailguard_proxy::{Config, Server};
 use tailguard_test_support::TestBody;
 
 /// Parses config text, panicking with every diagnostic if it is invalid.

@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use tailguard_config::Diagnostic;
 use tailguard_etcd::Tls;
 use tailguard_proxy::Error;
-use tailguard_proxy::config::Diagnostic;
 use toml::Spanned;
 
 use crate::etcd_cache::CacheSetting;

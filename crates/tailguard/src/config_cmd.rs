@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use tailguard_proxy::Config;
+use tailguard_config::Config;
 
 use crate::bootstrap::{EtcdArgs, Settings};
 use crate::etcd::{Failure, connect, read};
@@ -56,7 +56,7 @@ pub(crate) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         ConfigCommand::Push(push_args) => {
             // Validate before touching etcd: an invalid file is never stored.
-            if let Err(e) = Config::load(&push_args.file) {
+            if let Err(e) = Config::load(&push_args.file).map_err(tailguard_proxy::Error::from) {
                 crate::run::print_errors(&e);
                 eprintln!("tailguard: nothing written to etcd");
                 return Ok(ExitCode::from(crate::run::EX_USAGE));

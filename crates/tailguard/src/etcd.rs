@@ -30,10 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use tailguard_config::Config;
+use tailguard_config::Diagnostic;
 use tailguard_etcd::{Client, ConnectOptions, EventType, KeyValue, Refusal, WatchCreateRequest};
 use tailguard_metrics::{Counter, Gauge, Registry};
-use tailguard_proxy::config::Diagnostic;
-use tailguard_proxy::{Config, Error, Server};
+use tailguard_proxy::{Error, Server};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, timeout};
 

@@ -14,8 +14,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use tailguard_config::Config;
 use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priority, Registry};
-use tailguard_proxy::{Config, Error, GatewayMetrics, Server};
+use tailguard_proxy::{Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::etcd::{EtcdSource, StartDocument};
@@ -283,7 +284,10 @@ fn start_etcd(
             ),
         ),
     };
-    match parsed.and_then(|c| with_overrides(c, args)) {
+    match parsed
+        .map_err(Error::from)
+        .and_then(|c| with_overrides(c, args))
+    {
         Ok(config) => {
             tracing::info!("tailguard: {loaded}");
             Ok(Some((source, config)))
@@ -382,7 +386,9 @@ async fn wait_for_signals(
             },
             update = next_update(&mut etcd) => if let Some(source) = &mut etcd {
                 source.apply(&server, update, |text, name, base| {
-                    Config::parse(text, name, base).and_then(|c| with_overrides(c, args))
+                    Config::parse(text, name, base)
+                        .map_err(Error::from)
+                        .and_then(|c| with_overrides(c, args))
                 });
             },
             _ = usr1.recv() => server.reopen_access_logs(),
@@ -450,7 +456,7 @@ pub(crate) fn apply(
 }
 
 pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    match Config::load(&args.config) {
+    match Config::load(&args.config).map_err(Error::from) {
         Ok(config) => {
             println!(
                 "{}: ok ({} listeners, {} upstreams, {} routes)",

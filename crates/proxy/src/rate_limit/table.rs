@@ -45,8 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Slots per set: 8 fingerprints fill one 64-byte cache line.
 pub const WAYS: usize = 8;
 
-/// Largest `max_keys`: 2^24 keys, 256 MiB of table.
-pub const MAX_KEYS: u64 = 1 << 24;
+pub use crate::config::rate_limit::MAX_KEYS;
 
 /// The rate and burst of one limit, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

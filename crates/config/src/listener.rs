@@ -1,0 +1,28 @@
+//! `[[listeners]]`: a listening socket, its TLS, its own access log and rate limit.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::rate_limit::RateLimitConfig;
+use crate::tls::{ListenerTls, TlsVersion};
+
+/// A listening socket.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// `IP:PORT` to bind.
+    pub address: Spanned<String>,
+    /// Serve TLS (with ALPN `h2`, `http/1.1`) instead of plain HTTP/1.1 + h2c: one
+    /// certificate, or several picked by SNI.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
+    /// The oldest TLS version accepted (`"1.2"` by default, or `"1.3"`); needs `tls`.
+    #[serde(default)]
+    pub tls_min_version: Option<Spanned<TlsVersion>>,
+    /// This listener's own access log (else the top-level `[access_log]`).
+    #[serde(default)]
+    pub access_log: Option<tailguard_access_log::Config>,
+    /// A rate limit on everything this listener serves, checked before routing.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimitConfig>,
+}
