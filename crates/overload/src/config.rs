@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::breaker::BreakerConfig;
+use crate::class::Class;
 use crate::limit::LimitConfig;
 use crate::sampler::Smoothing;
-use crate::shedder::{Class, Mode, ShedderConfig};
+use crate::shedder::{Mode, ShedderConfig};
 
 /// Which shedder runs (`tailguard run --overload off|adaptive|gozero` overrides it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

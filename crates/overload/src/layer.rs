@@ -24,7 +24,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::breaker::{Breaker, BreakerOpen, OwnedBreakerPermit, failure_status};
-use crate::shedder::{Class, Controller, Outcome, OwnedPermit, Rejected};
+use crate::class::{Class, Rejected};
+use crate::shedder::{Controller, Outcome, OwnedPermit};
 use crate::{Clock, MonotonicClock};
 
 /// Marks a response produced by the shedder itself (a layer-1 rejection).

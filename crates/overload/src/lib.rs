@@ -47,6 +47,7 @@
 
 mod balance;
 mod breaker;
+mod class;
 mod clock;
 mod config;
 pub mod cpu;
@@ -63,6 +64,7 @@ pub use breaker::{
     Breaker, BreakerConfig, BreakerOpen, BreakerPermit, BreakerState, DispatchPermit, History,
     OwnedBreakerPermit, failure_status,
 };
+pub use class::{Class, Rejected};
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use config::{OverloadConfig, OverloadMode};
 pub use cpu::{CpuReader, CpuSourceKind, CpuTotals};
@@ -76,6 +78,5 @@ pub use metrics::OverloadMetrics;
 pub use retry::RetryBudget;
 pub use sampler::{CpuGauge, CpuSampler, CpuSource, SamplerHandle, Smoothing};
 pub use shedder::{
-    Class, Controller, ControllerSnapshot, Mode, Outcome, OwnedPermit, Permit, Rejected, Shedder,
-    ShedderConfig,
+    Controller, ControllerSnapshot, Mode, Outcome, OwnedPermit, Permit, Shedder, ShedderConfig,
 };

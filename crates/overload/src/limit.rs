@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::Error;
-use crate::shedder::{Class, Rejected};
+use crate::class::{Class, Rejected};
 
 /// Tuning of an [`UpstreamLimit`].
 #[derive(Debug, Clone, PartialEq)]

@@ -14,8 +14,9 @@ use tailguard_metrics::{Family, FloatCounter, FloatGauge, Gauge, MetricsError, R
 
 use crate::balance::P2c;
 use crate::breaker::Breaker;
+use crate::class::Class;
 use crate::sampler::CpuGauge;
-use crate::shedder::{Class, Shedder};
+use crate::shedder::Shedder;
 use crate::{Clock, MonotonicClock};
 
 /// Something with per-endpoint pick counts (a [`P2c`] of any endpoint type).

@@ -1,6 +1,6 @@
 //! The config from etcd: a thread of its own gets the config's key, watches it from the next
 //! revision and hands every new document to the main thread, which applies it through the
-//! same path as a SIGHUP reload (`run::apply`).
+//! same path as a SIGHUP reload (`apply.rs`).
 //!
 //! The watcher never serves traffic and never touches the gateway: it only talks to etcd
 //! (on its own current-thread runtime) and sends [`Update`]s. While etcd cannot be reached
@@ -425,7 +425,7 @@ impl EtcdSource {
             }])),
         };
         let running = format!("etcd revision {}", self.applied);
-        if crate::run::apply(server, &name, &running, loaded) {
+        if crate::apply::apply(server, &name, &running, loaded) {
             self.applied = revision;
             self.metrics.revision.set(revision);
             self.metrics.last_apply_ok.set(1);

@@ -4,6 +4,7 @@
 //! wired in `run.rs`); `load`, `lab` and `upstream` belong to the lab (`tailguard-lab`),
 //! which shares no code with the gateway it measures.
 
+mod apply;
 mod bootstrap;
 mod config_cmd;
 mod etcd;

@@ -19,6 +19,7 @@ use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priorit
 use tailguard_proxy::{Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::apply::apply;
 use crate::etcd::{EtcdSource, StartDocument};
 use crate::etcd_cache::CacheSetting;
 
@@ -420,39 +421,6 @@ fn reload(server: &Server, args: &RunArgs) {
         |p| p.display().to_string(),
     );
     apply(server, &name, "the running config", load(args));
-}
-
-/// Swaps a loaded config in (the SIGHUP path, for a file or an etcd revision alike) and
-/// logs the outcome; `running` names what keeps serving on failure. True if applied.
-pub(crate) fn apply(
-    server: &Server,
-    name: &str,
-    running: &str,
-    loaded: Result<Config, Error>,
-) -> bool {
-    if loaded.is_err() {
-        server.gateway().metrics().reloaded(false);
-    }
-    match loaded.and_then(|config| server.reload(config)) {
-        Ok(()) => {
-            tracing::info!("tailguard: reloaded {name}");
-            true
-        }
-        Err(Error::Config(diags)) => {
-            for d in &diags {
-                tracing::error!("{d}");
-            }
-            tracing::error!(
-                "tailguard: reload of {name} rejected ({} errors); {running} keeps serving",
-                diags.len()
-            );
-            false
-        }
-        Err(e) => {
-            tracing::error!("tailguard: reload of {name} failed: {e}; {running} keeps serving");
-            false
-        }
-    }
 }
 
 pub(crate) fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {

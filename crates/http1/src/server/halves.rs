@@ -1,0 +1,75 @@
+//! A downstream connection's two halves, and the writes to the client: each bounded by the
+//! idle timeout, vectored however the writes fall.
+
+use std::future::Future;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::{Pin, pin};
+use std::task::Poll;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::timer::WaitTimeout;
+
+/// A readable half of a downstream connection (plain TCP or TLS).
+pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// A writable half of a downstream connection.
+pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Runs a write to the client, failing it if it stays blocked for the idle timeout: a
+/// client that stops reading would otherwise hold its connection (and the upstream's) for
+/// ever. A write that completes at once touches no timer and reads no clock.
+pub(super) async fn timed<T>(
+    idle: &mut WaitTimeout,
+    write: impl Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let mut write = pin!(write);
+    idle.restart();
+    poll_fn(|cx| {
+        if let Poll::Ready(done) = write.as_mut().poll(cx) {
+            return Poll::Ready(done);
+        }
+        if idle.poll_expired(cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took nothing for the idle timeout",
+            )));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Writes every slice, with vectored writes, however the writes fall.
+pub(super) async fn write_slices(writer: &mut WriteHalf, slices: &mut [&[u8]]) -> io::Result<()> {
+    let mut first = 0;
+    loop {
+        while first < slices.len() && slices[first].is_empty() {
+            first += 1;
+        }
+        if first == slices.len() {
+            return Ok(());
+        }
+        let mut iov = [IoSlice::new(&[]); 4];
+        let mut used = 0;
+        for (slot, slice) in iov.iter_mut().zip(&slices[first..]) {
+            *slot = IoSlice::new(slice);
+            used += 1;
+        }
+        let mut n =
+            poll_fn(|cx| Pin::new(&mut *writer).poll_write_vectored(cx, &iov[..used])).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let len = slices[first].len();
+            if n >= len {
+                n -= len;
+                first += 1;
+            } else {
+                slices[first] = &slices[first][n..];
+                n = 0;
+            }
+        }
+    }
+}
