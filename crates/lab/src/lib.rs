@@ -52,7 +52,9 @@ pub mod runner;
 pub mod scenario;
 pub mod schedule;
 pub mod scrape;
+mod target;
 pub mod timeline;
+mod timer;
 pub mod upstream;
 
 pub use error::LabError;

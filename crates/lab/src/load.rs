@@ -11,7 +11,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
@@ -23,7 +23,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags};
-use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -33,7 +32,9 @@ use crate::latency::Latency;
 use crate::report::{Report, Scrape};
 use crate::schedule::{Phase, Schedule};
 use crate::scrape::{ScrapeClock, ScrapeConfig, WatchConfig};
+use crate::target::{Target, parse_target};
 use crate::timeline::Timeline;
+use crate::timer::register_timer;
 
 /// Everything a load run needs.
 #[derive(Debug, Clone)]
@@ -101,49 +102,6 @@ impl LoadConfig {
             watch: None,
         }
     }
-}
-
-/// A parsed `http://` target.
-#[derive(Debug, Clone)]
-pub(crate) struct Target {
-    pub(crate) addr: SocketAddr,
-    pub(crate) authority: String,
-    pub(crate) path: Uri,
-}
-
-pub(crate) fn parse_target(url: &str) -> Result<Target, LabError> {
-    let bad = |why: &str| LabError::Url {
-        url: url.to_string(),
-        why: why.to_string(),
-    };
-    let uri: Uri = url.parse().map_err(|_| bad("not a valid URL"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => {
-            return Err(bad(&format!(
-                "scheme `{other}` is not supported, use http://"
-            )));
-        }
-        None => return Err(bad("missing scheme, e.g. http://127.0.0.1:8080/")),
-    }
-    let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
-    let port = authority.port_u16().unwrap_or(80);
-    let addr = (authority.host().trim_matches(['[', ']']), port)
-        .to_socket_addrs()
-        .map_err(|e| bad(&format!("cannot resolve host: {e}")))?
-        .next()
-        .ok_or_else(|| bad("host resolves to no address"))?;
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .parse()
-        .map_err(|_| bad("bad path"))?;
-    Ok(Target {
-        addr,
-        authority: authority.as_str().to_string(),
-        path,
-    })
 }
 
 /// A request built once; each send clones its parts (cheap: shared bytes).
@@ -692,18 +650,6 @@ async fn dispatch(
         guard.clear_ready();
     }
     Ok(())
-}
-
-/// Registers a timerfd with the runtime's reactor.
-///
-/// `AsyncFd::new` is deprecated because a borrowed fd could be closed while registered; here
-/// the `AsyncFd` owns the `OwnedFd`, so the fd lives exactly as long as the registration. The
-/// replacement, `AsyncFd::register`, is `unsafe`, which this workspace forbids.
-#[allow(deprecated)]
-pub(crate) fn register_timer(
-    fd: std::os::fd::OwnedFd,
-) -> std::io::Result<AsyncFd<std::os::fd::OwnedFd>> {
-    AsyncFd::new(fd)
 }
 
 async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, LabError> {
