@@ -41,18 +41,25 @@
 
 pub mod cli;
 pub mod clock;
+mod conditions;
+mod context;
 mod error;
+mod health;
 pub mod hgrm;
 pub mod latency;
 pub mod load;
+mod plan;
 pub mod plot;
 pub mod procs;
 pub mod report;
+mod results;
 pub mod runner;
 pub mod scenario;
 pub mod schedule;
 pub mod scrape;
+mod tables;
 mod target;
+mod targets;
 pub mod timeline;
 mod timer;
 pub mod upstream;
