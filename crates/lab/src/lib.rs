@@ -48,6 +48,7 @@ mod health;
 pub mod hgrm;
 pub mod latency;
 pub mod load;
+pub mod pinning;
 mod plan;
 pub mod plot;
 pub mod procs;

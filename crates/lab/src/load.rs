@@ -334,14 +334,14 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
                 .name(format!("load-{lane}"))
                 .spawn(move || -> Result<ThreadStats, LabError> {
                     if !pin.is_empty()
-                        && let Err(e) = crate::procs::pin_current_thread(&pin)
+                        && let Err(e) = crate::pinning::pin_current_thread(&pin)
                     {
                         eprintln!(
                             "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
                         );
                     }
                     if let Some(n) = nice
-                        && let Err(e) = crate::procs::nice_current_thread(n)
+                        && let Err(e) = crate::pinning::nice_current_thread(n)
                     {
                         eprintln!("load: cannot set nice {n} on thread {lane}: {e}");
                     }
