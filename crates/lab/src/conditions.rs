@@ -4,14 +4,15 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use tailguard_loadgen::load::LoadConfig;
+use tailguard_loadgen::report::Report;
+use tailguard_loadgen::scrape::{ScrapeConfig, WatchConfig};
+
 use crate::context::Ctx;
 use crate::health::{Health, probe_health};
-use crate::load::LoadConfig;
 use crate::plan::StreamPlan;
 use crate::procs::{pinned_command, which};
-use crate::report::Report;
 use crate::scenario::{Condition, TargetKind};
-use crate::scrape::{ScrapeConfig, WatchConfig};
 
 /// A stream's load and the path it goes to on the condition's target.
 pub(crate) struct StreamLoad {
@@ -91,7 +92,7 @@ impl Ctx<'_> {
         let (reports, health) = std::thread::scope(|scope| {
             let stop = &stop;
             let prober = probe_addr.map(|addr| scope.spawn(move || probe_health(addr, stop)));
-            let reports = crate::load::run_streams(&configs);
+            let reports = tailguard_loadgen::load::run_streams(&configs);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             (reports, prober.and_then(|p| p.join().ok()))
         });

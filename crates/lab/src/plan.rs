@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tailguard_loadgen::schedule::Phase;
+use tailguard_loadgen::timeline::Timeline;
+
 use crate::scenario::{Condition, PhaseSpec, Scenario};
-use crate::schedule::Phase;
-use crate::timeline::Timeline;
 
 /// One stream of a condition, resolved: its path, connections and rate over time.
 #[derive(Debug, Clone)]

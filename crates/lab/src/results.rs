@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use tailguard_loadgen::report::Report;
+use tailguard_loadgen::timeline::Timeline;
+
 use crate::LabError;
 use crate::health::Health;
-use crate::report::Report;
-use crate::timeline::Timeline;
 
 /// One row of the comparison table.
 #[derive(Debug, Clone)]
@@ -90,15 +91,15 @@ pub(crate) fn write_timeline(
     };
     std::fs::write(
         with(".timeline.csv"),
-        crate::timeline::csv(total, &per_stream),
+        tailguard_loadgen::timeline::csv(total, &per_stream),
     )?;
     std::fs::write(
         with(".timeline.json"),
-        crate::timeline::json(total, &per_stream).to_string(),
+        tailguard_loadgen::timeline::json(total, &per_stream).to_string(),
     )?;
     std::fs::write(
         with(".timeline.svg"),
-        crate::timeline::plot(title, total, &per_stream),
+        tailguard_loadgen::timeline::plot(title, total, &per_stream),
     )?;
     Ok(())
 }

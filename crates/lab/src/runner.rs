@@ -12,21 +12,22 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use tailguard_loadgen::latency::format_us;
+use tailguard_loadgen::plot::Series;
+use tailguard_loadgen::report::Report;
+use tailguard_loadgen::timeline::Timeline;
+
 use crate::LabError;
 use crate::conditions::StreamLoad;
 use crate::context::{Ctx, slug};
-use crate::latency::format_us;
 use crate::plan::{Plan, plan};
-use crate::plot::Series;
 use crate::procs::which;
-use crate::report::Report;
 use crate::results::{SeedLine, combine, merge, write_timeline};
 use crate::scenario::{Condition, Scenario, TargetKind};
 use crate::tables::{
     per_seed_table, render_table, step_lines, stream_notes, stream_table, timeline_section,
 };
 use crate::targets::start_upstream;
-use crate::timeline::Timeline;
 
 pub use crate::context::RunOptions;
 pub use crate::health::{HEALTH_EVERY, HEALTH_TIMEOUT, Health};
@@ -333,7 +334,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             (Ok(()), Some(m)) => {
                 std::fs::write(
                     opts.out.join(format!("{}.hgrm", slug(&cond.name))),
-                    crate::hgrm::render(&m.latency),
+                    tailguard_loadgen::hgrm::render(&m.latency),
                 )?;
                 println!(
                     "    {}: P50 {}  P99 {}  P100 {}  achieved {:.0} req/s",
@@ -382,12 +383,13 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         .filter_map(|r| {
             r.result.as_ref().ok().map(|rep| Series {
                 label: r.name.clone(),
-                points: crate::hgrm::points(&rep.latency),
+                points: tailguard_loadgen::hgrm::points(&rep.latency),
             })
         })
         .collect();
     if !series.is_empty() {
-        let svg = crate::plot::render(&format!("tailguard lab {}", scenario.name), &series);
+        let svg =
+            tailguard_loadgen::plot::render(&format!("tailguard lab {}", scenario.name), &series);
         std::fs::write(opts.out.join("plot.svg"), svg)?;
     }
     let mut summary = String::new();

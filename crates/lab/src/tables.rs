@@ -4,21 +4,22 @@
 
 use std::fmt::Write as _;
 
-use crate::latency::Latency;
-use crate::report::Report;
+use tailguard_loadgen::latency::Latency;
+use tailguard_loadgen::report::Report;
+use tailguard_loadgen::timeline::Timeline;
+
 use crate::results::{Row, SeedLine};
 use crate::scenario::Scenario;
-use crate::timeline::Timeline;
 
 /// The step lines of a run: of the total with one stream, else of each stepped stream.
 pub(crate) fn step_lines(total: &Timeline, streams: &[(String, &Timeline)]) -> Vec<String> {
     if streams.len() <= 1 {
-        return crate::timeline::step_lines(total);
+        return tailguard_loadgen::timeline::step_lines(total);
     }
     streams
         .iter()
         .flat_map(|(name, t)| {
-            crate::timeline::step_lines(t)
+            tailguard_loadgen::timeline::step_lines(t)
                 .into_iter()
                 .map(move |l| format!("stream {name}: {l}"))
         })
@@ -341,13 +342,17 @@ pub(crate) fn timeline_section(rows: &[Row]) -> String {
                 let _ = writeln!(
                     o,
                     "\nStream {name}:\n\n{}",
-                    crate::timeline::phase_table(st)
+                    tailguard_loadgen::timeline::phase_table(st)
                 );
             }
         } else {
-            let _ = writeln!(o, "\n{}", crate::timeline::phase_table(&t.total));
+            let _ = writeln!(
+                o,
+                "\n{}",
+                tailguard_loadgen::timeline::phase_table(&t.total)
+            );
         }
-        let _ = writeln!(o, "{}", crate::timeline::second_table(&t.total));
+        let _ = writeln!(o, "{}", tailguard_loadgen::timeline::second_table(&t.total));
     }
     o
 }

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use http::Uri;
 
-use crate::LabError;
+use crate::LoadError;
 
 /// A parsed `http://` target.
 #[derive(Debug, Clone)]
@@ -15,8 +15,8 @@ pub(crate) struct Target {
     pub(crate) path: Uri,
 }
 
-pub(crate) fn parse_target(url: &str) -> Result<Target, LabError> {
-    let bad = |why: &str| LabError::Url {
+pub(crate) fn parse_target(url: &str) -> Result<Target, LoadError> {
+    let bad = |why: &str| LoadError::Url {
         url: url.to_string(),
         why: why.to_string(),
     };
