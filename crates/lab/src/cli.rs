@@ -9,10 +9,10 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 
-use crate::clock::parse_duration;
-use crate::load::LoadConfig;
-use crate::plot::Series;
-use crate::scrape::ScrapeConfig;
+use tailguard_loadgen::clock::parse_duration;
+use tailguard_loadgen::load::LoadConfig;
+use tailguard_loadgen::plot::Series;
+use tailguard_loadgen::scrape::ScrapeConfig;
 
 /// Arguments of `tailguard load`.
 #[derive(Debug, clap::Args)]
@@ -213,7 +213,7 @@ pub struct UpstreamArgs {
 /// Runs `tailguard load`.
 pub fn load(args: LoadArgs) -> anyhow::Result<ExitCode> {
     let config = args.to_config()?;
-    let report = crate::load::run(&config)?;
+    let report = tailguard_loadgen::load::run(&config)?;
     let mut text = report.render();
     if args.output.brief {
         text = brief(&text);
@@ -224,11 +224,14 @@ pub fn load(args: LoadArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("--json {}", path.display()))?;
     }
     if let Some(path) = &args.output.timeline {
-        std::fs::write(path, crate::timeline::csv(&report.timeline, &[]))
-            .with_context(|| format!("--timeline {}", path.display()))?;
+        std::fs::write(
+            path,
+            tailguard_loadgen::timeline::csv(&report.timeline, &[]),
+        )
+        .with_context(|| format!("--timeline {}", path.display()))?;
     }
     if let Some(path) = &args.output.hgrm {
-        std::fs::write(path, crate::hgrm::render(&report.latency))
+        std::fs::write(path, tailguard_loadgen::hgrm::render(&report.latency))
             .with_context(|| format!("--hgrm {}", path.display()))?;
     }
     if let Some(path) = &args.output.plot {
@@ -242,16 +245,19 @@ pub fn load(args: LoadArgs) -> anyhow::Result<ExitCode> {
                 .label
                 .clone()
                 .unwrap_or_else(|| format!("{} req/s, {}", report.requested_rate, report.url)),
-            points: crate::hgrm::points(&report.latency),
+            points: tailguard_loadgen::hgrm::points(&report.latency),
         });
         if report.latency_during_scrape.count() > 0 {
             series.push(Series {
                 label: "requests that overlapped a scrape".to_string(),
-                points: crate::hgrm::points(&report.latency_during_scrape),
+                points: tailguard_loadgen::hgrm::points(&report.latency_during_scrape),
             });
         }
-        std::fs::write(path, crate::plot::render("Latency by percentile", &series))
-            .with_context(|| format!("--plot {}", path.display()))?;
+        std::fs::write(
+            path,
+            tailguard_loadgen::plot::render("Latency by percentile", &series),
+        )
+        .with_context(|| format!("--plot {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -278,9 +284,11 @@ fn brief(text: &str) -> String {
 pub fn read_series(path: &std::path::Path) -> anyhow::Result<Series> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     let points = if path.extension().is_some_and(|e| e == "json") {
-        crate::hgrm::points(&crate::report::Report::from_json(&text)?.latency)
+        tailguard_loadgen::hgrm::points(
+            &tailguard_loadgen::report::Report::from_json(&text)?.latency,
+        )
     } else {
-        crate::hgrm::parse(&text)?
+        tailguard_loadgen::hgrm::parse(&text)?
     };
     let label = path
         .file_stem()

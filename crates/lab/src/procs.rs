@@ -261,12 +261,6 @@ pub fn pinned_command(
     (cmd, pinned)
 }
 
-/// Sets the calling thread's nice value (on Linux, `setpriority(PRIO_PROCESS, 0)` is per
-/// thread); negative values need root.
-pub fn nice_current_thread(nice: i32) -> Result<(), LabError> {
-    rustix::process::setpriority_process(None, nice).map_err(|e| LabError::Io(e.into()))
-}
-
 /// Sets the nice value of the calling process's autogroup (its session) and returns the old
 /// one. With `kernel.sched_autogroup_enabled`, CFS first shares the CPU between sessions, so a
 /// per-thread nice only orders threads inside this session: on a machine shared with other
@@ -285,15 +279,6 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-}
-
-/// Pins the calling thread (and threads it starts later) to `cpus`.
-pub fn pin_current_thread(cpus: &[usize]) -> Result<(), LabError> {
-    let mut set = rustix::thread::CpuSet::new();
-    for &c in cpus {
-        set.set(c);
-    }
-    rustix::thread::sched_setaffinity(None, &set).map_err(|e| LabError::Io(e.into()))
 }
 
 /// Stdio for a child whose output goes to `file`.

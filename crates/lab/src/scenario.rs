@@ -134,7 +134,7 @@ pub struct TimelineSpec {
     /// Interval between readings (default 1 s: one per second of the timeline).
     #[serde(default = "one_s", deserialize_with = "de_duration")]
     pub every: Duration,
-    /// Metric names (default: [`crate::timeline::DEFAULT_GAUGES`]).
+    /// Metric names (default: [`tailguard_loadgen::timeline::DEFAULT_GAUGES`]).
     #[serde(default = "default_gauges")]
     pub metrics: Vec<String>,
 }
@@ -144,7 +144,7 @@ fn one_s() -> Duration {
 }
 
 fn default_gauges() -> Vec<String> {
-    crate::timeline::DEFAULT_GAUGES
+    tailguard_loadgen::timeline::DEFAULT_GAUGES
         .iter()
         .map(ToString::to_string)
         .collect()
@@ -294,12 +294,12 @@ fn ten_s() -> Duration {
 
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    crate::clock::parse_duration(&s).map_err(serde::de::Error::custom)
+    tailguard_loadgen::clock::parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let s = String::deserialize(d)?;
-    crate::clock::parse_duration(&s)
+    tailguard_loadgen::clock::parse_duration(&s)
         .map(Some)
         .map_err(serde::de::Error::custom)
 }

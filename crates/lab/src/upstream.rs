@@ -104,7 +104,7 @@ async fn handle(
     if c.cpu_ns > 0 {
         // Burns on the serving thread on purpose: the point is to occupy this core the way
         // go-zero's CPU-bound handler did.
-        crate::clock::burn_cpu(c.cpu_ns);
+        tailguard_loadgen::clock::burn_cpu(c.cpu_ns);
     }
     let fail = c.error_rate > 0.0 && fastrand::f64() < c.error_rate;
     let (status, body) = if fail {

@@ -4,11 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod children;
-mod coordinated_omission;
 mod report;
 mod scenario;
-mod schedule;
-mod scrape;
 mod support;
-mod timeline;
 mod upstream;

@@ -1,17 +1,9 @@
-//! Servers the tests measure: an upstream, a timestamping sink and a stalling server, each on
-//! its own runtime thread so the generator's blocking `run` can drive them.
+//! The servers the tests measure: the lab's own upstream on its own runtime thread, so the
+//! generator's blocking `run` can drive it.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 /// A server running on its own runtime; stops when dropped.
@@ -48,46 +40,4 @@ pub(crate) fn upstream(config: tailguard_lab::upstream::UpstreamConfig) -> Serve
     start(move |l| async move {
         let _ = tailguard_lab::upstream::serve(l, config).await;
     })
-}
-
-/// Serves HTTP/1.1 with `handler` on every connection.
-pub(crate) async fn serve_http1<H, Fut>(listener: TcpListener, handler: H)
-where
-    H: Fn() -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |_req: Request<Incoming>| {
-                let handler = handler.clone();
-                async move {
-                    handler().await;
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
-                }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
-}
-
-/// A sink that records the monotonic arrival time of every request.
-pub(crate) fn sink() -> (Server, Arc<Mutex<Vec<u64>>>) {
-    let arrivals = Arc::new(Mutex::new(Vec::new()));
-    let a = arrivals.clone();
-    let server = start(move |l| {
-        serve_http1(l, move || {
-            let a = a.clone();
-            async move {
-                a.lock().unwrap().push(tailguard_lab::clock::now_ns());
-            }
-        })
-    });
-    (server, arrivals)
 }

@@ -96,9 +96,9 @@ fn cpu_burn_and_latency_take_at_least_their_time() {
 
 #[test]
 fn burn_cpu_consumes_thread_cpu_time() {
-    let before = tailguard_lab::clock::thread_cpu_ns();
-    tailguard_lab::clock::burn_cpu(5_000_000);
-    assert!(tailguard_lab::clock::thread_cpu_ns() - before >= 5_000_000);
+    let before = tailguard_loadgen::clock::thread_cpu_ns();
+    tailguard_loadgen::clock::burn_cpu(5_000_000);
+    assert!(tailguard_loadgen::clock::thread_cpu_ns() - before >= 5_000_000);
 }
 
 /// Sends one GET per `starts` entry, each on its own connection opened beforehand, the i-th

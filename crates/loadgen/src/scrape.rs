@@ -107,7 +107,7 @@ async fn scrape_loop(
     end: u64,
 ) -> Vec<Scrape> {
     let mut out = Vec::new();
-    let target = match crate::load::parse_target(&config.url) {
+    let target = match crate::target::parse_target(&config.url) {
         Ok(t) => t,
         Err(e) => return vec![failed(0.0, e.to_string())],
     };
@@ -115,7 +115,7 @@ async fn scrape_loop(
     let timer =
         match rustix::time::timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK)
             .map_err(std::io::Error::from)
-            .and_then(crate::load::register_timer)
+            .and_then(crate::timer::register_timer)
         {
             Ok(t) => t,
             Err(e) => return vec![failed(0.0, e.to_string())],
@@ -182,7 +182,7 @@ async fn scrape_loop(
 /// `keep` as plain uncompressed text whose body is returned.
 async fn scrape_once(
     sender: &mut Option<SendRequest<Empty<Bytes>>>,
-    target: &crate::load::Target,
+    target: &crate::target::Target,
     mut keep: Option<&mut Vec<u8>>,
 ) -> Result<(u16, u64), String> {
     let mut s = match sender.take() {
@@ -264,7 +264,7 @@ pub(crate) fn watch(
         return Vec::new();
     };
     rt.block_on(async {
-        let Ok(target) = crate::load::parse_target(&config.url) else {
+        let Ok(target) = crate::target::parse_target(&config.url) else {
             return Vec::new();
         };
         let every = config.every.as_nanos().max(1) as u64;

@@ -11,8 +11,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tailguard_lab::load::{LoadConfig, run};
-use tailguard_lab::scrape::ScrapeConfig;
+use tailguard_loadgen::load::{LoadConfig, run};
+use tailguard_loadgen::scrape::ScrapeConfig;
 use tokio::sync::RwLock;
 
 use crate::support;
@@ -75,7 +75,7 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     // and fewer than half of the run.
     assert!(during.count() >= 150, "{} overlapped", during.count());
     assert!(during.count() < report.latency.count() / 2);
-    let ms = |l: &tailguard_lab::latency::Latency, p: f64| l.percentile_us(p) as f64 / 1000.0;
+    let ms = |l: &tailguard_loadgen::latency::Latency, p: f64| l.percentile_us(p) as f64 / 1000.0;
     assert!(
         ms(during, 90.0) >= 100.0,
         "overlapping P90 {} ms",

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use tailguard_lab::load::{LoadConfig, run};
-use tailguard_lab::schedule::{Phase, Schedule};
+use tailguard_loadgen::load::{LoadConfig, run};
+use tailguard_loadgen::schedule::{Phase, Schedule};
 
 use crate::support;
 
@@ -144,7 +144,7 @@ fn a_zero_rate_phase_sends_nothing_and_a_zero_rate_end_stops_the_schedule() {
     assert!(
         offsets[10..]
             .iter()
-            .all(|&t| t == tailguard_lab::schedule::NEVER)
+            .all(|&t| t == tailguard_loadgen::schedule::NEVER)
     );
     let mut s = Schedule::stepped(&phases(&[(0.0, 500), (10.0, 0)]), 0, 1);
     assert_eq!(s.next_offset(), 500_000_000);
@@ -160,7 +160,7 @@ fn stepped_poisson_has_each_phases_mean_rate() {
         let mut s = Schedule::stepped_poisson(&list, lane, 2, 9);
         loop {
             let t = s.next_offset();
-            if t == tailguard_lab::schedule::NEVER {
+            if t == tailguard_loadgen::schedule::NEVER {
                 break;
             }
             counts[usize::from(t >= 20_000_000_000)] += 1;

@@ -12,9 +12,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tailguard_lab::load::{LoadConfig, run, run_streams};
-use tailguard_lab::schedule::Phase;
-use tailguard_lab::scrape::{WatchConfig, read_samples};
+use tailguard_loadgen::load::{LoadConfig, run, run_streams};
+use tailguard_loadgen::schedule::Phase;
+use tailguard_loadgen::scrape::{WatchConfig, read_samples};
 
 use crate::support;
 
@@ -90,7 +90,7 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
     config.watch = Some(WatchConfig {
         url: server.url("/metrics"),
         every: Duration::from_secs(1),
-        metrics: tailguard_lab::timeline::DEFAULT_GAUGES
+        metrics: tailguard_loadgen::timeline::DEFAULT_GAUGES
             .iter()
             .map(ToString::to_string)
             .collect(),
@@ -124,7 +124,7 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
     if let Some(last) = steps[1].last_reject_after_s {
         assert!(last < 0.2, "last rejection {last} s after the step down");
     }
-    let lines = tailguard_lab::timeline::step_lines(t);
+    let lines = tailguard_loadgen::timeline::step_lines(t);
     assert!(lines[0].starts_with("step up at 1.0 s (50 -> 1000 req/s): first rejection "));
     assert!(
         lines[1].starts_with("step down at 2.0 s (1000 -> 50 req/s): recovery "),
@@ -142,7 +142,7 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
         limited[1].unwrap_or(0.0) + limited[2].unwrap_or(0.0) >= 500.0,
         "{limited:?}"
     );
-    let csv = tailguard_lab::timeline::csv(t, &[]);
+    let csv = tailguard_loadgen::timeline::csv(t, &[]);
     let header = csv.lines().next().unwrap();
     assert!(
         header.starts_with("t_s,offered,goodput,rejected_503,"),
@@ -150,10 +150,10 @@ fn a_stepped_run_counts_each_second_and_times_the_rejections_after_each_step() {
     );
     assert!(header.ends_with(",upstream_limit[a],upstream_inflight[a],upstream_limited_per_s[a]"));
     assert!(csv.lines().nth(1).unwrap().starts_with("0,50,"));
-    let svg = tailguard_lab::timeline::plot("t", t, &[]);
+    let svg = tailguard_loadgen::timeline::plot("t", t, &[]);
     assert!(svg.starts_with("<svg") && svg.contains("limit a") && svg.contains("admitted P99"));
     // The report keeps the timeline through JSON.
-    let back = tailguard_lab::report::Report::from_json(&report.to_json()).unwrap();
+    let back = tailguard_loadgen::report::Report::from_json(&report.to_json()).unwrap();
     // (Not assert_eq: the Debug form of a timeline is every bucket of every second.)
     assert!(back.timeline == report.timeline);
 }
@@ -169,7 +169,7 @@ fn metrics_the_gateway_does_not_export_leave_empty_columns() {
     });
     let report = run(&config).unwrap();
     assert!(report.timeline.gauges.is_empty());
-    let csv = tailguard_lab::timeline::csv(&report.timeline, &[]);
+    let csv = tailguard_loadgen::timeline::csv(&report.timeline, &[]);
     let mut lines = csv.lines();
     assert!(
         lines
@@ -178,12 +178,12 @@ fn metrics_the_gateway_does_not_export_leave_empty_columns() {
             .ends_with(",upstream_limit,upstream_inflight")
     );
     assert!(lines.next().unwrap().ends_with(",,"));
-    let table = tailguard_lab::timeline::second_table(&report.timeline);
+    let table = tailguard_loadgen::timeline::second_table(&report.timeline);
     assert!(
         table.lines().nth(2).unwrap().ends_with("| - | - |"),
         "{table}"
     );
-    let svg = tailguard_lab::timeline::plot("t", &report.timeline, &[]);
+    let svg = tailguard_loadgen::timeline::plot("t", &report.timeline, &[]);
     assert!(svg.contains("no tailguard_upstream_limit"));
 }
 
@@ -223,7 +223,7 @@ fn streams_share_one_clock_and_keep_their_own_reports() {
         ("a".to_string(), &reports[0].timeline),
         ("b".to_string(), b),
     ];
-    let csv = tailguard_lab::timeline::csv(&total, &streams);
+    let csv = tailguard_loadgen::timeline::csv(&total, &streams);
     assert!(csv.lines().next().unwrap().contains(",a.goodput,") && csv.contains(",b.offered,"));
 }
 

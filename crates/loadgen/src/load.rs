@@ -11,7 +11,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
@@ -23,17 +23,18 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags};
-use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::LabError;
+use crate::LoadError;
 use crate::clock::{from_ns, now_ns};
 use crate::latency::Latency;
 use crate::report::{Report, Scrape};
 use crate::schedule::{Phase, Schedule};
 use crate::scrape::{ScrapeClock, ScrapeConfig, WatchConfig};
+use crate::target::{Target, parse_target};
 use crate::timeline::Timeline;
+use crate::timer::register_timer;
 
 /// Everything a load run needs.
 #[derive(Debug, Clone)]
@@ -101,49 +102,6 @@ impl LoadConfig {
             watch: None,
         }
     }
-}
-
-/// A parsed `http://` target.
-#[derive(Debug, Clone)]
-pub(crate) struct Target {
-    pub(crate) addr: SocketAddr,
-    pub(crate) authority: String,
-    pub(crate) path: Uri,
-}
-
-pub(crate) fn parse_target(url: &str) -> Result<Target, LabError> {
-    let bad = |why: &str| LabError::Url {
-        url: url.to_string(),
-        why: why.to_string(),
-    };
-    let uri: Uri = url.parse().map_err(|_| bad("not a valid URL"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => {
-            return Err(bad(&format!(
-                "scheme `{other}` is not supported, use http://"
-            )));
-        }
-        None => return Err(bad("missing scheme, e.g. http://127.0.0.1:8080/")),
-    }
-    let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
-    let port = authority.port_u16().unwrap_or(80);
-    let addr = (authority.host().trim_matches(['[', ']']), port)
-        .to_socket_addrs()
-        .map_err(|e| bad(&format!("cannot resolve host: {e}")))?
-        .next()
-        .ok_or_else(|| bad("host resolves to no address"))?;
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .parse()
-        .map_err(|_| bad("bad path"))?;
-    Ok(Target {
-        addr,
-        authority: authority.as_str().to_string(),
-        path,
-    })
 }
 
 /// A request built once; each send clones its parts (cheap: shared bytes).
@@ -254,7 +212,7 @@ impl Shared {
 }
 
 /// Runs the load and returns its report. Blocks the calling thread for the run.
-pub fn run(config: &LoadConfig) -> Result<Report, LabError> {
+pub fn run(config: &LoadConfig) -> Result<Report, LoadError> {
     let mut reports = run_streams(std::slice::from_ref(config))?;
     Ok(reports.remove(0))
 }
@@ -273,10 +231,10 @@ fn mean_rate(config: &LoadConfig) -> f64 {
         / window.max(1e-9)
 }
 
-fn validate(config: &LoadConfig) -> Result<(), LabError> {
+fn validate(config: &LoadConfig) -> Result<(), LoadError> {
     if config.phases.is_empty() {
         if !(config.rate > 0.0 && config.rate.is_finite()) {
-            return Err(LabError::Config("--rate must be a positive number".into()));
+            return Err(LoadError::Config("--rate must be a positive number".into()));
         }
     } else if config
         .phases
@@ -284,15 +242,15 @@ fn validate(config: &LoadConfig) -> Result<(), LabError> {
         .any(|p| !(p.rate >= 0.0 && p.rate.is_finite()))
         || config.phases.iter().all(|p| p.rate == 0.0)
     {
-        return Err(LabError::Config(
+        return Err(LoadError::Config(
             "phase rates must be 0 or more, and one above 0".into(),
         ));
     }
     if config.connections == 0 {
-        return Err(LabError::Config("--connections must be at least 1".into()));
+        return Err(LoadError::Config("--connections must be at least 1".into()));
     }
     if config.duration.is_zero() {
-        return Err(LabError::Config("--duration must be above 0".into()));
+        return Err(LoadError::Config("--duration must be above 0".into()));
     }
     Ok(())
 }
@@ -301,9 +259,9 @@ fn validate(config: &LoadConfig) -> Result<(), LabError> {
 /// a gateway) and returns one report per stream, in order. Every stream shares the first
 /// one's warmup and measured window, so their timelines line up second by second; the first
 /// one's scraper and watcher serve the whole run and their results land in its report.
-pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
+pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
     let Some(first) = configs.first() else {
-        return Err(LabError::Config("no load to run".into()));
+        return Err(LoadError::Config("no load to run".into()));
     };
     for config in configs {
         validate(config)?;
@@ -327,7 +285,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
         headers.insert(
             http::header::HOST,
             HeaderValue::from_str(&target.authority)
-                .map_err(|_| LabError::Config("host is not a valid header value".into()))?,
+                .map_err(|_| LoadError::Config("host is not a valid header value".into()))?,
         );
         for (name, value) in &config.headers {
             headers.append(name.clone(), value.clone());
@@ -374,16 +332,16 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
             let nice = config.nice;
             let handle = std::thread::Builder::new()
                 .name(format!("load-{lane}"))
-                .spawn(move || -> Result<ThreadStats, LabError> {
+                .spawn(move || -> Result<ThreadStats, LoadError> {
                     if !pin.is_empty()
-                        && let Err(e) = crate::procs::pin_current_thread(&pin)
+                        && let Err(e) = crate::pinning::pin_current_thread(&pin)
                     {
                         eprintln!(
                             "load: cannot pin thread {lane} to cpu {pin:?}: {e}; running unpinned"
                         );
                     }
                     if let Some(n) = nice
-                        && let Err(e) = crate::procs::nice_current_thread(n)
+                        && let Err(e) = crate::pinning::nice_current_thread(n)
                     {
                         eprintln!("load: cannot set nice {n} on thread {lane}: {e}");
                     }
@@ -400,7 +358,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
                             // forever.
                             connected.wait();
                             started.wait();
-                            return Err(LabError::Io(e));
+                            return Err(LoadError::Io(e));
                         }
                     };
                     let local = tokio::task::LocalSet::new();
@@ -423,7 +381,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
                         run_thread(setup).await
                     })
                 })
-                .map_err(LabError::Io)?;
+                .map_err(LoadError::Io)?;
             stream_handles.push(handle);
         }
         handles.push(stream_handles);
@@ -480,7 +438,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LabError> {
         for h in stream_handles {
             let stats = h
                 .join()
-                .map_err(|_| LabError::Config("a generator thread panicked".into()))??;
+                .map_err(|_| LoadError::Config("a generator thread panicked".into()))??;
             total.latency.add(&stats.latency);
             total.during_scrape.add(&stats.during_scrape);
             total.latency_ok.add(&stats.latency_ok);
@@ -569,7 +527,7 @@ struct ThreadSetup {
     timeline: Timeline,
 }
 
-async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LabError> {
+async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LoadError> {
     // Connect every connection before the clock starts, so the first second measures the
     // target, not our handshakes.
     let mut senders = Vec::with_capacity(setup.connections);
@@ -659,13 +617,13 @@ async fn dispatch(
     mut schedule: Schedule,
     start: u64,
     end: u64,
-) -> Result<(), LabError> {
+) -> Result<(), LoadError> {
     let fd = rustix::time::timerfd_create(
         TimerfdClockId::Monotonic,
         TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
     )
-    .map_err(|e| LabError::Io(e.into()))?;
-    let timer = register_timer(fd).map_err(LabError::Io)?;
+    .map_err(|e| LoadError::Io(e.into()))?;
+    let timer = register_timer(fd).map_err(LoadError::Io)?;
     // A schedule that has nothing more to send says NEVER, which saturates past `end`.
     let mut next = start.saturating_add(schedule.next_offset());
     let mut buf = [0u8; 8];
@@ -685,8 +643,8 @@ async fn dispatch(
             it_value: from_ns(next),
         };
         rustix::time::timerfd_settime(timer.get_ref(), TimerfdTimerFlags::ABSTIME, &spec)
-            .map_err(|e| LabError::Io(e.into()))?;
-        let mut guard = timer.readable().await.map_err(LabError::Io)?;
+            .map_err(|e| LoadError::Io(e.into()))?;
+        let mut guard = timer.readable().await.map_err(LoadError::Io)?;
         // Reading resets the expiry count; EAGAIN means it was a spurious wake.
         let _ = rustix::io::read(timer.get_ref(), &mut buf);
         guard.clear_ready();
@@ -694,24 +652,12 @@ async fn dispatch(
     Ok(())
 }
 
-/// Registers a timerfd with the runtime's reactor.
-///
-/// `AsyncFd::new` is deprecated because a borrowed fd could be closed while registered; here
-/// the `AsyncFd` owns the `OwnedFd`, so the fd lives exactly as long as the registration. The
-/// replacement, `AsyncFd::register`, is `unsafe`, which this workspace forbids.
-#[allow(deprecated)]
-pub(crate) fn register_timer(
-    fd: std::os::fd::OwnedFd,
-) -> std::io::Result<AsyncFd<std::os::fd::OwnedFd>> {
-    AsyncFd::new(fd)
-}
-
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, LabError> {
-    let stream = TcpStream::connect(addr).await.map_err(LabError::Io)?;
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, LoadError> {
+    let stream = TcpStream::connect(addr).await.map_err(LoadError::Io)?;
     let _ = stream.set_nodelay(true);
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| LabError::Config(e.to_string()))?;
+        .map_err(|e| LoadError::Config(e.to_string()))?;
     tokio::task::spawn_local(async move {
         let _ = conn.await;
     });

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tailguard_lab::load::{LoadConfig, run};
+use tailguard_loadgen::load::{LoadConfig, run};
 use tokio::sync::RwLock;
 
 use crate::support;

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::LabError;
+use crate::LoadError;
 use crate::latency::Latency;
 
 /// The percentile distribution of `latency`, values in milliseconds, in the classic layout
@@ -60,7 +60,7 @@ pub struct Point {
 }
 
 /// Reads the `(value, percentile)` rows of a `.hgrm` text (header and `#` lines skipped).
-pub fn parse(text: &str) -> Result<Vec<Point>, LabError> {
+pub fn parse(text: &str) -> Result<Vec<Point>, LoadError> {
     let mut points = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -68,7 +68,7 @@ pub fn parse(text: &str) -> Result<Vec<Point>, LabError> {
             continue;
         }
         let mut cols = line.split_whitespace();
-        let bad = || LabError::Hgrm {
+        let bad = || LoadError::Hgrm {
             line: i + 1,
             text: line.to_string(),
         };

@@ -109,8 +109,8 @@ impl Report {
     }
 
     /// Reads a report back from its JSON text.
-    pub fn from_json(text: &str) -> Result<Self, crate::LabError> {
-        serde_json::from_str(text).map_err(|e| crate::LabError::Report(e.to_string()))
+    pub fn from_json(text: &str) -> Result<Self, crate::LoadError> {
+        serde_json::from_str(text).map_err(|e| crate::LoadError::Report(e.to_string()))
     }
 
     /// The report in wrk2's layout (latency distribution, detailed spectrum, totals), followed
