@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Gateway CPU per request of two tailguard builds at a fixed rate, rounds interleaved: what a
+# change costs on the request path, measured the way issues 23 and 25 ask.
+#
+# Topology (2 cores): the gateway under test runs one serving thread pinned to core 1, with
+# metrics on and no access log; `tailguard load` (open loop, $CONNECTIONS keep-alive
+# connections) and the upstream (nginx, one worker, a fixed 13-byte body) share core 0. Each
+# run: $WARMUP at $RATE req/s, then $DURATION measured; the gateway's utime + stime
+# (/proc/PID/stat) over the measured part divided by the requests completed in it is its CPU
+# per request. Each round runs A and B once, the order alternating (ABBA...), $ROUNDS rounds;
+# printed: both figures per round (user and system apart), the ratio B/A per round, and the
+# median ratio.
+#   A=old/tailguard B=target/release/tailguard RATE=15000 ROUNDS=6 lab/compare-builds.sh
+# Every process runs at nice $NICE (default -10, when root) so builds beside it on a shared
+# machine take CPU from neither build. Raw outputs go to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+a=${A:?A=<baseline tailguard binary>}
+b=${B:-target/release/tailguard}
+rate=${RATE:-15000}
+dur=${DURATION:-15}
+warm=${WARMUP:-3}
+rounds=${ROUNDS:-6}
+conns=${CONNECTIONS:-32}
+out=${OUT:-$(mktemp -d /tmp/compare-builds.XXXXXX)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+for tool in nginx taskset python3 curl; do
+  command -v "$tool" >/dev/null || { echo "compare-builds: $tool is not installed" >&2; exit 1; }
+done
+[ "$(nproc)" -ge 2 ] || { echo "compare-builds: needs 2 cores" >&2; exit 1; }
+for exe in "$a" "$b"; do [ -x "$exe" ] || { echo "compare-builds: $exe is not executable" >&2; exit 1; }; done
+prio=()
+if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() {
+  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
+  echo "compare-builds: nothing answers on port $1" >&2; exit 1
+}
+
+up_port=$(free_port)
+cat > "$out/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $out/nginx.pid;
+error_log $out/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
+    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
+    keepalive_requests 1000000;
+    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
+}
+EOF
+"${prio[@]}" taskset -c 0 nginx -c "$out/nginx.conf" -p "$out" > "$out/nginx.log" 2>&1 &
+pids+=($!)
+wait_port "$up_port"
+
+# One gateway process per build, started once and kept for every round (as a deployment
+# would keep it), so a round measures the request path, not start-up.
+cat > "$out/gateway.toml" <<EOF
+[[listeners]]
+address = "127.0.0.1:0"
+
+[[upstreams]]
+name = "origin"
+endpoints = [{ address = "127.0.0.1:$up_port" }]
+
+[[routes]]
+id = "all"
+upstream = "origin"
+path = { prefix = "/" }
+EOF
+declare -A port pid
+for name in A B; do
+  exe=$a; [ "$name" = B ] && exe=$b
+  port[$name]=$(free_port)
+  # Metrics on (recorded per request; the exporter on a free port, never scraped here).
+  "${prio[@]}" taskset -c 1 "$exe" run --config "$out/gateway.toml" --threads 1 \
+    --listen "127.0.0.1:${port[$name]}" --metrics-listen 127.0.0.1:0 \
+    > "$out/gateway-$name.log" 2>&1 &
+  pid[$name]=$!
+  pids+=("${pid[$name]}")
+  wait_port "${port[$name]}"
+done
+"$b" --version > "$out/versions.txt" 2>&1 || true
+"$a" --version >> "$out/versions.txt" 2>&1 || true
+
+ticks=$(getconf CLK_TCK)
+cpu_of() { awk '{print $14, $15}' "/proc/$1/stat"; }
+run_one() { # name round -> "user_us system_us requests"
+  local name=$1 r=$2 p=${pid[$1]}
+  "${prio[@]}" "$b" load "http://127.0.0.1:${port[$name]}/" --rate "$rate" --duration "${warm}s" \
+    --connections "$conns" --pin 0 --brief > /dev/null 2>&1
+  local before after
+  before=$(cpu_of "$p")
+  "${prio[@]}" "$b" load "http://127.0.0.1:${port[$name]}/" --rate "$rate" --duration "${dur}s" \
+    --connections "$conns" --pin 0 --brief --json "$out/load-$name-$r.json" > "$out/load-$name-$r.txt" 2>&1
+  after=$(cpu_of "$p")
+  python3 - "$before" "$after" "$ticks" "$out/load-$name-$r.json" <<'PY'
+import json, sys
+b = [int(x) for x in sys.argv[1].split()]
+a = [int(x) for x in sys.argv[2].split()]
+tck = int(sys.argv[3])
+rep = json.load(open(sys.argv[4]))
+done = rep["completed"]
+print(f"{(a[0]-b[0])*1e6/tck/done:.3f} {(a[1]-b[1])*1e6/tck/done:.3f} {done}")
+PY
+}
+
+: > "$out/rounds.txt"
+for r in $(seq "$rounds"); do
+  order=(A B); [ $((r % 2)) -eq 0 ] && order=(B A)
+  for name in "${order[@]}"; do
+    echo "$r $name $(run_one "$name" "$r")" >> "$out/rounds.txt"
+  done
+done
+
+python3 - "$out/rounds.txt" "$rate" "$dur" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    r, name, user, system, done = line.split()
+    rows.setdefault(int(r), {})[name] = (float(user), float(system), int(done))
+print(f"CPU per request (us), {sys.argv[2]} req/s, {sys.argv[3]} s measured per run; A = baseline, B = candidate")
+print("round   A user  A sys  A total   B user  B sys  B total   B/A")
+ratios = []
+for r in sorted(rows):
+    au, asy, _ = rows[r]["A"]; bu, bsy, _ = rows[r]["B"]
+    ratio = (bu + bsy) / (au + asy)
+    ratios.append(ratio)
+    print(f"{r:>5}  {au:7.2f} {asy:6.2f} {au+asy:8.2f}  {bu:7.2f} {bsy:6.2f} {bu+bsy:8.2f}  {ratio:.3f}")
+print(f"median B/A: {statistics.median(ratios):.3f}  (rounds: {', '.join(f'{x:.3f}' for x in ratios)})")
+PY
+echo "raw: $out"
