@@ -101,6 +101,7 @@ impl<B> H2Conn<B> {
 pub struct StreamGuard(Arc<AtomicUsize>);
 
 impl Drop for StreamGuard {
+    #[inline]
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }

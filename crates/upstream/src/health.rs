@@ -66,6 +66,7 @@ pub struct Up<'a>(&'a [Arc<EndpointHealth>]);
 
 impl<'a> Up<'a> {
     /// A view of `states`, the health of an upstream's endpoints in endpoint order.
+    #[inline]
     pub fn new(states: &'a [Arc<EndpointHealth>]) -> Up<'a> {
         Up(states)
     }

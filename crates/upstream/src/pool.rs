@@ -84,11 +84,13 @@ impl EndpointPool {
     }
 
     /// The endpoint's address.
+    #[inline]
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// The settings the pool was built with.
+    #[inline]
     pub fn settings(&self) -> PoolSettings {
         self.settings
     }
@@ -191,6 +193,7 @@ impl EndpointPool {
 
     /// Gives back a connection whose response was read to its end, to this thread's slot.
     /// `now` is when the response ended.
+    #[inline]
     pub fn release(&self, conn: Box<Connection>, now: Instant) {
         if self.retired.load(Ordering::Relaxed) {
             return;

@@ -56,6 +56,7 @@ impl PoolMetrics {
     }
 
     /// A request is being dispatched upstream; until the guard drops it waits for a head.
+    #[inline]
     pub fn dispatched(&self) -> UpstreamGuard<'_> {
         self.in_flight.inc();
         UpstreamGuard(self)
@@ -67,6 +68,7 @@ impl PoolMetrics {
 pub struct UpstreamGuard<'a>(&'a PoolMetrics);
 
 impl Drop for UpstreamGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.0.in_flight.dec();
     }
