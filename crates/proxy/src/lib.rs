@@ -1,5 +1,6 @@
-//! The gateway: routes, upstreams, pools, balancing and the HTTP data path, built from a
-//! config.
+//! The gateway: routes, the HTTP data path and the server, built from a config, over the
+//! upstream side of `tailguard-upstream` (endpoints, DNS, pools, health, balancers;
+//! re-exported here under its old module names: [`upstream`], [`balance`], [`pool`] ...).
 //!
 //! A [`Config`] (the `tailguard-config` crate, re-exported as [`config`]: parsed and
 //! validated from TOML, every error with file:line:column) is built into a [`gateway::Snapshot`]: a [`route::Router`] with the routes in precedence
@@ -43,23 +44,17 @@
 
 pub mod access_log;
 pub mod admission;
-pub mod balance;
 pub mod body;
 pub mod builtin;
-pub mod dns;
 pub(crate) mod drain;
 pub mod error;
 pub(crate) mod forward_h2;
 pub mod gateway;
 pub mod grpc;
 pub mod headers;
-pub mod health;
 pub mod metrics;
-pub mod outcome;
 pub mod overload;
 pub mod policy;
-pub mod pool;
-pub mod pool_metrics;
 pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;
@@ -67,13 +62,8 @@ pub mod replay;
 pub mod retry;
 pub mod route;
 pub mod server;
-pub mod shard;
 pub mod sni;
 pub mod tls;
-pub mod upstream;
-pub mod upstream_error;
-pub mod upstream_h2;
-pub mod upstream_tls;
 
 pub use error::{Blame, Error};
 pub use gateway::Gateway;
@@ -82,3 +72,9 @@ pub use server::Server;
 /// The config crate, so that `config::X` paths (`crate::config::Config`) keep working.
 pub use tailguard_config as config;
 pub use tailguard_config::Config;
+/// The upstream side's modules (`tailguard-upstream`), so that `crate::balance::X`,
+/// `crate::upstream_tls::X` and the like keep working.
+pub use tailguard_upstream::{
+    balance, dns, error as upstream_error, h2 as upstream_h2, health, outcome, pool, pool_metrics,
+    shard, tls as upstream_tls, upstream,
+};

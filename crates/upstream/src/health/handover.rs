@@ -11,7 +11,7 @@ use crate::upstream::Upstream;
 /// `previous` (the previous snapshot's upstreams) when it has one there and the upstream is
 /// still health-checked (an upstream that lost its `[upstreams.health]` table starts clean:
 /// nothing would ever bring a down endpoint back).
-pub(crate) fn carry<B>(
+pub fn carry<B>(
     previous: Option<&[Upstream<B>]>,
     upstream: &str,
     addr: SocketAddr,
@@ -30,7 +30,7 @@ pub(crate) fn carry<B>(
 
 /// After a swap: states of `old` that `new` did not take over are retired, and the gauge of
 /// an endpoint that left the config reads 0.
-pub(crate) fn retire_missing<B>(old: &[Upstream<B>], new: &[Upstream<B>]) {
+pub fn retire_missing<B>(old: &[Upstream<B>], new: &[Upstream<B>]) {
     let new_states = || new.iter().flat_map(|u| u.endpoints.iter());
     for u in old {
         for e in &u.endpoints {

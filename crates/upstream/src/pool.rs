@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
+use crate::error::UpstreamError;
 use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
-use crate::upstream_error::UpstreamError;
-use crate::upstream_tls::TlsTarget;
+use crate::tls::TlsTarget;
 use tailguard_http1::client::Connection;
 use tailguard_http1::stream::Stream;
 
@@ -67,7 +67,7 @@ pub struct EndpointPool {
 
 impl EndpointPool {
     /// An empty pool for `addr`, connecting over TLS when `tls` is set.
-    pub(crate) fn new(
+    pub fn new(
         addr: SocketAddr,
         settings: PoolSettings,
         tls: Option<TlsTarget>,
@@ -84,11 +84,13 @@ impl EndpointPool {
     }
 
     /// The endpoint's address.
+    #[inline]
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// The settings the pool was built with.
+    #[inline]
     pub fn settings(&self) -> PoolSettings {
         self.settings
     }
@@ -119,7 +121,7 @@ impl EndpointPool {
     /// [`PoolSettings::connect_timeout`], or a route's own `timeouts.connect_ms`). `now` is
     /// the request's start (no clock read here). Returns the connection and whether it
     /// served a request before.
-    pub(crate) async fn checkout_within(
+    pub async fn checkout_within(
         &self,
         now: Instant,
         connect: Option<Duration>,
@@ -141,7 +143,7 @@ impl EndpointPool {
 
     /// Opens a new connection (TCP, then TLS if the upstream has it, both within `connect`:
     /// the pool's connect timeout, or a route's own).
-    pub(crate) async fn connect_within(
+    pub async fn connect_within(
         &self,
         connect: Option<Duration>,
     ) -> Result<Box<Connection>, UpstreamError> {
@@ -191,7 +193,8 @@ impl EndpointPool {
 
     /// Gives back a connection whose response was read to its end, to this thread's slot.
     /// `now` is when the response ended.
-    pub(crate) fn release(&self, conn: Box<Connection>, now: Instant) {
+    #[inline]
+    pub fn release(&self, conn: Box<Connection>, now: Instant) {
         if self.retired.load(Ordering::Relaxed) {
             return;
         }
@@ -209,7 +212,7 @@ impl EndpointPool {
 
     /// Closes this thread's idle connections that are past the idle timeout or already
     /// closed by the upstream. Called by each serving thread about once a second.
-    pub(crate) fn evict(&self, now: Instant) {
+    pub fn evict(&self, now: Instant) {
         let expired: Vec<Idle> = {
             let mut slot = self.slot();
             if slot.is_empty() {
@@ -233,7 +236,7 @@ impl EndpointPool {
 
     /// The endpoint left the config: closes every idle connection and every one released
     /// from now on.
-    pub(crate) fn retire(&self) {
+    pub fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);
         self.slots.clear_all();
     }

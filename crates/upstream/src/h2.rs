@@ -21,10 +21,10 @@ use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
+use crate::error::UpstreamError;
 use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
-use crate::upstream_error::UpstreamError;
-use crate::upstream_tls::TlsTarget;
+use crate::tls::TlsTarget;
 
 /// A request body an HTTP/2 pool sends: the pool is generic over it, so it needs nothing
 /// of the layer above whose body it carries (the gateway's streams the client's request,
@@ -98,9 +98,10 @@ impl<B> H2Conn<B> {
 /// Keeps a stream counted against its connection's `max_concurrent_streams` until the
 /// response body ends or is dropped.
 #[derive(Debug)]
-pub(crate) struct StreamGuard(Arc<AtomicUsize>);
+pub struct StreamGuard(Arc<AtomicUsize>);
 
 impl Drop for StreamGuard {
+    #[inline]
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -128,7 +129,7 @@ pub struct H2Pool<B> {
 
 impl<B: H2Body> H2Pool<B> {
     /// An empty pool for `addr`, connecting over TLS (ALPN `h2`) when `tls` is set.
-    pub(crate) fn new(
+    pub fn new(
         addr: SocketAddr,
         settings: H2Settings,
         tls: Option<TlsTarget>,
@@ -222,7 +223,7 @@ impl<B: H2Body> H2Pool<B> {
     /// A stream on this thread's connections, its connection opened if it was not yet.
     /// Fails only if that connection cannot be opened (the request was not sent: safe to
     /// retry elsewhere).
-    pub(crate) async fn stream(&self) -> Result<(SendRequest<B>, StreamGuard), UpstreamError> {
+    pub async fn stream(&self) -> Result<(SendRequest<B>, StreamGuard), UpstreamError> {
         self.ready(self.take(false)).await
     }
 
@@ -257,7 +258,7 @@ impl<B: H2Body> H2Pool<B> {
     /// Sends `req` on a stream taken with [`H2Pool::stream`] and waits for the response
     /// head. A request the connection refused before sending any of it (it closed as it was
     /// taken) is sent once more on a new connection.
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         mut send: SendRequest<B>,
         guard: StreamGuard,
@@ -381,7 +382,7 @@ impl<B: H2Body> H2Pool<B> {
     /// drops closed ones. Called by each serving thread about once a second, so a
     /// connection's idle time is measured from the first pass that saw it idle (the request
     /// path reads no clock for it).
-    pub(crate) fn evict(&self, now: Instant) {
+    pub fn evict(&self, now: Instant) {
         let Some(limit) = self.settings.idle_timeout else {
             return;
         };
@@ -412,7 +413,7 @@ impl<B: H2Body> H2Pool<B> {
 
     /// The endpoint left the config: its connections are dropped from the slots (each one
     /// closes once its open streams end) and no new one is kept.
-    pub(crate) fn retire(&self) {
+    pub fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);
         self.slots.clear_all();
     }

@@ -56,7 +56,8 @@ impl PoolMetrics {
     }
 
     /// A request is being dispatched upstream; until the guard drops it waits for a head.
-    pub(crate) fn dispatched(&self) -> UpstreamGuard<'_> {
+    #[inline]
+    pub fn dispatched(&self) -> UpstreamGuard<'_> {
         self.in_flight.inc();
         UpstreamGuard(self)
     }
@@ -64,9 +65,10 @@ impl PoolMetrics {
 
 /// Keeps an upstream request counted as waiting for its response head.
 #[derive(Debug)]
-pub(crate) struct UpstreamGuard<'a>(&'a PoolMetrics);
+pub struct UpstreamGuard<'a>(&'a PoolMetrics);
 
 impl Drop for UpstreamGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.0.in_flight.dec();
     }

@@ -8,12 +8,12 @@ use http::HeaderValue;
 use http::uri::Authority;
 
 use crate::balance::{Balance, Outcome, P2cEwma, RoundRobin};
-use crate::config::{BalanceKind, Protocol, UpstreamConfig};
+use crate::error::UpstreamError;
+use crate::h2::H2Pool;
 use crate::health::{EndpointHealth, HealthSettings, Up};
 use crate::pool::EndpointPool;
-use crate::upstream_error::UpstreamError;
-use crate::upstream_h2::H2Pool;
-use crate::upstream_tls::UpstreamTls;
+use crate::tls::UpstreamTls;
+use tailguard_config::{BalanceKind, Protocol, UpstreamConfig};
 
 /// One address of an upstream, as built at config load. `B` is the request body its HTTP/2
 /// connections carry (the gateway's).
@@ -164,7 +164,7 @@ impl<B> Upstream<B> {
     /// The endpoint for the next request, or why there is none: no address resolved
     /// (`NoEndpoint`), or every endpoint down (`NoHealthyEndpoint`, answered at once rather
     /// than after a connect attempt that would only fail or reach a broken endpoint).
-    pub(crate) fn pick_endpoint(&self) -> Result<usize, UpstreamError> {
+    pub fn pick_endpoint(&self) -> Result<usize, UpstreamError> {
         if let Some(reason) = &self.unavailable {
             return Err(UpstreamError::NoEndpoint {
                 upstream: Arc::clone(&self.name),
@@ -179,7 +179,7 @@ impl<B> Upstream<B> {
     /// Counts how an exchange with `endpoint` ended for passive ejection (nothing without
     /// it). Call once per exchange, beside [`Balance::complete`].
     #[inline]
-    pub(crate) fn record(&self, endpoint: usize, outcome: Outcome) {
+    pub fn record(&self, endpoint: usize, outcome: Outcome) {
         if self.eject_after > 0
             && let Some(e) = self.endpoints.get(endpoint)
         {

@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{Notify, oneshot};
 
 use super::{ActiveCheck, Ejection};
+use crate::h2::H2Body;
 use crate::upstream::{Endpoint, Upstream};
-use crate::upstream_h2::H2Body;
 
 /// How long the thread sleeps when nothing is due: it also wakes on every reload and on
 /// every ejection threshold crossed, so this only bounds how late a missed wake is noticed.
@@ -65,14 +65,14 @@ pub struct Hub {
 
 impl Hub {
     /// What endpoint states wake the checker thread with.
-    pub(crate) fn wake(&self) -> &Arc<Notify> {
+    pub fn wake(&self) -> &Arc<Notify> {
         &self.wake
     }
 
     /// Starts the checker thread if `upstreams` (a new snapshot's) check or eject anything
     /// and the thread is not running yet, reading the upstreams from `current` from then on;
     /// else wakes it, so a new snapshot's checks start now.
-    pub(crate) fn follow<B: H2Body>(&self, upstreams: &[Upstream<B>], current: Current<B>) {
+    pub fn follow<B: H2Body>(&self, upstreams: &[Upstream<B>], current: Current<B>) {
         if upstreams.iter().any(|u| u.health.is_some()) {
             self.checker
                 .get_or_init(|| spawn(current, Arc::clone(&self.wake)));

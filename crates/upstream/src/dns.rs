@@ -36,10 +36,10 @@ use tailguard_metrics::{Counter, Family, Gauge, Registry};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::Config;
-use crate::upstream_error::UpstreamError;
+use crate::error::UpstreamError;
+use tailguard_config::Config;
 
-pub use crate::config::dns::{DnsConfig, Target};
+pub use tailguard_config::dns::{DnsConfig, Target};
 
 /// The names a config's endpoints use, with the shortest refresh interval asked of each.
 pub(crate) fn names_in(config: &Config) -> HashMap<String, Duration> {
@@ -212,7 +212,7 @@ impl Resolver {
 
     /// Looks up the names of `config` not looked up before, and waits for them (at most one
     /// lookup's time budget): called before a snapshot is built, off the request path.
-    pub(crate) fn resolve_new(&self, config: &Config) {
+    pub fn resolve_new(&self, config: &Config) {
         let wanted: Vec<String> = names_in(config)
             .into_keys()
             .filter(|host| self.names.get(host).is_none())
@@ -232,7 +232,7 @@ impl Resolver {
     }
 
     /// Follows `config`'s names from now on, calling `on_change` when an answer changes.
-    pub(crate) fn watch(&self, config: &Config, on_change: OnChange) {
+    pub fn watch(&self, config: &Config, on_change: OnChange) {
         let names = names_in(config);
         self.names.forget_except(&names);
         if let Some(commands) = &self.commands {

@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use crate::outcome::Outcome;
 use crate::shard::Padded;
 
-pub use crate::config::health::{
+pub use tailguard_config::health::{
     ActiveCheck, Ejection, ExpectStatus, HealthConfig, MAX_EJECTION_FACTOR,
 };
 
@@ -66,6 +66,7 @@ pub struct Up<'a>(&'a [Arc<EndpointHealth>]);
 
 impl<'a> Up<'a> {
     /// A view of `states`, the health of an upstream's endpoints in endpoint order.
+    #[inline]
     pub fn new(states: &'a [Arc<EndpointHealth>]) -> Up<'a> {
         Up(states)
     }
@@ -128,7 +129,7 @@ pub struct EndpointHealth {
 impl EndpointHealth {
     /// A new endpoint's state: in service (a new endpoint gets traffic until checks or
     /// failures say otherwise, as nginx and HAProxy assume; Envoy waits for a first pass).
-    pub(crate) fn new(
+    pub fn new(
         upstream: Arc<str>,
         addr: SocketAddr,
         up_gauge: Gauge,

@@ -14,6 +14,7 @@ thread_local! {
 }
 
 /// This thread's slot index, assigned on first use.
+#[inline]
 pub fn index() -> usize {
     SHARD.with(|s| *s)
 }

@@ -22,10 +22,10 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::config::UpstreamTlsConfig;
-use crate::config::upstream_tls;
+use tailguard_config::UpstreamTlsConfig;
+use tailguard_config::upstream_tls;
 
-pub use crate::config::upstream_tls::LoadError;
+pub use tailguard_config::upstream_tls::LoadError;
 
 /// ALPN offered to an HTTP/1.1 upstream.
 pub const ALPN_HTTP1: &[&[u8]] = &[b"http/1.1"];
@@ -67,7 +67,7 @@ impl fmt::Debug for UpstreamTls {
 
 impl UpstreamTls {
     /// Loads `tls` (files relative to `base_dir`, read and parsed by
-    /// [`crate::config::upstream_tls::load`]) into a client config that offers `alpn`
+    /// [`tailguard_config::upstream_tls::load`]) into a client config that offers `alpn`
     /// ([`ALPN_HTTP1`], or [`ALPN_H2`] for an HTTP/2 upstream).
     pub fn load(
         base_dir: &Path,
