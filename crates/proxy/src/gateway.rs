@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures_util::FutureExt as _;
-use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER, UPGRADE, VIA};
+use http::header::{CONNECTION, HOST, UPGRADE, VIA};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body as _, Frame};
@@ -20,9 +20,9 @@ use tailguard_http1::server::{self as http1_server, H1Body, OnUpgrade};
 use tailguard_http1::timer::LazyTimer;
 use tokio::io::AsyncWriteExt as _;
 
-use crate::admission::{self, AdmitGuard};
+use crate::admission;
 use crate::balance::Outcome;
-use crate::body::{IncomingBody, RequestBody, ResponseBody};
+use crate::body::{IncomingBody, RequestBody};
 use crate::builtin::Responder;
 use crate::config::{BuiltinConfig, Config, Limits, Protocol, Timeouts, UpstreamConfig};
 use crate::dns::{Names, Resolver, Target};
@@ -35,6 +35,8 @@ use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
 use crate::record::{Finish, RequestRecord};
 use crate::recycle;
+use crate::respond::{error_response, local_response};
+use crate::response_body::ResponseBody;
 use crate::route::{Route, Router};
 use crate::upstream::{EndpointAddr, Upstream};
 use crate::upstream_h2::{H2Pool, H2Settings};
@@ -677,23 +679,6 @@ fn hold(conn: &Arc<ConnCtx>) -> Held {
     }
 }
 
-fn local_response(
-    status: StatusCode,
-    body: &'static str,
-    finish: Option<Finish>,
-) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::local(
-        Bytes::from_static(body.as_bytes()),
-        finish,
-    ));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
-}
-
 /// Serves one request from its parsed head to the response head (the body then streams).
 /// `timer` is the connection's timer for `timeouts.request_ms` (kept across its requests).
 pub(crate) async fn serve(
@@ -802,83 +787,6 @@ pub(crate) async fn serve(
             Ok(error_response(e, record, held, Some(admitted)))
         }
     }
-}
-
-/// Turns an error into its response (status from [`Error::status`], the only mapping) and
-/// writes the request's one structured log line saying who was at fault.
-pub(crate) fn error_response(
-    err: Error,
-    mut record: RequestRecord,
-    held: Held,
-    admitted: Option<AdmitGuard>,
-) -> Response<ResponseBody> {
-    let status = err.status();
-    {
-        let snapshot = held.snapshot();
-        let route = record.route.map(|r| &*snapshot.router.get(r).id);
-        let upstream = record
-            .endpoint
-            .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
-        snapshot.metrics.gateway.error(err.kind(), err.blame());
-        let blame = err.blame().as_str();
-        macro_rules! line {
-            ($level:ident) => {
-                tracing::$level!(
-                    target: "tailguard::request",
-                    status = status.as_u16(),
-                    kind = err.kind(),
-                    blame,
-                    retryable = err.retryable(),
-                    route,
-                    upstream = ?upstream,
-                    method = %record.method,
-                    uri = %record.uri,
-                    remote = %record.remote,
-                    "{err}"
-                )
-            };
-        }
-        match (&err, err.blame()) {
-            // A shed request is counted in the overload metrics; a line per rejection at
-            // `warn` would cost the very requests shed to save CPU (go-zero's breaker paid two
-            // log lines per rejection), so it is only there for debugging.
-            // The same for a rate limit's refusals: a flood of them is what it is for.
-            (Error::Overloaded | Error::RateLimited { .. }, _) => line!(debug),
-            // A client's mistake is routine for the gateway; an upstream's or our own is not.
-            (_, crate::error::Blame::Downstream) => line!(info),
-            _ => line!(warn),
-        }
-    }
-    record.error = Some(err.kind());
-    if record.grpc {
-        // A gRPC client reads `grpc-status`; the HTTP status of a gRPC answer is 200.
-        let code = err.grpc_status();
-        record.status = StatusCode::OK.as_u16();
-        record.grpc_status = Some(code);
-        let finish = Finish {
-            record,
-            held,
-            upstream_conn: None,
-            _admitted: admitted,
-        };
-        return crate::grpc::trailers_only(code, err.grpc_message(), Some(finish));
-    }
-    record.status = status.as_u16();
-    let mut resp = local_response(
-        status,
-        err.reason(),
-        Some(Finish {
-            record,
-            held,
-            upstream_conn: None,
-            _admitted: admitted,
-        }),
-    );
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    resp
 }
 
 /// The request's host without port: from the URI (HTTP/2 `:authority`, absolute form) or

@@ -64,6 +64,8 @@ pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;
 pub mod replay;
+pub(crate) mod respond;
+pub mod response_body;
 pub mod retry;
 pub mod route;
 pub mod server;

@@ -25,12 +25,14 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::RequestBody;
 use crate::config::policy::{HeaderOps, Local, Part, Rewrite, Value};
 use crate::error::Error;
-use crate::gateway::{ConnCtx, Held, check_forwardable, error_response, host_of};
+use crate::gateway::{ConnCtx, Held, check_forwardable, host_of};
 use crate::headers::{self, Client};
 use crate::record::{Finish, RequestRecord};
+use crate::respond::error_response;
+use crate::response_body::ResponseBody;
 use crate::route::Route;
 
 pub use crate::config::policy::Policy;

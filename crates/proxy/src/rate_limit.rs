@@ -35,9 +35,10 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use tailguard_metrics::{Counter, Family, MetricsError, Registry};
 
-use crate::body::ResponseBody;
 use crate::error::Error;
-use crate::gateway::{Held, error_response};
+use crate::gateway::Held;
+use crate::respond::error_response;
+use crate::response_body::ResponseBody;
 use crate::metrics::GatewayMetrics;
 use crate::record::RequestRecord;
 use crate::shard::Padded;
