@@ -248,7 +248,7 @@ impl Snapshot {
                 (&*r.id, config.and_then(|c| c.rate_limit.as_ref()))
             }),
             previous.map(|p| &p.rate_limits),
-            metrics,
+            &metrics.rate_limit,
         )?;
         let metrics = SnapshotMetrics::build(
             metrics,
@@ -708,7 +708,7 @@ pub(crate) async fn serve(
         && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
     {
         record.grpc = crate::grpc::is_grpc(req.headers());
-        return Ok(limited.respond(record, held));
+        return Ok(crate::respond::rate_limited(limited, record, held));
     }
     // Matched once: admission (the route's group and class) and forwarding both use it.
     // `OPTIONS *` asks about the server as a whole: routed as its root would be.
@@ -719,7 +719,7 @@ pub(crate) async fn serve(
     let route = held
         .snapshot()
         .router
-        .find(host_of(&req), path, req.method(), req.headers());
+        .find(headers::host_of(&req), path, req.method(), req.headers());
     // Before local answers and admission: a limited request never counts against the
     // shedder or a breaker, and a route that answers by itself is limited too.
     if let Some(r) = route
@@ -728,14 +728,14 @@ pub(crate) async fn serve(
     {
         record.route = Some(r);
         record.grpc = crate::grpc::is_grpc(req.headers());
-        return Ok(limited.respond(record, held));
+        return Ok(crate::respond::rate_limited(limited, record, held));
     }
     if let Some(r) = route
         && crate::policy::answers_locally(held.snapshot().router.get(r))
     {
-        return Ok(crate::policy::answer(conn, held, req, r, record));
+        return Ok(answer_locally(conn, held, req, r, record));
     }
-    let mut admitted = match admission::admit(held.snapshot(), route) {
+    let mut admitted = match admission::admit(&held.snapshot().overload, route) {
         Ok(guard) => guard,
         Err(refused) => {
             record.grpc = crate::grpc::is_grpc(req.headers());
@@ -789,23 +789,54 @@ pub(crate) async fn serve(
     }
 }
 
-/// The request's host without port: from the URI (HTTP/2 `:authority`, absolute form) or
-/// the `Host` header.
-pub(crate) fn host_of<B>(req: &Request<B>) -> &str {
-    let raw = req
-        .uri()
-        .host()
-        .or_else(|| req.headers().get(HOST).and_then(|h| h.to_str().ok()))
-        .unwrap_or("");
-    if let Some(rest) = raw.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or("");
+/// Answers a request routed to a route that answers by itself. Called right after
+/// routing, before admission: the answer costs less than a shed request's `503` would, and
+/// it never reaches an upstream, whose limits and breakers admission guards. It is counted
+/// (`tailguard_requests_total` with its route) and logged like any request.
+fn answer_locally(
+    conn: &ConnCtx,
+    held: Held,
+    mut req: Box<Request<RequestBody>>,
+    route_index: usize,
+    mut record: RequestRecord,
+) -> Response<ResponseBody> {
+    record.route = Some(route_index);
+    // Refused as a forwarded request would be (a 2xx answer to a CONNECT would tell the
+    // client it has a tunnel).
+    if let Err(e) = check_forwardable(&held.snapshot().config.limits, &req) {
+        return error_response(e, record, held, None);
     }
-    // A byte search: `rsplit_once(':')` runs a reverse char searcher (UTF-8 aware), a
-    // measurable share of a request for one ASCII byte.
-    match raw.as_bytes().iter().rposition(|&b| b == b':') {
-        Some(colon) => &raw[..colon],
-        None => raw,
-    }
+    let logged = !held.access_log().is_off();
+    let resp = {
+        let route = held.snapshot().router.get(route_index);
+        let Some(p) = route.policy.as_deref() else {
+            return error_response(Error::NoRoute, record, held, None);
+        };
+        let mut vars = crate::policy::Vars::capture(route, &req);
+        if logged || p.needs_request_id {
+            let id = headers::request_id(req.headers_mut()).clone();
+            if logged {
+                record.request_id = Some(id.clone());
+            }
+            vars.request_id = Some(id);
+        }
+        let mut resp = crate::policy::local_response(p, &req);
+        crate::policy::on_response(route, resp.headers_mut(), &conn.client, &vars);
+        resp
+    };
+    record.status = resp.status().as_u16();
+    let (parts, body) = resp.into_parts();
+    let finish = Some(Finish {
+        record,
+        held,
+        upstream_conn: None,
+        _admitted: None,
+    });
+    let body = match body {
+        Some(b) => ResponseBody::local(b, finish),
+        None => ResponseBody::empty(finish),
+    };
+    Response::from_parts(parts, body)
 }
 
 /// What a request passes before it goes to any upstream, whatever the upstream's protocol:

@@ -67,6 +67,7 @@ pub mod replay;
 pub(crate) mod respond;
 pub mod response_body;
 pub mod retry;
+pub mod retry_policy;
 pub mod route;
 pub mod server;
 pub mod shard;

@@ -439,6 +439,11 @@ impl GatewayMetrics {
         &self.retries_skipped
     }
 
+    /// The rate limits' families (their handles are made when a limit is built).
+    pub fn rate_limit(&self) -> &crate::rate_limit::RateLimitMetrics {
+        &self.rate_limit
+    }
+
     /// The counters every endpoint's pool records into.
     pub(crate) fn pool(&self) -> &Arc<PoolMetrics> {
         &self.pool

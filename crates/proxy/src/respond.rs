@@ -1,6 +1,6 @@
 //! The answers the gateway makes itself: a plain-text local answer, an error's response
-//! (its status from [`Error::status`], its one log line), and a gRPC call's trailers-only
-//! answer.
+//! (its status from [`Error::status`], its one log line), a rate limit's `429`, and a gRPC
+//! call's trailers-only answer.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -10,6 +10,7 @@ use crate::admission::AdmitGuard;
 use crate::error::Error;
 use crate::gateway::Held;
 use crate::grpc;
+use crate::rate_limit::Limited;
 use crate::record::{Finish, RequestRecord};
 use crate::response_body::ResponseBody;
 
@@ -28,6 +29,19 @@ pub(crate) fn local_response(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    resp
+}
+
+/// The `429` of a request a rate limit refused (through [`error_response`]: counted,
+/// logged, in the access log like any error), with `Retry-After`, `RateLimit` and
+/// `RateLimit-Policy`.
+pub(crate) fn rate_limited(
+    limited: Limited,
+    record: RequestRecord,
+    held: Held,
+) -> Response<ResponseBody> {
+    let mut resp = error_response(limited.error(), record, held, None);
+    limited.add_fields(resp.headers_mut());
     resp
 }
 

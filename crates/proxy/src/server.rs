@@ -326,7 +326,7 @@ impl Server {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let tls = tls_acceptors(&config)?;
         let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
-        let limits = crate::rate_limit::listener_limits(&config.listeners, |_| None, &metrics)?;
+        let limits = crate::rate_limit::listener_limits(&config.listeners, |_| None, metrics.rate_limit())?;
         let settings = settings(&config, tls, logs, limits);
         let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;
@@ -485,7 +485,7 @@ impl Server {
         let limits = crate::rate_limit::listener_limits(
             &config.listeners,
             running_limit,
-            self.gateway.metrics(),
+            self.gateway.metrics().rate_limit(),
         )?;
         // Last, as it is the one step that leaves a trace (a created log file) if a later
         // step fails: only the gateway's own snapshot build comes after it.
