@@ -23,12 +23,13 @@ use crate::balance::Outcome;
 use crate::body::{H2Body, RequestBody};
 use crate::config::Protocol;
 use crate::error::Error;
+use crate::finish::Finish;
 use crate::gateway::{
     ConnCtx, Held, Snapshot, check_forwardable, limit_request_body, retry_endpoint,
 };
 use crate::grpc;
 use crate::headers;
-use crate::record::{Finish, RequestRecord};
+use crate::record::RequestRecord;
 use crate::respond::error_response;
 use crate::response_body::ResponseBody;
 

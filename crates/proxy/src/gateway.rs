@@ -27,13 +27,14 @@ use crate::builtin::Responder;
 use crate::config::{BuiltinConfig, Config, Limits, Protocol, Timeouts, UpstreamConfig};
 use crate::dns::{Names, Resolver, Target};
 use crate::error::Error;
+use crate::finish::Finish;
 use crate::headers;
 use crate::health::EndpointHealth;
 use crate::health::checker::{Current, Hub, Upstreams};
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
 use crate::overload::Overload;
 use crate::pool::{EndpointPool, PoolSettings};
-use crate::record::{Finish, RequestRecord};
+use crate::record::RequestRecord;
 use crate::recycle;
 use crate::respond::{error_response, local_response};
 use crate::response_body::ResponseBody;
@@ -716,10 +717,10 @@ pub(crate) async fn serve(
         "*" => "/",
         path => path,
     };
-    let route = held
-        .snapshot()
-        .router
-        .find(headers::host_of(&req), path, req.method(), req.headers());
+    let route =
+        held.snapshot()
+            .router
+            .find(headers::host_of(&req), path, req.method(), req.headers());
     // Before local answers and admission: a limited request never counts against the
     // shedder or a breaker, and a route that answers by itself is limited too.
     if let Some(r) = route

@@ -27,7 +27,11 @@ pub fn host_of<B>(req: &http::Request<B>) -> &str {
     let raw = req
         .uri()
         .host()
-        .or_else(|| req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()))
+        .or_else(|| {
+            req.headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
         .unwrap_or("");
     if let Some(rest) = raw.strip_prefix('[') {
         return rest.split(']').next().unwrap_or("");

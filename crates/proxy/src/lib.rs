@@ -11,7 +11,7 @@
 //!
 //! A request goes: head parsed → [`admission::admit`] → route → pick endpoint → forward
 //! (hop-by-hop headers removed, forwarding headers added, body streamed under its limit)
-//! → response streamed back → [`record::finish`]. Failures are [`Error`]s, each with a
+//! → response streamed back → [`finish::finish`]. Failures are [`Error`]s, each with a
 //! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`.
 //!
 //! ```
@@ -49,6 +49,7 @@ pub mod builtin;
 pub mod dns;
 pub(crate) mod drain;
 pub mod error;
+pub mod finish;
 pub(crate) mod forward_h2;
 pub mod gateway;
 pub mod grpc;

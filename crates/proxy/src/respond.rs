@@ -8,10 +8,11 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::admission::AdmitGuard;
 use crate::error::Error;
+use crate::finish::Finish;
 use crate::gateway::Held;
 use crate::grpc;
 use crate::rate_limit::Limited;
-use crate::record::{Finish, RequestRecord};
+use crate::record::RequestRecord;
 use crate::response_body::ResponseBody;
 
 /// A plain-text answer with `status` and `body`.
@@ -136,4 +137,3 @@ pub(crate) fn trailers_only(
     grpc::put_status(headers, code, message);
     resp
 }
-

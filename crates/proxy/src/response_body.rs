@@ -13,7 +13,7 @@ use tailguard_http1::server::OutgoingBody;
 
 use crate::body::{H2Body, RequestBody};
 use crate::error::Error;
-use crate::record::Finish;
+use crate::finish::Finish;
 
 #[derive(Debug)]
 enum Source {

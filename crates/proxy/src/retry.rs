@@ -62,7 +62,6 @@ use crate::route::Route;
 use crate::upstream::Upstream;
 use crate::upstream_h2::{H2Pool, StreamGuard};
 
-
 /// How an exchange that got no answer ended, for the balancer and ejection.
 fn outcome_of(e: &Error) -> Outcome {
     match e {
@@ -528,7 +527,6 @@ pub(crate) async fn h2_stream(
         _ => pool.stream().await.map_err(Error::from),
     }
 }
-
 
 /// An HTTP/2 request's head again, for the next try (an HTTP/2 send consumes it); its body
 /// is given by [`Resend::rearm`].

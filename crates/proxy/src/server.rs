@@ -326,7 +326,8 @@ impl Server {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let tls = tls_acceptors(&config)?;
         let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
-        let limits = crate::rate_limit::listener_limits(&config.listeners, |_| None, metrics.rate_limit())?;
+        let limits =
+            crate::rate_limit::listener_limits(&config.listeners, |_| None, metrics.rate_limit())?;
         let settings = settings(&config, tls, logs, limits);
         let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;
