@@ -7,8 +7,9 @@ use std::time::Instant;
 use tailguard_http1::client::Connection;
 
 use crate::admission::AdmitGuard;
-use crate::gateway::{Held, Snapshot};
+use crate::gateway::Held;
 use crate::record::RequestRecord;
+use crate::snapshot::Snapshot;
 
 /// Carried by a response body; when the body ends or is dropped, the request is finished.
 #[derive(Debug)]

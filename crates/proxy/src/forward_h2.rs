@@ -24,14 +24,13 @@ use crate::body::{H2Body, RequestBody};
 use crate::config::Protocol;
 use crate::error::Error;
 use crate::finish::Finish;
-use crate::gateway::{
-    ConnCtx, Held, Snapshot, check_forwardable, limit_request_body, retry_endpoint,
-};
+use crate::gateway::{ConnCtx, Held, check_forwardable, limit_request_body, retry_endpoint};
 use crate::grpc;
 use crate::headers;
 use crate::record::RequestRecord;
 use crate::respond::error_response;
 use crate::response_body::ResponseBody;
+use crate::snapshot::Snapshot;
 
 /// Serves a request routed to an HTTP/2 upstream, from its routed head to the response
 /// head (the body then streams).

@@ -2,7 +2,7 @@
 //! config.
 //!
 //! A [`Config`] (the `tailguard-config` crate, re-exported as [`config`]: parsed and
-//! validated from TOML, every error with file:line:column) is built into a [`gateway::Snapshot`]: a [`route::Router`] with the routes in precedence
+//! validated from TOML, every error with file:line:column) is built into a [`snapshot::Snapshot`]: a [`route::Router`] with the routes in precedence
 //! order, the [`upstream::Upstream`]s with their endpoints and [`balance::Balance`]r, and a
 //! pooled keep-alive upstream client. A [`Server`] binds the listeners and serves each
 //! connection (HTTP/1.1, h2c, or TLS with ALPN) through the current snapshot;
@@ -72,6 +72,7 @@ pub mod retry_policy;
 pub mod route;
 pub mod server;
 pub mod shard;
+pub mod snapshot;
 pub mod sni;
 pub mod tls;
 pub mod upstream;

@@ -53,12 +53,12 @@ use tailguard_http1::timer::LazyTimer;
 use crate::balance::Outcome;
 use crate::body::{IncomingBody, RequestBody};
 use crate::error::Error;
-use crate::gateway::Snapshot;
 use crate::pool::EndpointPool;
 use crate::record::RequestRecord;
 use crate::replay::{self, Kept};
 use crate::retry_policy::{Reason, RetryPolicy, Skip};
 use crate::route::Route;
+use crate::snapshot::Snapshot;
 use crate::upstream::Upstream;
 use crate::upstream_h2::{H2Pool, StreamGuard};
 

@@ -740,7 +740,7 @@ impl Acceptor {
             let shutdown = drain.watch();
             let ctx = Arc::new(ConnCtx {
                 snapshot: gateway.snapshot(),
-                gateway: Arc::clone(&gateway),
+                current: Arc::clone(gateway.current()),
                 remote,
                 client: crate::headers::Client::new(
                     remote.ip(),
