@@ -7,7 +7,7 @@ use std::time::Instant;
 use tailguard_http1::client::Connection;
 
 use crate::admission::AdmitGuard;
-use crate::gateway::Held;
+use crate::conn::Held;
 use crate::record::RequestRecord;
 use crate::snapshot::Snapshot;
 

@@ -10,7 +10,6 @@
 //! between a stream's messages (a long-lived stream may be quiet for minutes), and every
 //! error the gateway makes answered with a `grpc-status`.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use http::header::{HOST, TE, VIA};
@@ -18,63 +17,17 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
 use tailguard_http1::server::OnUpgrade;
 
-use crate::admission::AdmitGuard;
 use crate::balance::Outcome;
 use crate::body::{H2Body, RequestBody};
 use crate::config::Protocol;
+use crate::conn::ConnCtx;
 use crate::error::Error;
-use crate::finish::Finish;
-use crate::gateway::{ConnCtx, Held, check_forwardable, limit_request_body, retry_endpoint};
+use crate::forward::{check_forwardable, limit_request_body};
 use crate::grpc;
 use crate::headers;
 use crate::record::RequestRecord;
-use crate::respond::error_response;
-use crate::response_body::ResponseBody;
+use crate::retry::retry_endpoint;
 use crate::snapshot::Snapshot;
-
-/// Serves a request routed to an HTTP/2 upstream, from its routed head to the response
-/// head (the body then streams).
-pub(crate) async fn serve(
-    conn: &Arc<ConnCtx>,
-    held: Held,
-    req: Box<Request<RequestBody>>,
-    route: usize,
-    mut record: RequestRecord,
-    mut admitted: AdmitGuard,
-) -> Response<ResponseBody> {
-    record.grpc = grpc::is_grpc(req.headers());
-    let forwarded = forward(held.snapshot(), conn, req, route, &mut record).await;
-    match forwarded {
-        Ok(resp) => {
-            admitted.served();
-            let (parts, body) = resp.into_parts();
-            record.status = parts.status.as_u16();
-            if record.grpc {
-                // A trailers-only answer carries its status in the head.
-                record.grpc_status = grpc::status(&parts.headers);
-            }
-            let finish = Finish {
-                record,
-                held,
-                upstream_conn: None,
-                _admitted: Some(admitted),
-            };
-            Response::from_parts(parts, ResponseBody::upstream_h2(body, Some(finish)))
-        }
-        Err(e) => {
-            if matches!(
-                e,
-                Error::UpstreamTimeout {
-                    phase: "request",
-                    ..
-                }
-            ) {
-                admitted.timed_out();
-            }
-            error_response(e, record, held, Some(admitted))
-        }
-    }
-}
 
 /// The request's `:authority` upstream: the route's `host_rewrite`, else what the client
 /// named (`:authority` or `Host`), else the endpoint's name (or address) and port.
@@ -92,7 +45,9 @@ fn authority(
         .unwrap_or_else(|| endpoint.authority.clone())
 }
 
-async fn forward(
+/// The forwarding stage for an HTTP/2 upstream: from the routed head to the upstream's
+/// response head, its body under the call's deadline (gRPC) or the read timeout.
+pub(crate) async fn forward(
     snap: &Snapshot,
     conn: &ConnCtx,
     mut req: Box<Request<RequestBody>>,

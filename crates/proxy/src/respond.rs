@@ -7,9 +7,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::admission::AdmitGuard;
+use crate::conn::Held;
 use crate::error::Error;
 use crate::finish::Finish;
-use crate::gateway::Held;
 use crate::grpc;
 use crate::rate_limit::Limited;
 use crate::record::RequestRecord;

@@ -651,3 +651,47 @@ pub(crate) async fn exchange_h2(
         tries += 1;
     }
 }
+
+/// The endpoint to retry a failed connect on, if the request may be retried: the
+/// balancer's next pick that is not `failed` (never a down endpoint: the balancer skips
+/// those).
+pub(crate) fn retry_endpoint<B: http_body::Body>(
+    snap: &Snapshot,
+    upstream_index: usize,
+    failed: usize,
+    req: &Request<B>,
+    err: &Error,
+) -> Option<usize> {
+    let upstream = &snap.upstreams[upstream_index];
+    let n = upstream.endpoints.len();
+    let connect_failed = matches!(
+        err,
+        Error::UpstreamConnect { .. }
+            | Error::UpstreamTls { .. }
+            | Error::UpstreamTimeout {
+                phase: "connect",
+                ..
+            }
+    );
+    if n < 2
+        || !connect_failed
+        || !snap
+            .overload
+            .may_retry(upstream_index, req.method(), !req.body().is_end_stream())
+    {
+        return None;
+    }
+    // Every pick is completed exactly once (the balancer counts in-flight requests): a pick
+    // of the failed endpoint is released unused, and after two such picks there is no retry.
+    for _ in 0..2 {
+        let pick = upstream.pick()?;
+        snap.metrics.picked(upstream_index, pick);
+        if pick != failed {
+            return Some(pick);
+        }
+        upstream
+            .balance
+            .complete(pick, Outcome::Aborted, Duration::ZERO);
+    }
+    None
+}

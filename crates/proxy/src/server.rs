@@ -20,9 +20,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::access_log::AccessLogs;
 use crate::body::{IncomingBody, RequestBody};
 use crate::config::{Config, Limits, Timeouts};
+use crate::conn::ConnCtx;
 use crate::drain::{Drain, Watch};
 use crate::error::Error;
-use crate::gateway::{self, ConnCtx, Gateway, Http1Handler};
+use crate::gateway::Gateway;
+use crate::handler::Http1Handler;
 use tailguard_http1::server::{self as downstream, Reader};
 use tailguard_http1::timer::LazyTimer;
 
@@ -829,7 +831,7 @@ where
         let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
         let ctx = Arc::clone(&ctx);
         // An HTTP/2 stream is a task of hyper's, with a timer of its own.
-        async move { gateway::serve(&ctx, req, &mut LazyTimer::new()).await }
+        async move { crate::data_path::serve(&ctx, req, &mut LazyTimer::new()).await }
     });
     let conn = http2.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
