@@ -9,10 +9,12 @@
 //! [`Server::reload`] swaps in a new one atomically (binding, keeping or closing listeners
 //! as the new config says) and [`Server::shutdown`] drains.
 //!
-//! A request goes: head parsed → [`admission::admit`] → route → pick endpoint → forward
+//! A request goes through the data path's stages (`data_path.rs`, `serve`): head parsed →
+//! rate limit → route → local answer → [`admission::admit`] → forward with retries
 //! (hop-by-hop headers removed, forwarding headers added, body streamed under its limit)
 //! → response streamed back → [`finish::finish`]. Failures are [`Error`]s, each with a
-//! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`.
+//! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`; the modules'
+//! floors are in ARCHITECTURE.md ("Layers").
 //!
 //! ```
 //! use std::path::Path;

@@ -114,7 +114,7 @@ impl ResponseBody {
                 )
             };
         }
-        // As for errors before the head (`gateway::error_response`): the client's own
+        // As for errors before the head (`respond::error_response`): the client's own
         // failure is routine, the upstream's is not.
         match err.blame() {
             crate::error::Blame::Downstream => line!(info),

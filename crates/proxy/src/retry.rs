@@ -4,7 +4,7 @@
 //! backoff_ms, buffer_bytes }`; [`crate::config::retry`] has them and their checks).
 //!
 //! What a route pays: a route without `timeouts` and `retry` reads three `None`s and one
-//! more on the request path (the plain exchange of `gateway.rs`, unchanged, with its one
+//! more on the request path (the plain exchange of `forward.rs`, unchanged, with its one
 //! connect retry). A route with `retry` takes the loop here, boxed so the plain exchange's
 //! future does not grow by it. A try that is retried pays what a retry costs anyway (a pick,
 //! a budget withdrawal, a backoff on the connection's own timer). On HTTP/1.1 a bodiless
