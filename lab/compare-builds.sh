@@ -60,8 +60,6 @@ EOF
 pids+=($!)
 wait_port "$up_port"
 
-# One gateway process per build, started once and kept for every round (as a deployment
-# would keep it), so a round measures the request path, not start-up.
 cat > "$out/gateway.toml" <<EOF
 [[listeners]]
 address = "127.0.0.1:0"
@@ -75,32 +73,35 @@ id = "all"
 upstream = "origin"
 path = { prefix = "/" }
 EOF
-declare -A port pid
-for name in A B; do
-  exe=$a; [ "$name" = B ] && exe=$b
-  port[$name]=$(free_port)
+# A fresh gateway process for every run (started, warmed up, measured, stopped): one
+# process kept across rounds carries its own layout and placement into every round, and an
+# A/A run of one binary against itself showed 0.85-0.99 that way.
+start_gateway() { # exe -> sets gw_pid, gw_port
+  gw_port=$(free_port)
   # Metrics on (recorded per request; the exporter on a free port, never scraped here).
-  "${prio[@]}" taskset -c 1 "$exe" run --config "$out/gateway.toml" --threads 1 \
-    --listen "127.0.0.1:${port[$name]}" --metrics-listen 127.0.0.1:0 \
-    > "$out/gateway-$name.log" 2>&1 &
-  pid[$name]=$!
-  pids+=("${pid[$name]}")
-  wait_port "${port[$name]}"
-done
+  "${prio[@]}" taskset -c 1 "$1" run --config "$out/gateway.toml" --threads 1 \
+    --listen "127.0.0.1:$gw_port" --metrics-listen 127.0.0.1:0 >> "$out/gateway.log" 2>&1 &
+  gw_pid=$!
+  pids+=("$gw_pid")
+  wait_port "$gw_port"
+}
 "$b" --version > "$out/versions.txt" 2>&1 || true
 "$a" --version >> "$out/versions.txt" 2>&1 || true
 
 ticks=$(getconf CLK_TCK)
 cpu_of() { awk '{print $14, $15}' "/proc/$1/stat"; }
 run_one() { # name round -> "user_us system_us requests"
-  local name=$1 r=$2 p=${pid[$1]}
-  "${prio[@]}" "$b" load "http://127.0.0.1:${port[$name]}/" --rate "$rate" --duration "${warm}s" \
+  local name=$1 r=$2 exe=$a
+  [ "$name" = B ] && exe=$b
+  start_gateway "$exe"
+  "${prio[@]}" "$b" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "${warm}s" \
     --connections "$conns" --pin 0 --brief > /dev/null 2>&1
   local before after
-  before=$(cpu_of "$p")
-  "${prio[@]}" "$b" load "http://127.0.0.1:${port[$name]}/" --rate "$rate" --duration "${dur}s" \
+  before=$(cpu_of "$gw_pid")
+  "${prio[@]}" "$b" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "${dur}s" \
     --connections "$conns" --pin 0 --brief --json "$out/load-$name-$r.json" > "$out/load-$name-$r.txt" 2>&1
-  after=$(cpu_of "$p")
+  after=$(cpu_of "$gw_pid")
+  kill "$gw_pid"; wait "$gw_pid" 2>/dev/null || true
   python3 - "$before" "$after" "$ticks" "$out/load-$name-$r.json" <<'PY'
 import json, sys
 b = [int(x) for x in sys.argv[1].split()]

@@ -71,7 +71,7 @@ fn limiter(key: &str, scope: Scope) -> Limiter {
     ))
     .unwrap();
     let metrics = GatewayMetrics::register(&tailguard_metrics::Registry::new()).unwrap();
-    Limiter::build(&config, scope, "bench", &metrics).unwrap()
+    Limiter::build(&config, scope, "bench", metrics.rate_limit()).unwrap()
 }
 
 fn ip(n: u64) -> IpAddr {

@@ -37,7 +37,7 @@ fn main() {
     ))
     .unwrap();
     let before = rss_bytes();
-    let limiter = Limiter::build(&config, Scope::Route, "flood", &metrics).unwrap();
+    let limiter = Limiter::build(&config, Scope::Route, "flood", metrics.rate_limit()).unwrap();
     let built = rss_bytes();
     println!(
         "max_keys {max_keys}: table {} bytes ({}), RSS {} before the table, {} after",

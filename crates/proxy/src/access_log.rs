@@ -1,5 +1,5 @@
 //! The gateway's access log: one log per listener, started with the server, fed from the
-//! finish seam, reopened on SIGUSR1, drained at shutdown.
+//! finished request's record, reopened on SIGUSR1, drained at shutdown.
 //!
 //! The logs live outside the config snapshot, in the server: a reload keeps every running
 //! log whose settings did not change (never restarting a writer thread or losing a buffered
@@ -19,8 +19,9 @@ use tailguard_access_log::{
 
 use crate::config::{Config, Diagnostic};
 use crate::error::Error;
-use crate::gateway::Snapshot;
 use crate::record::RequestRecord;
+use crate::route::Router;
+use crate::upstream::Upstream;
 
 /// How long a stop waits for the writers to write and fsync: 5 s covers a healthy disk with
 /// every buffer full (32 x 64 KiB) many times over; past it the disk is stalled, and the
@@ -225,8 +226,15 @@ fn protocol(v: Version) -> &'static str {
     }
 }
 
-/// Appends the finished request to `log` (nothing at all when the log is off).
-pub(crate) fn log(log: &AccessLog, r: &RequestRecord, snapshot: &Snapshot, end: Instant) {
+/// Appends the finished request to `log` (nothing at all when the log is off); its route
+/// and endpoint are looked up by index in the snapshot's `router` and `upstreams`.
+pub(crate) fn log<B>(
+    log: &AccessLog,
+    r: &RequestRecord,
+    router: &Router,
+    upstreams: &[Upstream<B>],
+    end: Instant,
+) {
     log.log_with(|| Record {
         time: SystemTime::now(),
         remote_addr: Some(r.remote.ip()),
@@ -244,13 +252,13 @@ pub(crate) fn log(log: &AccessLog, r: &RequestRecord, snapshot: &Snapshot, end: 
         request_time: end.duration_since(r.start),
         upstream_addr: r
             .endpoint
-            .and_then(|(u, e)| Some(snapshot.upstreams.get(u)?.endpoints.get(e)?.addr)),
+            .and_then(|(u, e)| Some(upstreams.get(u)?.endpoints.get(e)?.addr)),
         earlier_tries: &r.earlier_tries,
         upstream_status: r.upstream_status,
         upstream_response_time: r.upstream_time,
         referer: r.referer.as_ref().map(HeaderValue::as_bytes),
         user_agent: r.user_agent.as_ref().map(HeaderValue::as_bytes),
-        route: r.route.map(|i| &*snapshot.router.get(i).id),
+        route: r.route.map(|i| &*router.get(i).id),
         request_id: r.request_id.as_ref().map(HeaderValue::as_bytes),
         error: r.error,
         headers: None,

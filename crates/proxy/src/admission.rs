@@ -1,8 +1,7 @@
 //! Admission: the one place a request is let in or turned away, right after its head is
 //! parsed and before routing, balancing or reading its body.
 
-use crate::gateway::Snapshot;
-use crate::overload::{Admitted, Refused};
+use crate::overload::{Admitted, Overload, Refused};
 
 /// Held for as long as an admitted request is in flight (until its response finishes);
 /// dropping it tells the admission controller the request left.
@@ -29,8 +28,9 @@ impl AdmitGuard {
 /// (503 with `Retry-After`, `Connection: close` when severe) without reading the body.
 /// `/healthz` never reaches this. `route` is the request's matched route (its route group
 /// and priority class decide), found once per request and then used for forwarding too.
-pub fn admit(snapshot: &Snapshot, route: Option<usize>) -> Result<AdmitGuard, Refused> {
+/// `overload` is the snapshot's.
+pub fn admit(overload: &Overload, route: Option<usize>) -> Result<AdmitGuard, Refused> {
     Ok(AdmitGuard {
-        admitted: snapshot.overload.admit(route)?,
+        admitted: overload.admit(route)?,
     })
 }

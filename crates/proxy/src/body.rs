@@ -1,22 +1,23 @@
 //! Bodies streamed through the gateway: the request body with its size limit and byte
-//! count, and the response body that counts bytes out and finishes the request record.
+//! count, and an HTTP/2 upstream's response body under its deadline or read timeout.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::Sleep;
 
-use tailguard_http1::client::{RawFields, UpstreamBody};
-use tailguard_http1::server::{H1Body, OutgoingBody};
+use tailguard_http1::server::H1Body;
 
 use crate::error::Error;
-use crate::forward_h2::H2Body;
-use crate::record::Finish;
+use crate::grpc;
 use crate::replay::{Reader, ReplayError};
+use crate::upstream_h2::StreamGuard;
 
 /// Set in a request body's byte count (`RequestRecord::bytes_in`) once the body has ended:
 /// a request timeout that fires before then is the client's (408), not the upstream's.
@@ -185,126 +186,42 @@ impl Body for RequestBody {
     }
 }
 
+/// An HTTP/2 upstream's response body: frames passed on as they come (data and trailers),
+/// under the call's deadline (gRPC) or the read timeout (plain HTTP).
 #[derive(Debug)]
-enum Source {
-    /// The upstream's body, with the frame read ahead (if any) to be sent first.
-    Upstream(Option<Frame<Bytes>>, UpstreamBody<RequestBody>),
-    /// An HTTP/2 upstream's body (boxed: the HTTP/1.1 variant stays the enum's size).
-    UpstreamH2(Box<H2Body>),
-    Local(Option<Bytes>),
+pub(crate) struct H2Body {
+    inner: Incoming,
+    addr: std::net::SocketAddr,
+    /// Counts the stream against its connection until the body ends or is dropped.
+    _stream: StreamGuard,
+    /// A gRPC call's deadline: when it passes, the stream ends with `DEADLINE_EXCEEDED`.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// `timeouts.read_ms` and its timer, re-armed by every frame.
+    read: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// The deadline passed (its trailers were sent) or the body failed: nothing more.
+    ended: bool,
 }
 
-/// The response body sent downstream: the upstream's body streamed as it arrives, or a
-/// local answer. Counts bytes out; when it ends, errors, or is dropped, the request's
-/// [`Finish`] runs.
-#[derive(Debug)]
-pub struct ResponseBody {
-    source: Source,
-    finish: Option<Finish>,
-}
-
-impl ResponseBody {
-    /// Streams an upstream body.
-    pub(crate) fn upstream(
-        first: Option<Frame<Bytes>>,
-        body: UpstreamBody<RequestBody>,
-        finish: Option<Finish>,
-    ) -> ResponseBody {
-        ResponseBody {
-            source: Source::Upstream(first, body),
-            finish,
-        }
-    }
-
-    /// Streams an HTTP/2 upstream's body.
-    pub(crate) fn upstream_h2(body: H2Body, finish: Option<Finish>) -> ResponseBody {
-        ResponseBody {
-            source: Source::UpstreamH2(Box::new(body)),
-            finish,
-        }
-    }
-
-    /// No body at all: the head ends the response (an HTTP/2 head with `END_STREAM`).
-    pub(crate) fn empty(finish: Option<Finish>) -> ResponseBody {
-        ResponseBody {
-            source: Source::Local(None),
-            finish,
-        }
-    }
-
-    /// A body made by the gateway.
-    pub(crate) fn local(body: Bytes, finish: Option<Finish>) -> ResponseBody {
-        ResponseBody {
-            source: Source::Local(Some(body)),
-            finish,
-        }
-    }
-
-    fn count(&mut self, n: usize) {
-        if let Some(f) = &mut self.finish {
-            f.record.bytes_out += n as u64;
-        }
-    }
-
-    fn end(&mut self, completed: bool) {
-        self.settle(completed);
-        drop(self.finish.take());
-    }
-
-    /// The body failed after its head was sent (an upstream that broke or stalled mid-body,
-    /// or a request body that failed while still being sent): nothing can tell the client,
-    /// whose connection is closed, so this is the request's one log line saying who was at
-    /// fault, and its error for the access log and the error metric.
-    fn failed(&mut self, err: &Error) {
-        let Some(f) = &mut self.finish else {
-            return;
-        };
-        f.record.error = Some(err.kind());
-        let snapshot = f.held.snapshot();
-        snapshot.metrics.gateway.error(err.kind(), err.blame());
-        let route = f.record.route.map(|r| &*snapshot.router.get(r).id);
-        let upstream = f
-            .record
-            .endpoint
-            .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
-        macro_rules! line {
-            ($level:ident) => {
-                tracing::$level!(
-                    target: "tailguard::request",
-                    status = f.record.status,
-                    kind = err.kind(),
-                    blame = err.blame().as_str(),
-                    route,
-                    upstream = ?upstream,
-                    method = %f.record.method,
-                    uri = %f.record.uri,
-                    remote = %f.record.remote,
-                    bytes_out = f.record.bytes_out,
-                    "response body failed mid-way: {err}"
-                )
-            };
-        }
-        // As for errors before the head (`gateway::error_response`): the client's own
-        // failure is routine, the upstream's is not.
-        match err.blame() {
-            crate::error::Blame::Downstream => line!(info),
-            _ => line!(warn),
-        }
-    }
-
-    /// Notes whether the response went out whole; if it did, the upstream connection can go
-    /// back to its pool (the finish does that, as it knows the endpoint).
-    fn settle(&mut self, completed: bool) {
-        if let Some(f) = &mut self.finish {
-            f.record.completed = completed;
-            if completed && let Source::Upstream(_, body) = &mut self.source {
-                f.upstream_conn = body.take_reusable();
-            }
+impl H2Body {
+    pub(crate) fn new(
+        inner: Incoming,
+        stream: StreamGuard,
+        addr: std::net::SocketAddr,
+        deadline: Option<Pin<Box<Sleep>>>,
+        read_timeout: Option<Duration>,
+    ) -> H2Body {
+        H2Body {
+            inner,
+            addr,
+            _stream: stream,
+            deadline,
+            read: read_timeout.map(|t| (t, Box::pin(tokio::time::sleep(t)))),
+            ended: false,
         }
     }
 }
 
-impl Body for ResponseBody {
+impl Body for H2Body {
     type Data = Bytes;
     type Error = Error;
 
@@ -313,110 +230,58 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = &mut *self;
-        let polled = match &mut this.source {
-            Source::Local(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
-            Source::Upstream(first, body) => match first.take() {
-                Some(frame) => Poll::Ready(Some(Ok(frame))),
-                None => Pin::new(body)
-                    .poll_frame(cx)
-                    .map(|polled| polled.map(|r| r.map_err(Error::from))),
-            },
-            Source::UpstreamH2(body) => {
-                let polled = ready!(Pin::new(&mut **body).poll_frame(cx));
-                let Some(f) = &mut this.finish else {
-                    return Poll::Ready(polled);
-                };
-                match &polled {
-                    // A gRPC call's outcome is in its trailers.
-                    Some(Ok(frame)) => {
-                        if let Some(trailers) = frame.trailers_ref() {
-                            f.record.grpc_status =
-                                crate::grpc::status(trailers).or(f.record.grpc_status);
-                        }
-                        Poll::Ready(polled)
-                    }
-                    // A gRPC stream the upstream broke ends with a status the client can
-                    // read (the failure logged and counted as any other), not a reset.
-                    Some(Err(e)) if f.record.grpc => {
-                        let code = e.grpc_status();
-                        let message = e.grpc_message();
-                        f.record.grpc_status = Some(code);
-                        this.failed(e);
-                        Poll::Ready(Some(Ok(Frame::trailers(crate::grpc::trailers(
-                            code, message,
-                        )))))
-                    }
-                    _ => Poll::Ready(polled),
-                }
-            }
-        };
-        match ready!(polled) {
-            Some(Ok(frame)) => {
-                if let Some(d) = frame.data_ref() {
-                    let n = d.len();
-                    this.count(n);
-                }
-                if Body::is_end_stream(this) {
-                    this.end(true);
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some((limit, timer)) = &mut this.read {
+                    timer.as_mut().reset(tokio::time::Instant::now() + *limit);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(e)) => {
-                this.failed(&e);
-                this.end(false);
-                Poll::Ready(Some(Err(e)))
+            Poll::Ready(Some(Err(e))) => {
+                // Nothing follows an error (a gRPC response turns it into its last frame).
+                this.ended = true;
+                let reason = match std::error::Error::source(&e) {
+                    Some(cause) => format!("{e}: {cause}"),
+                    None => e.to_string(),
+                };
+                Poll::Ready(Some(Err(Error::UpstreamBroken {
+                    addr: this.addr,
+                    reason,
+                })))
             }
-            None => {
-                this.end(true);
-                Poll::Ready(None)
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                if let Some(deadline) = &mut this.deadline {
+                    ready!(deadline.as_mut().poll(cx));
+                    // The call is over for the client; dropping the upstream's body (with
+                    // this one) cancels its stream.
+                    this.ended = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(grpc::trailers(
+                        grpc::code::DEADLINE_EXCEEDED,
+                        "deadline exceeded",
+                    )))));
+                }
+                if let Some((_, timer)) = &mut this.read {
+                    ready!(timer.as_mut().poll(cx));
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(Error::UpstreamTimeout {
+                        addr: this.addr,
+                        phase: "body",
+                    })));
+                }
+                Poll::Pending
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.source {
-            Source::Local(b) => b.is_none(),
-            Source::Upstream(first, b) => first.is_none() && b.is_end_stream(),
-            Source::UpstreamH2(b) => b.is_end_stream(),
-        }
+        self.ended || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.source {
-            Source::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Source::Upstream(first, b) => {
-                let ahead = first
-                    .as_ref()
-                    .and_then(Frame::data_ref)
-                    .map_or(0, |d| d.len() as u64);
-                let rest = b.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(rest.lower() + ahead);
-                if let Some(upper) = rest.upper() {
-                    hint.set_upper(upper + ahead);
-                }
-                hint
-            }
-            Source::UpstreamH2(b) => b.size_hint(),
-        }
-    }
-}
-
-impl OutgoingBody for ResponseBody {
-    fn raw_fields(&self) -> Option<&RawFields> {
-        match &self.source {
-            Source::Upstream(_, body) => body.raw_fields(),
-            Source::UpstreamH2(_) | Source::Local(_) => None,
-        }
-    }
-}
-
-impl Drop for ResponseBody {
-    fn drop(&mut self) {
-        // Dropped before its end: the client went away or the connection was torn down.
-        // hyper also drops a body it knows is empty (`is_end_stream`) without polling it,
-        // which is a completed response.
-        let done = Body::is_end_stream(self);
-        self.settle(done);
+        self.inner.size_hint()
     }
 }

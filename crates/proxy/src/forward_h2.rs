@@ -10,76 +10,24 @@
 //! between a stream's messages (a long-lived stream may be quiet for minutes), and every
 //! error the gateway makes answered with a `grpc-status`.
 
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::Bytes;
 use http::header::{HOST, TE, VIA};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
-use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tailguard_http1::server::OnUpgrade;
-use tokio::time::Sleep;
 
-use crate::admission::AdmitGuard;
 use crate::balance::Outcome;
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::{H2Body, RequestBody};
 use crate::config::Protocol;
+use crate::conn::ConnCtx;
 use crate::error::Error;
-use crate::gateway::{
-    ConnCtx, Held, Snapshot, check_forwardable, error_response, limit_request_body, retry_endpoint,
-};
+use crate::forward::{check_forwardable, limit_request_body};
 use crate::grpc;
 use crate::headers;
-use crate::record::{Finish, RequestRecord};
-use crate::upstream_h2::StreamGuard;
-
-/// Serves a request routed to an HTTP/2 upstream, from its routed head to the response
-/// head (the body then streams).
-pub(crate) async fn serve(
-    conn: &Arc<ConnCtx>,
-    held: Held,
-    req: Box<Request<RequestBody>>,
-    route: usize,
-    mut record: RequestRecord,
-    mut admitted: AdmitGuard,
-) -> Response<ResponseBody> {
-    record.grpc = grpc::is_grpc(req.headers());
-    let forwarded = forward(held.snapshot(), conn, req, route, &mut record).await;
-    match forwarded {
-        Ok(resp) => {
-            admitted.served();
-            let (parts, body) = resp.into_parts();
-            record.status = parts.status.as_u16();
-            if record.grpc {
-                // A trailers-only answer carries its status in the head.
-                record.grpc_status = grpc::status(&parts.headers);
-            }
-            let finish = Finish {
-                record,
-                held,
-                upstream_conn: None,
-                _admitted: Some(admitted),
-            };
-            Response::from_parts(parts, ResponseBody::upstream_h2(body, Some(finish)))
-        }
-        Err(e) => {
-            if matches!(
-                e,
-                Error::UpstreamTimeout {
-                    phase: "request",
-                    ..
-                }
-            ) {
-                admitted.timed_out();
-            }
-            error_response(e, record, held, Some(admitted))
-        }
-    }
-}
+use crate::record::RequestRecord;
+use crate::retry::retry_endpoint;
+use crate::snapshot::Snapshot;
 
 /// The request's `:authority` upstream: the route's `host_rewrite`, else what the client
 /// named (`:authority` or `Host`), else the endpoint's name (or address) and port.
@@ -97,7 +45,9 @@ fn authority(
         .unwrap_or_else(|| endpoint.authority.clone())
 }
 
-async fn forward(
+/// The forwarding stage for an HTTP/2 upstream: from the routed head to the upstream's
+/// response head, its body under the call's deadline (gRPC) or the read timeout.
+pub(crate) async fn forward(
     snap: &Snapshot,
     conn: &ConnCtx,
     mut req: Box<Request<RequestBody>>,
@@ -293,104 +243,4 @@ async fn forward(
         H2Body::new(incoming, stream, endpoint.addr, None, read)
     };
     Ok(Response::from_parts(parts, body))
-}
-
-/// An HTTP/2 upstream's response body: frames passed on as they come (data and trailers),
-/// under the call's deadline (gRPC) or the read timeout (plain HTTP).
-#[derive(Debug)]
-pub(crate) struct H2Body {
-    inner: Incoming,
-    addr: std::net::SocketAddr,
-    /// Counts the stream against its connection until the body ends or is dropped.
-    _stream: StreamGuard,
-    /// A gRPC call's deadline: when it passes, the stream ends with `DEADLINE_EXCEEDED`.
-    deadline: Option<Pin<Box<Sleep>>>,
-    /// `timeouts.read_ms` and its timer, re-armed by every frame.
-    read: Option<(Duration, Pin<Box<Sleep>>)>,
-    /// The deadline passed (its trailers were sent) or the body failed: nothing more.
-    ended: bool,
-}
-
-impl H2Body {
-    fn new(
-        inner: Incoming,
-        stream: StreamGuard,
-        addr: std::net::SocketAddr,
-        deadline: Option<Pin<Box<Sleep>>>,
-        read_timeout: Option<Duration>,
-    ) -> H2Body {
-        H2Body {
-            inner,
-            addr,
-            _stream: stream,
-            deadline,
-            read: read_timeout.map(|t| (t, Box::pin(tokio::time::sleep(t)))),
-            ended: false,
-        }
-    }
-}
-
-impl Body for H2Body {
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        let this = &mut *self;
-        if this.ended {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some((limit, timer)) = &mut this.read {
-                    timer.as_mut().reset(tokio::time::Instant::now() + *limit);
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                // Nothing follows an error (a gRPC response turns it into its last frame).
-                this.ended = true;
-                let reason = match std::error::Error::source(&e) {
-                    Some(cause) => format!("{e}: {cause}"),
-                    None => e.to_string(),
-                };
-                Poll::Ready(Some(Err(Error::UpstreamBroken {
-                    addr: this.addr,
-                    reason,
-                })))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
-                if let Some(deadline) = &mut this.deadline {
-                    ready!(deadline.as_mut().poll(cx));
-                    // The call is over for the client; dropping the upstream's body (with
-                    // this one) cancels its stream.
-                    this.ended = true;
-                    return Poll::Ready(Some(Ok(Frame::trailers(grpc::trailers(
-                        grpc::code::DEADLINE_EXCEEDED,
-                        "deadline exceeded",
-                    )))));
-                }
-                if let Some((_, timer)) = &mut this.read {
-                    ready!(timer.as_mut().poll(cx));
-                    this.ended = true;
-                    return Poll::Ready(Some(Err(Error::UpstreamTimeout {
-                        addr: this.addr,
-                        phase: "body",
-                    })));
-                }
-                Poll::Pending
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }

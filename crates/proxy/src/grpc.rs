@@ -9,10 +9,7 @@
 use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-
-use crate::body::ResponseBody;
-use crate::record::Finish;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `grpc-status`.
 pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -86,7 +83,7 @@ pub fn status(headers: &HeaderMap) -> Option<u8> {
 
 /// The headers of a status: `grpc-status` and, when there is one, `grpc-message`
 /// (`message` must need no percent-encoding: the gateway's own are plain ASCII words).
-fn put_status(headers: &mut HeaderMap, code: u8, message: &'static str) {
+pub(crate) fn put_status(headers: &mut HeaderMap, code: u8, message: &'static str) {
     headers.insert(
         &GRPC_STATUS,
         HeaderValue::from_str(itoa::Buffer::new().format(code))
@@ -102,21 +99,6 @@ pub fn trailers(code: u8, message: &'static str) -> HeaderMap {
     let mut t = HeaderMap::new();
     put_status(&mut t, code, message);
     t
-}
-
-/// An answer with `code` and `message`, in one head that ends the stream: HTTP 200,
-/// `content-type: application/grpc`, `grpc-status`, `grpc-message`, no body.
-pub(crate) fn trailers_only(
-    code: u8,
-    message: &'static str,
-    finish: Option<Finish>,
-) -> Response<ResponseBody> {
-    let mut resp = Response::new(ResponseBody::empty(finish));
-    *resp.status_mut() = StatusCode::OK;
-    let headers = resp.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    put_status(headers, code, message);
-    resp
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Header rewriting between downstream and upstream: hop-by-hop removal (RFC 9110 §7.6.1)
 //! and the forwarding headers (`X-Forwarded-For`, `X-Forwarded-Proto`, `Via`,
-//! `X-Request-Id`).
+//! `X-Request-Id`); the request's host as routing reads it.
 
 use std::net::IpAddr;
 
@@ -20,6 +20,29 @@ pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 pub use tailguard_http1::fields::{connection_has, remove_hop_by_hop};
+
+/// The request's host without port: from the URI (HTTP/2 `:authority`, absolute form) or
+/// the `Host` header.
+pub fn host_of<B>(req: &http::Request<B>) -> &str {
+    let raw = req
+        .uri()
+        .host()
+        .or_else(|| {
+            req.headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .unwrap_or("");
+    if let Some(rest) = raw.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    // A byte search: `rsplit_once(':')` runs a reverse char searcher (UTF-8 aware), a
+    // measurable share of a request for one ASCII byte.
+    match raw.as_bytes().iter().rposition(|&b| b == b':') {
+        Some(colon) => &raw[..colon],
+        None => raw,
+    }
+}
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Upgrade`, with `upgrade` among the
 /// `Connection` tokens), if it does.

@@ -3,17 +3,19 @@
 //! re-exported here under its old module names: [`upstream`], [`balance`], [`pool`] ...).
 //!
 //! A [`Config`] (the `tailguard-config` crate, re-exported as [`config`]: parsed and
-//! validated from TOML, every error with file:line:column) is built into a [`gateway::Snapshot`]: a [`route::Router`] with the routes in precedence
+//! validated from TOML, every error with file:line:column) is built into a [`snapshot::Snapshot`]: a [`route::Router`] with the routes in precedence
 //! order, the [`upstream::Upstream`]s with their endpoints and [`balance::Balance`]r, and a
 //! pooled keep-alive upstream client. A [`Server`] binds the listeners and serves each
 //! connection (HTTP/1.1, h2c, or TLS with ALPN) through the current snapshot;
 //! [`Server::reload`] swaps in a new one atomically (binding, keeping or closing listeners
 //! as the new config says) and [`Server::shutdown`] drains.
 //!
-//! A request goes: head parsed → [`admission::admit`] → route → pick endpoint → forward
+//! A request goes through the data path's stages (`data_path.rs`, `serve`): head parsed →
+//! rate limit → route → local answer → [`admission::admit`] → forward with retries
 //! (hop-by-hop headers removed, forwarding headers added, body streamed under its limit)
-//! → response streamed back → [`record::finish`]. Failures are [`Error`]s, each with a
-//! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`.
+//! → response streamed back → [`finish::finish`]. Failures are [`Error`]s, each with a
+//! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`; the modules'
+//! floors are in ARCHITECTURE.md ("Layers").
 //!
 //! ```
 //! use std::path::Path;
@@ -46,11 +48,16 @@ pub mod access_log;
 pub mod admission;
 pub mod body;
 pub mod builtin;
+pub(crate) mod conn;
+pub(crate) mod data_path;
 pub(crate) mod drain;
 pub mod error;
+pub mod finish;
+pub(crate) mod forward;
 pub(crate) mod forward_h2;
 pub mod gateway;
 pub mod grpc;
+pub(crate) mod handler;
 pub mod headers;
 pub mod metrics;
 pub mod overload;
@@ -59,9 +66,13 @@ pub mod rate_limit;
 pub mod record;
 pub(crate) mod recycle;
 pub mod replay;
+pub(crate) mod respond;
+pub mod response_body;
 pub mod retry;
+pub mod retry_policy;
 pub mod route;
 pub mod server;
+pub mod snapshot;
 pub mod sni;
 pub mod tls;
 

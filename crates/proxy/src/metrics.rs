@@ -19,7 +19,6 @@ use tailguard_metrics::{
 };
 
 use crate::error::{Blame, Error};
-use crate::gateway::Snapshot;
 use crate::pool_metrics::{PoolMetrics, UpstreamGuard};
 use crate::record::RequestRecord;
 
@@ -439,6 +438,11 @@ impl GatewayMetrics {
         &self.retries_skipped
     }
 
+    /// The rate limits' families (their handles are made when a limit is built).
+    pub fn rate_limit(&self) -> &crate::rate_limit::RateLimitMetrics {
+        &self.rate_limit
+    }
+
     /// The counters every endpoint's pool records into.
     pub(crate) fn pool(&self) -> &Arc<PoolMetrics> {
         &self.pool
@@ -496,9 +500,9 @@ impl SnapshotMetrics {
     }
 }
 
-/// Records a finished request: called once per request from [`crate::record::finish`].
-pub(crate) fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
-    let m = &snapshot.metrics;
+/// Records a finished request into its snapshot's handles `m`: called once per request
+/// from [`crate::finish::finish`].
+pub(crate) fn finish(record: &RequestRecord, m: &SnapshotMetrics, end: Instant) {
     m.gateway.in_flight.dec();
     let elapsed = end.saturating_duration_since(record.start);
     let route = record

@@ -25,12 +25,9 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::RequestBody;
 use crate::config::policy::{HeaderOps, Local, Part, Rewrite, Value};
-use crate::error::Error;
-use crate::gateway::{ConnCtx, Held, check_forwardable, error_response, host_of};
 use crate::headers::{self, Client};
-use crate::record::{Finish, RequestRecord};
 use crate::route::Route;
 
 pub use crate::config::policy::Policy;
@@ -100,7 +97,8 @@ fn part_bytes<'a>(part: &'a Part, client: &'a Client, vars: &'a Vars) -> &'a [u8
 #[derive(Debug, Default)]
 pub(crate) struct Vars {
     host: Option<HeaderValue>,
-    request_id: Option<HeaderValue>,
+    /// `$request_id`: set where the request's id is known.
+    pub(crate) request_id: Option<HeaderValue>,
 }
 
 impl Vars {
@@ -119,7 +117,7 @@ impl Vars {
 
 /// `$host`: the request's host, lowercase, without port (nginx's `$host`).
 fn host_value<B>(req: &Request<B>) -> Option<HeaderValue> {
-    let host = host_of(req);
+    let host = headers::host_of(req);
     if host.is_empty() {
         return None;
     }
@@ -192,58 +190,8 @@ pub(crate) fn answers_locally(route: &Route) -> bool {
     route.policy.as_deref().is_some_and(|p| p.local.is_some())
 }
 
-/// Answers a request routed to a route that answers by itself. Called right after
-/// routing, before admission: the answer costs less than a shed request's `503` would, and
-/// it never reaches an upstream, whose limits and breakers admission guards. It is counted
-/// (`tailguard_requests_total` with its route) and logged like any request.
-pub(crate) fn answer(
-    conn: &ConnCtx,
-    held: Held,
-    mut req: Box<Request<RequestBody>>,
-    route_index: usize,
-    mut record: RequestRecord,
-) -> Response<ResponseBody> {
-    record.route = Some(route_index);
-    // Refused as a forwarded request would be (a 2xx answer to a CONNECT would tell the
-    // client it has a tunnel).
-    if let Err(e) = check_forwardable(&held.snapshot().config.limits, &req) {
-        return error_response(e, record, held, None);
-    }
-    let logged = !held.access_log().is_off();
-    let resp = {
-        let route = held.snapshot().router.get(route_index);
-        let Some(p) = route.policy.as_deref() else {
-            return error_response(Error::NoRoute, record, held, None);
-        };
-        let mut vars = Vars::capture(route, &req);
-        if logged || p.needs_request_id {
-            let id = headers::request_id(req.headers_mut()).clone();
-            if logged {
-                record.request_id = Some(id.clone());
-            }
-            vars.request_id = Some(id);
-        }
-        let mut resp = local_response(p, &req);
-        on_response(route, resp.headers_mut(), &conn.client, &vars);
-        resp
-    };
-    record.status = resp.status().as_u16();
-    let (parts, body) = resp.into_parts();
-    let finish = Some(Finish {
-        record,
-        held,
-        upstream_conn: None,
-        _admitted: None,
-    });
-    let body = match body {
-        Some(b) => ResponseBody::local(b, finish),
-        None => ResponseBody::empty(finish),
-    };
-    Response::from_parts(parts, body)
-}
-
 /// The head of a local answer and its body (none for `HEAD` and bodiless answers).
-fn local_response(p: &Policy, req: &Request<RequestBody>) -> Response<Option<Bytes>> {
+pub(crate) fn local_response(p: &Policy, req: &Request<RequestBody>) -> Response<Option<Bytes>> {
     let mut resp = Response::new(None);
     match &p.local {
         Some(Local::Redirect {

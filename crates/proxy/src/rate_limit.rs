@@ -32,14 +32,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use http::header::RETRY_AFTER;
-use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use tailguard_metrics::{Counter, Family, MetricsError, Registry};
 
-use crate::body::ResponseBody;
 use crate::error::Error;
-use crate::gateway::{Held, error_response};
-use crate::metrics::GatewayMetrics;
-use crate::record::RequestRecord;
 use crate::shard::Padded;
 use table::{Gcra, KeyTable};
 
@@ -87,12 +83,13 @@ pub struct Limited {
 }
 
 impl Limiter {
-    /// Builds the limit `config` (validated) of route or listener `owner`.
+    /// Builds the limit `config` (validated) of route or listener `owner`, counting into
+    /// `metrics`.
     pub fn build(
         config: &RateLimitConfig,
         scope: Scope,
         owner: &str,
-        metrics: &GatewayMetrics,
+        metrics: &RateLimitMetrics,
     ) -> Result<Limiter, Error> {
         let key = KeyRule::parse(config.key.get_ref(), scope)
             .map_err(|e| Error::Internal(format!("rate limit of `{owner}`: {e}")))?;
@@ -109,7 +106,7 @@ impl Limiter {
             scope.as_str(),
             per.seconds()
         );
-        let (limited, evictions) = metrics.rate_limit.handles(scope, owner)?;
+        let (limited, evictions) = metrics.handles(scope, owner)?;
         Ok(Limiter {
             config: config.clone(),
             owner: Arc::from(owner),
@@ -130,7 +127,7 @@ impl Limiter {
         scope: Scope,
         owner: &str,
         previous: impl Iterator<Item = Arc<Limiter>>,
-        metrics: &GatewayMetrics,
+        metrics: &RateLimitMetrics,
     ) -> Result<Arc<Limiter>, Error> {
         for old in previous {
             if &*old.owner == owner && old.config == *config {
@@ -188,22 +185,20 @@ impl Limiter {
 }
 
 impl Limited {
-    /// The `429` (through [`error_response`]: counted, logged, in the access log like any
-    /// error), with `Retry-After`, `RateLimit` and `RateLimit-Policy`.
-    pub(crate) fn respond(self, record: RequestRecord, held: Held) -> Response<ResponseBody> {
+    /// The error a refusal is answered with (`429`, counted, logged, in the access log like
+    /// any error: `crate::respond::rate_limited`).
+    pub(crate) fn error(&self) -> Error {
+        Error::RateLimited {
+            scope: self.scope.as_str(),
+            retry_after: self.retry_after,
+        }
+    }
+
+    /// Adds `Retry-After`, `RateLimit` and `RateLimit-Policy` to the refusal's head.
+    pub(crate) fn add_fields(self, headers: &mut HeaderMap) {
         let secs = self.retry_after;
-        let mut resp = error_response(
-            Error::RateLimited {
-                scope: self.scope.as_str(),
-                retry_after: secs,
-            },
-            record,
-            held,
-            None,
-        );
         let mut digits = itoa::Buffer::new();
         let secs_text = digits.format(secs);
-        let headers = resp.headers_mut();
         if let Ok(v) = HeaderValue::from_str(secs_text) {
             headers.insert(RETRY_AFTER, v);
         }
@@ -212,19 +207,20 @@ impl Limited {
             headers.insert(RATELIMIT, v);
         }
         headers.insert(RATELIMIT_POLICY, self.policy);
-        resp
     }
 }
 
-/// The rate-limit metric families (registered once per process with the gateway's).
+/// The rate-limit metric families (registered once per process with the gateway's:
+/// `GatewayMetrics::rate_limit`).
 #[derive(Debug)]
-pub(crate) struct RateLimitMetrics {
+pub struct RateLimitMetrics {
     limited: Family<Counter>,
     evictions: Family<Counter>,
 }
 
 impl RateLimitMetrics {
-    pub(crate) fn register(registry: &Registry) -> Result<RateLimitMetrics, MetricsError> {
+    /// Registers the families on `registry`.
+    pub fn register(registry: &Registry) -> Result<RateLimitMetrics, MetricsError> {
         Ok(RateLimitMetrics {
             limited: registry.counter(
                 "tailguard_rate_limited",
@@ -272,7 +268,7 @@ impl RateLimits {
     pub(crate) fn build<'a>(
         routes: impl Iterator<Item = (&'a str, Option<&'a RateLimitConfig>)>,
         previous: Option<&RateLimits>,
-        metrics: &GatewayMetrics,
+        metrics: &RateLimitMetrics,
     ) -> Result<RateLimits, Error> {
         let kept = || {
             previous
@@ -301,7 +297,7 @@ impl RateLimits {
 pub(crate) fn listener_limits(
     configs: &[crate::config::ListenerConfig],
     previous: impl Fn(usize) -> Option<Arc<Limiter>>,
-    metrics: &GatewayMetrics,
+    metrics: &RateLimitMetrics,
 ) -> Result<Vec<Option<Arc<Limiter>>>, Error> {
     configs
         .iter()

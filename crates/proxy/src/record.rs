@@ -1,5 +1,5 @@
-//! What is known about a request when it finishes, and the one place where a finished
-//! request is reported.
+//! What is known about a request when it finishes: its record, filled in by the data path
+//! as the request goes, read once when it finishes by the metrics and the access log.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,12 +8,9 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method, Uri, Version};
 
-use crate::admission::AdmitGuard;
-use crate::gateway::{Held, Snapshot};
-use tailguard_http1::client::Connection;
-
 /// Everything about one request that metrics and the access log need. Filled in as the
-/// request goes (head, route, upstream exchange, response), read once in [`finish`].
+/// request goes (head, route, upstream exchange, response), read once when it finishes
+/// (`crate::finish`).
 #[derive(Debug)]
 pub struct RequestRecord {
     /// When the request head was handed to the gateway.
@@ -103,66 +100,4 @@ impl RequestRecord {
             .as_ref()
             .map_or(0, |b| b.load(Ordering::Relaxed) & !crate::body::BODY_ENDED)
     }
-}
-
-/// Carried by a response body; when the body ends or is dropped, the request is finished.
-#[derive(Debug)]
-pub struct Finish {
-    pub(crate) record: RequestRecord,
-    pub(crate) held: Held,
-    /// The upstream connection the response came on: back to its pool if the body was read
-    /// to the end, else closed.
-    pub(crate) upstream_conn: Option<Box<Connection>>,
-    pub(crate) _admitted: Option<AdmitGuard>,
-}
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        let end = Instant::now();
-        if let (Some(conn), true, Some((u, e))) = (
-            self.upstream_conn.take(),
-            self.record.completed,
-            self.record.endpoint,
-        ) {
-            self.held.snapshot().upstreams[u].endpoints[e]
-                .pool
-                .release(conn, end);
-        }
-        finish(&self.record, self.held.snapshot(), end);
-        crate::access_log::log(
-            self.held.access_log(),
-            &self.record,
-            self.held.snapshot(),
-            end,
-        );
-    }
-}
-
-/// Seam: THE place a finished request is reported, once per request, after the last
-/// response byte was handed to the connection (or the response was abandoned). Metrics
-/// (status, durations, bytes) and the access-log line are recorded here, through handles
-/// held by the route and endpoint (`snapshot.router.get(route)`,
-/// `snapshot.upstreams[u].endpoints[e]`), never looked up by name.
-pub fn finish(record: &RequestRecord, snapshot: &Snapshot, end: Instant) {
-    crate::metrics::finish(record, snapshot, end);
-    let route = record.route.map(|r| &*snapshot.router.get(r).id);
-    let upstream_addr = record
-        .endpoint
-        .map(|(u, e)| snapshot.upstreams[u].endpoints[e].addr);
-    tracing::trace!(
-        target: "tailguard::request",
-        remote = %record.remote,
-        method = %record.method,
-        uri = %record.uri,
-        status = record.status,
-        route,
-        upstream = ?upstream_addr,
-        upstream_status = record.upstream_status,
-        upstream_us = record.upstream_time.map(|d| d.as_micros() as u64),
-        bytes_in = record.bytes_in(),
-        bytes_out = record.bytes_out,
-        duration_us = end.duration_since(record.start).as_micros() as u64,
-        completed = record.completed,
-        "request finished"
-    );
 }

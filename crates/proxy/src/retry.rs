@@ -1,10 +1,10 @@
-//! Per-route timeouts and retries: a route's `timeouts = { connect_ms, request_ms, read_ms }`
-//! and `retry = { attempts, on, backoff_ms, buffer_bytes }` as built from their config
-//! ([`crate::config::retry`] has it and its checks), and the exchanges that retry a failed
-//! try on another endpoint (HTTP/1.1 and HTTP/2 upstreams).
+//! The exchanges that retry a failed try on another endpoint (HTTP/1.1 and HTTP/2
+//! upstreams) under a route's `retry`, as [`crate::retry_policy`] built it from the config
+//! (`timeouts = { connect_ms, request_ms, read_ms }` and `retry = { attempts, on,
+//! backoff_ms, buffer_bytes }`; [`crate::config::retry`] has them and their checks).
 //!
 //! What a route pays: a route without `timeouts` and `retry` reads three `None`s and one
-//! more on the request path (the plain exchange of `gateway.rs`, unchanged, with its one
+//! more on the request path (the plain exchange of `forward.rs`, unchanged, with its one
 //! connect retry). A route with `retry` takes the loop here, boxed so the plain exchange's
 //! future does not grow by it. A try that is retried pays what a retry costs anyway (a pick,
 //! a budget withdrawal, a backoff on the connection's own timer). On HTTP/1.1 a bodiless
@@ -39,7 +39,6 @@
 //!   passive ejection; the breaker of the route sees the request once, with its final
 //!   outcome.
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
@@ -50,252 +49,18 @@ use hyper::body::Incoming;
 use tailguard_access_log::UpstreamTry;
 use tailguard_http1::client::{self, SendError};
 use tailguard_http1::timer::LazyTimer;
-use tailguard_metrics::{Counter, Family};
-use toml::Spanned;
 
 use crate::balance::Outcome;
 use crate::body::{IncomingBody, RequestBody};
-use crate::config::RouteConfig;
-use crate::config::retry::REASONS;
 use crate::error::Error;
-use crate::gateway::Snapshot;
 use crate::pool::EndpointPool;
 use crate::record::RequestRecord;
-use crate::replay::{self, Kept, Unkept};
+use crate::replay::{self, Kept};
+use crate::retry_policy::{Reason, RetryPolicy, Skip};
 use crate::route::Route;
+use crate::snapshot::Snapshot;
 use crate::upstream::Upstream;
 use crate::upstream_h2::{H2Pool, StreamGuard};
-
-pub use crate::config::retry::Reason;
-
-/// The backoff doubles from try to try up to this many times `backoff_ms`.
-const MAX_BACKOFF_FACTOR: u32 = 8;
-
-/// Why a try that met a retry condition was not retried: the `reason` label of
-/// `tailguard_upstream_retries_skipped_total` (five values, a dense array per route).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Skip {
-    /// The method is not idempotent (`POST`, `PATCH`, `TRACE`, ...): never sent twice.
-    Method,
-    /// The body is larger than `retry.buffer_bytes` (declared, or grown past it).
-    BodyTooLarge,
-    /// The serving thread's budget for kept bodies had no room for it.
-    BodyBudget,
-    /// The client's body failed while it was being sent: nothing whole to send again.
-    BodyFailed,
-    /// The upstream's retry budget had no retry left.
-    RetryBudget,
-}
-
-const SKIPS: [Skip; 5] = [
-    Skip::Method,
-    Skip::BodyTooLarge,
-    Skip::BodyBudget,
-    Skip::BodyFailed,
-    Skip::RetryBudget,
-];
-
-impl Skip {
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Skip::Method => "method",
-            Skip::BodyTooLarge => "body_too_large",
-            Skip::BodyBudget => "body_budget",
-            Skip::BodyFailed => "body_failed",
-            Skip::RetryBudget => "retry_budget",
-        }
-    }
-}
-
-impl From<Unkept> for Skip {
-    fn from(why: Unkept) -> Skip {
-        match why {
-            Unkept::TooLarge => Skip::BodyTooLarge,
-            Unkept::Budget => Skip::BodyBudget,
-            Unkept::Failed => Skip::BodyFailed,
-        }
-    }
-}
-
-/// A route's timeouts and retries as built at config load.
-#[derive(Debug, Default)]
-pub(crate) struct RoutePolicy {
-    /// `timeouts.connect_ms` of the route (`None`: the global one).
-    connect: Option<Option<Duration>>,
-    /// `timeouts.request_ms` of the route.
-    request: Option<Option<Duration>>,
-    /// `timeouts.read_ms` of the route.
-    read: Option<Option<Duration>>,
-    /// `retry`, if the route has one.
-    pub(crate) retry: Option<RetryPolicy>,
-    /// `tailguard_upstream_retries_total` of the route, by reason.
-    counters: RetryCounters,
-}
-
-/// A route's `retry` as built at config load.
-#[derive(Debug)]
-pub(crate) struct RetryPolicy {
-    attempts: u32,
-    /// One bit per [`Reason`].
-    on: u8,
-    backoff: Duration,
-    /// `buffer_bytes` (at most [`crate::config::retry::MAX_BUFFER_BYTES`], so it fits any
-    /// `usize`).
-    buffer_bytes: usize,
-}
-
-fn millis(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
-impl RoutePolicy {
-    /// Builds a route's policy from its validated config.
-    pub(crate) fn build(config: &RouteConfig) -> RoutePolicy {
-        let t = config
-            .timeouts
-            .as_ref()
-            .map(|t| t.get_ref().clone())
-            .unwrap_or_default();
-        RoutePolicy {
-            connect: t.connect_ms.map(millis),
-            request: t.request_ms.map(millis),
-            read: t.read_ms.map(millis),
-            retry: config
-                .retry
-                .as_ref()
-                .map(Spanned::get_ref)
-                .map(|r| RetryPolicy {
-                    attempts: *r.attempts.get_ref(),
-                    on: r
-                        .on
-                        .get_ref()
-                        .iter()
-                        .filter_map(|c| Reason::parse(c.get_ref()))
-                        .fold(0, |bits, r| bits | r.bit()),
-                    backoff: Duration::from_millis(*r.backoff_ms.get_ref()),
-                    buffer_bytes: usize::try_from(*r.buffer_bytes.get_ref()).unwrap_or(usize::MAX),
-                }),
-            counters: RetryCounters::default(),
-        }
-    }
-
-    /// The route's connect timeout, else `global`.
-    #[inline]
-    pub(crate) fn connect_timeout(&self, global: Option<Duration>) -> Option<Duration> {
-        self.connect.unwrap_or(global)
-    }
-
-    /// The route's request timeout (per try), else `global`.
-    #[inline]
-    pub(crate) fn request_timeout(&self, global: Option<Duration>) -> Option<Duration> {
-        self.request.unwrap_or(global)
-    }
-
-    /// The route's response body read timeout, else `global`.
-    #[inline]
-    pub(crate) fn read_timeout(&self, global: Option<Duration>) -> Option<Duration> {
-        self.read.unwrap_or(global)
-    }
-
-    /// Counts a retry of this route (a connect retry of a route without `retry` too).
-    pub(crate) fn count(&self, snap: &Snapshot, route: &str, reason: Reason) {
-        self.counters
-            .inc(snap.metrics.gateway.retries(), route, reason);
-    }
-
-    /// Counts a try of this route that met a retry condition and was not retried.
-    fn count_skipped(&self, snap: &Snapshot, route: &str, skip: Skip) {
-        let slot = &self.counters.skipped[skip as usize];
-        let family = snap.metrics.gateway.retries_skipped();
-        inc_slot(slot, family, &[route, skip.as_str()]);
-    }
-}
-
-impl RetryPolicy {
-    fn retries_on(&self, reason: Reason) -> bool {
-        self.on & reason.bit() != 0
-    }
-
-    /// Whether a try that sent its request may be retried (on a status or a timeout), so
-    /// that a body has to be kept to be sent again.
-    fn retries_after_sending(&self) -> bool {
-        self.on & !Reason::Connect.bit() != 0
-    }
-
-    /// The condition a failed try met, if the route retries on it.
-    fn reason_of_error(&self, e: &Error) -> Option<Reason> {
-        let reason = match e {
-            Error::UpstreamConnect { .. }
-            | Error::UpstreamTls { .. }
-            | Error::UpstreamTimeout {
-                phase: "connect", ..
-            } => Reason::Connect,
-            Error::UpstreamTimeout {
-                phase: "request", ..
-            } => Reason::Timeout,
-            _ => return None,
-        };
-        self.retries_on(reason).then_some(reason)
-    }
-
-    /// The condition an answer met, if the route retries on it.
-    fn reason_of_status(&self, status: u16) -> Option<Reason> {
-        let reason = match status {
-            502 => Reason::Status502,
-            503 => Reason::Status503,
-            504 => Reason::Status504,
-            _ => return None,
-        };
-        self.retries_on(reason).then_some(reason)
-    }
-
-    /// The wait before retry number `retry` (1 for the first): `backoff_ms` doubled for
-    /// each retry after the first (at most 8 times `backoff_ms`), then drawn uniformly from
-    /// its upper half ("equal jitter": tries spread out, never bunched at zero). The draw is
-    /// the serving thread's own generator: no lock, nothing shared.
-    fn backoff(&self, retry: u32) -> Duration {
-        let factor = 1u32 << retry.saturating_sub(1).min(MAX_BACKOFF_FACTOR.ilog2());
-        let ceiling = self.backoff.saturating_mul(factor);
-        let micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
-        if micros == 0 {
-            return Duration::ZERO;
-        }
-        Duration::from_micros(fastrand::u64(micros / 2..=micros))
-    }
-}
-
-/// `tailguard_upstream_retries_total` of one route: a handle per reason, each created at
-/// the route's first retry for that reason (a retry is the rare path; most routes never
-/// make a series), then one relaxed add.
-/// The same for `tailguard_upstream_retries_skipped_total`, by [`Skip`].
-#[derive(Debug, Default)]
-struct RetryCounters {
-    table: [OnceLock<Counter>; REASONS.len()],
-    skipped: [OnceLock<Counter>; SKIPS.len()],
-}
-
-impl RetryCounters {
-    fn inc(&self, family: &Family<Counter>, route: &str, reason: Reason) {
-        inc_slot(
-            &self.table[reason as usize],
-            family,
-            &[route, reason.as_str()],
-        );
-    }
-}
-
-/// Adds one to the counter in `slot`, made from `family` with `labels` the first time.
-fn inc_slot(slot: &OnceLock<Counter>, family: &Family<Counter>, labels: &[&str]) {
-    let counter = match slot.get() {
-        Some(c) => c,
-        None => match family.get_or_create(labels) {
-            Ok(c) => slot.get_or_init(|| c),
-            Err(_) => return,
-        },
-    };
-    counter.inc();
-}
 
 /// How an exchange that got no answer ended, for the balancer and ejection.
 fn outcome_of(e: &Error) -> Outcome {
@@ -435,7 +200,9 @@ fn decide_retry(
     match resend.may_resend(unsent) {
         Err(skip) => {
             if let Some(skip) = skip {
-                route.tries.count_skipped(snap, &route.id, skip);
+                route
+                    .tries
+                    .count_skipped(snap.metrics.gateway.retries_skipped(), &route.id, skip);
             }
             None
         }
@@ -483,9 +250,11 @@ fn retry_after(
         .overload
         .may_retry(route.upstream, &record.method, false)
     {
-        route
-            .tries
-            .count_skipped(snap, &route.id, Skip::RetryBudget);
+        route.tries.count_skipped(
+            snap.metrics.gateway.retries_skipped(),
+            &route.id,
+            Skip::RetryBudget,
+        );
         return None;
     }
     let next = next_endpoint(snap, route.upstream, endpoint)?;
@@ -504,7 +273,9 @@ fn retry_after(
         addr,
         status: shown,
     });
-    route.tries.count(snap, &route.id, reason);
+    route
+        .tries
+        .count(snap.metrics.gateway.retries(), &route.id, reason);
     tracing::debug!(
         target: "tailguard::request",
         route = %route.id,
@@ -531,7 +302,9 @@ pub(crate) fn note_connect_retry(
         addr: snap.upstreams[route.upstream].endpoints[failed].addr,
         status: err.status().as_u16(),
     });
-    route.tries.count(snap, &route.id, Reason::Connect);
+    route
+        .tries
+        .count(snap.metrics.gateway.retries(), &route.id, Reason::Connect);
 }
 
 /// The error of a try whose `request_ms` ran out: the upstream's, unless the client was
@@ -755,13 +528,6 @@ pub(crate) async fn h2_stream(
     }
 }
 
-impl RoutePolicy {
-    /// The route's connect override as [`h2_stream`] takes it.
-    pub(crate) fn h2_connect(&self) -> Option<Option<Duration>> {
-        self.connect
-    }
-}
-
 /// An HTTP/2 request's head again, for the next try (an HTTP/2 send consumes it); its body
 /// is given by [`Resend::rearm`].
 fn copy_h2(req: &Request<RequestBody>) -> Request<RequestBody> {
@@ -886,62 +652,46 @@ pub(crate) async fn exchange_h2(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn policy(backoff_ms: u64) -> RetryPolicy {
-        RetryPolicy {
-            attempts: 5,
-            on: Reason::Connect.bit() | Reason::Status503.bit(),
-            backoff: Duration::from_millis(backoff_ms),
-            buffer_bytes: 64 * 1024,
-        }
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_eight_times_within_its_upper_half() {
-        let p = policy(100);
-        for (retry, ceiling) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 800), (9, 800)] {
-            for _ in 0..200 {
-                let wait = p.backoff(retry);
-                let ceiling = Duration::from_millis(ceiling);
-                assert!(wait >= ceiling / 2 && wait <= ceiling, "{retry}: {wait:?}");
+/// The endpoint to retry a failed connect on, if the request may be retried: the
+/// balancer's next pick that is not `failed` (never a down endpoint: the balancer skips
+/// those).
+pub(crate) fn retry_endpoint<B: http_body::Body>(
+    snap: &Snapshot,
+    upstream_index: usize,
+    failed: usize,
+    req: &Request<B>,
+    err: &Error,
+) -> Option<usize> {
+    let upstream = &snap.upstreams[upstream_index];
+    let n = upstream.endpoints.len();
+    let connect_failed = matches!(
+        err,
+        Error::UpstreamConnect { .. }
+            | Error::UpstreamTls { .. }
+            | Error::UpstreamTimeout {
+                phase: "connect",
+                ..
             }
+    );
+    if n < 2
+        || !connect_failed
+        || !snap
+            .overload
+            .may_retry(upstream_index, req.method(), !req.body().is_end_stream())
+    {
+        return None;
+    }
+    // Every pick is completed exactly once (the balancer counts in-flight requests): a pick
+    // of the failed endpoint is released unused, and after two such picks there is no retry.
+    for _ in 0..2 {
+        let pick = upstream.pick()?;
+        snap.metrics.picked(upstream_index, pick);
+        if pick != failed {
+            return Some(pick);
         }
-        assert_eq!(policy(0).backoff(3), Duration::ZERO);
+        upstream
+            .balance
+            .complete(pick, Outcome::Aborted, Duration::ZERO);
     }
-
-    #[test]
-    fn only_the_listed_conditions_retry() {
-        let p = policy(0);
-        assert_eq!(p.reason_of_status(503), Some(Reason::Status503));
-        assert_eq!(p.reason_of_status(502), None);
-        assert_eq!(p.reason_of_status(200), None);
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
-        let refused = Error::UpstreamConnect {
-            addr,
-            reason: String::new(),
-        };
-        assert_eq!(p.reason_of_error(&refused), Some(Reason::Connect));
-        let connect_timeout = Error::UpstreamTimeout {
-            addr,
-            phase: "connect",
-        };
-        assert_eq!(p.reason_of_error(&connect_timeout), Some(Reason::Connect));
-        let head_timeout = Error::UpstreamTimeout {
-            addr,
-            phase: "request",
-        };
-        assert_eq!(p.reason_of_error(&head_timeout), None, "not listed");
-        let broken = Error::UpstreamBroken {
-            addr,
-            reason: String::new(),
-        };
-        assert_eq!(
-            p.reason_of_error(&broken),
-            None,
-            "never: it may have been processed"
-        );
-    }
+    None
 }

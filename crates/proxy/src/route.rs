@@ -50,9 +50,9 @@ pub struct Route {
     /// `Host` to send upstream instead of the client's.
     pub host_rewrite: Option<HeaderValue>,
     /// Rewrite, header operations, local answer (`None`: none of them).
-    pub policy: Option<Box<crate::policy::Policy>>,
+    pub policy: Option<Box<crate::config::policy::Policy>>,
     /// The route's own timeouts and retries.
-    pub(crate) tries: crate::retry::RoutePolicy,
+    pub(crate) tries: crate::retry_policy::RoutePolicy,
 }
 
 impl Route {
@@ -101,8 +101,8 @@ impl Route {
                 .host_rewrite
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(h.get_ref()).ok()),
-            policy: crate::policy::Policy::build(config),
-            tries: crate::retry::RoutePolicy::build(config),
+            policy: crate::config::policy::Policy::build(config),
+            tries: crate::retry_policy::RoutePolicy::build(config),
         }
     }
 

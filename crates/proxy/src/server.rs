@@ -20,9 +20,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::access_log::AccessLogs;
 use crate::body::{IncomingBody, RequestBody};
 use crate::config::{Config, Limits, Timeouts};
+use crate::conn::ConnCtx;
 use crate::drain::{Drain, Watch};
 use crate::error::Error;
-use crate::gateway::{self, ConnCtx, Gateway, Http1Handler};
+use crate::gateway::Gateway;
+use crate::handler::Http1Handler;
 use tailguard_http1::server::{self as downstream, Reader};
 use tailguard_http1::timer::LazyTimer;
 
@@ -326,7 +328,8 @@ impl Server {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let tls = tls_acceptors(&config)?;
         let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
-        let limits = crate::rate_limit::listener_limits(&config.listeners, |_| None, &metrics)?;
+        let limits =
+            crate::rate_limit::listener_limits(&config.listeners, |_| None, metrics.rate_limit())?;
         let settings = settings(&config, tls, logs, limits);
         let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;
@@ -485,7 +488,7 @@ impl Server {
         let limits = crate::rate_limit::listener_limits(
             &config.listeners,
             running_limit,
-            self.gateway.metrics(),
+            self.gateway.metrics().rate_limit(),
         )?;
         // Last, as it is the one step that leaves a trace (a created log file) if a later
         // step fails: only the gateway's own snapshot build comes after it.
@@ -739,7 +742,7 @@ impl Acceptor {
             let shutdown = drain.watch();
             let ctx = Arc::new(ConnCtx {
                 snapshot: gateway.snapshot(),
-                gateway: Arc::clone(&gateway),
+                current: Arc::clone(gateway.current()),
                 remote,
                 client: crate::headers::Client::new(
                     remote.ip(),
@@ -828,7 +831,7 @@ where
         let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
         let ctx = Arc::clone(&ctx);
         // An HTTP/2 stream is a task of hyper's, with a timer of its own.
-        async move { gateway::serve(&ctx, req, &mut LazyTimer::new()).await }
+        async move { crate::data_path::serve(&ctx, req, &mut LazyTimer::new()).await }
     });
     let conn = http2.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);

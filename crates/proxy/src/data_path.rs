@@ -1,0 +1,251 @@
+//! The data path: one request from its parsed head to its response, as its stages, each a
+//! call into a lower layer. [`serve`] reads top to bottom:
+//!
+//! 1. **parse**: the head arrives parsed (the HTTP/1.1 engine through `crate::handler`,
+//!    hyper for HTTP/2); `GET /healthz` is answered at once. The request holds its
+//!    snapshot (`crate::conn::hold`) and starts its [`RequestRecord`];
+//! 2. **rate limit** of the listener (`crate::rate_limit::Limiter::check`; a `429` from
+//!    `crate::respond::rate_limited`);
+//! 3. **route**: `crate::route::Router::find`, then the route's own rate limit;
+//! 4. **local answer**: a route with `redirect` or `respond` answers here
+//!    ([`answer_locally`], the answer built by `crate::policy`);
+//! 5. **admit**: `crate::admission::admit` (the shedder); refused, a `503`;
+//! 6. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
+//!    `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
+//!    retries are `crate::retry`'s loops;
+//! 7. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
+//!    error's answer (`crate::respond::error_response`, the status from `Error::status`);
+//! 8. **record**: the response body carries the request's `Finish`, which reports it once
+//!    when the body ends or is dropped (`crate::finish`: metrics, access log).
+//!
+//! The per-request state travels down as arguments (the held snapshot, the connection,
+//! the record); nothing below this module names it.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, Request, Response, StatusCode};
+use tailguard_http1::timer::LazyTimer;
+
+use crate::admission::{self, AdmitGuard};
+use crate::body::RequestBody;
+use crate::config::Protocol;
+use crate::conn::{ConnCtx, Held};
+use crate::error::Error;
+use crate::finish::Finish;
+use crate::forward::check_forwardable;
+use crate::grpc;
+use crate::headers;
+use crate::record::RequestRecord;
+use crate::respond::{error_response, local_response};
+use crate::response_body::ResponseBody;
+
+/// Serves one request from its parsed head to the response head (the body then streams).
+/// `timer` is the connection's timer for `timeouts.request_ms` (kept across its requests).
+pub(crate) async fn serve(
+    conn: &Arc<ConnCtx>,
+    req: Box<Request<RequestBody>>,
+    timer: &mut LazyTimer,
+) -> Result<Response<ResponseBody>, Infallible> {
+    // Parse: the head is here; `/healthz` needs nothing more.
+    let start = Instant::now();
+    // Answered locally on every listener, before admission, so it is never shed and never
+    // touches an upstream.
+    if req.uri().path() == "/healthz"
+        && (req.method() == Method::GET || req.method() == Method::HEAD)
+    {
+        return Ok(local_response(StatusCode::OK, "ok\n", None));
+    }
+    let held = crate::conn::hold(conn);
+    let mut record = RequestRecord::new(
+        start,
+        conn.remote,
+        conn.tls,
+        &req,
+        !held.access_log().is_off(),
+    );
+    held.snapshot().metrics.gateway.request_started();
+    // Rate limit: the listener's limit covers everything it serves, checked before routing.
+    if let Some(limit) = &conn.rate_limit
+        && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
+    {
+        record.grpc = crate::grpc::is_grpc(req.headers());
+        return Ok(crate::respond::rate_limited(limited, record, held));
+    }
+    // Route. Matched once: admission (the route's group and class) and forwarding both use it.
+    // `OPTIONS *` asks about the server as a whole: routed as its root would be.
+    let path = match req.uri().path() {
+        "*" => "/",
+        path => path,
+    };
+    let route =
+        held.snapshot()
+            .router
+            .find(headers::host_of(&req), path, req.method(), req.headers());
+    // Before local answers and admission: a limited request never counts against the
+    // shedder or a breaker, and a route that answers by itself is limited too.
+    if let Some(r) = route
+        && let Some(limit) = held.snapshot().rate_limits.route(r)
+        && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
+    {
+        record.route = Some(r);
+        record.grpc = crate::grpc::is_grpc(req.headers());
+        return Ok(crate::respond::rate_limited(limited, record, held));
+    }
+    // Local answer.
+    if let Some(r) = route
+        && crate::policy::answers_locally(held.snapshot().router.get(r))
+    {
+        return Ok(answer_locally(conn, held, req, r, record));
+    }
+    // Admit.
+    let mut admitted = match admission::admit(&held.snapshot().overload, route) {
+        Ok(guard) => guard,
+        Err(refused) => {
+            record.grpc = crate::grpc::is_grpc(req.headers());
+            return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
+        }
+    };
+    // Forward with retries, then respond (the record travels with the response body).
+    // Branched once per request, on the upstream's protocol: an HTTP/2 upstream's exchange
+    // is its own function (boxed, so the HTTP/1.1 path's future does not grow by it).
+    match route {
+        Some(r) => {
+            let snapshot = held.snapshot();
+            if snapshot.upstreams[snapshot.router.get(r).upstream].protocol != Protocol::Http1 {
+                let h2 = serve_h2(conn, held, req, r, record, admitted);
+                return Ok(Box::pin(h2).await);
+            }
+        }
+        None => record.grpc = crate::grpc::is_grpc(req.headers()),
+    }
+    // Not boxed: the HTTP/1.1 connection awaits this future in place, in its own task's
+    // state, so it is never moved once running (hyper's server moved each request's
+    // future into its slot, which is why it was boxed before). Its ~2 KB is written once.
+    let forwarding = crate::forward::forward(held.snapshot(), conn, req, route, &mut record, timer);
+    match forwarding.await {
+        Ok((resp, first)) => {
+            admitted.served();
+            let (parts, body) = resp.into_parts();
+            record.status = parts.status.as_u16();
+            let finish = Finish {
+                record,
+                held,
+                upstream_conn: None,
+                _admitted: Some(admitted),
+            };
+            Ok(Response::from_parts(
+                parts,
+                ResponseBody::upstream(first, body, Some(finish)),
+            ))
+        }
+        Err(e) => {
+            if matches!(
+                e,
+                Error::UpstreamTimeout {
+                    phase: "request",
+                    ..
+                }
+            ) {
+                admitted.timed_out();
+            }
+            Ok(error_response(e, record, held, Some(admitted)))
+        }
+    }
+}
+
+/// Serves a request routed to an HTTP/2 upstream, from its routed head to the response
+/// head (the body then streams).
+async fn serve_h2(
+    conn: &Arc<ConnCtx>,
+    held: Held,
+    req: Box<Request<RequestBody>>,
+    route: usize,
+    mut record: RequestRecord,
+    mut admitted: AdmitGuard,
+) -> Response<ResponseBody> {
+    record.grpc = grpc::is_grpc(req.headers());
+    let forwarded =
+        crate::forward_h2::forward(held.snapshot(), conn, req, route, &mut record).await;
+    match forwarded {
+        Ok(resp) => {
+            admitted.served();
+            let (parts, body) = resp.into_parts();
+            record.status = parts.status.as_u16();
+            if record.grpc {
+                // A trailers-only answer carries its status in the head.
+                record.grpc_status = grpc::status(&parts.headers);
+            }
+            let finish = Finish {
+                record,
+                held,
+                upstream_conn: None,
+                _admitted: Some(admitted),
+            };
+            Response::from_parts(parts, ResponseBody::upstream_h2(body, Some(finish)))
+        }
+        Err(e) => {
+            if matches!(
+                e,
+                Error::UpstreamTimeout {
+                    phase: "request",
+                    ..
+                }
+            ) {
+                admitted.timed_out();
+            }
+            error_response(e, record, held, Some(admitted))
+        }
+    }
+}
+
+/// Answers a request routed to a route that answers by itself. Called right after
+/// routing, before admission: the answer costs less than a shed request's `503` would, and
+/// it never reaches an upstream, whose limits and breakers admission guards. It is counted
+/// (`tailguard_requests_total` with its route) and logged like any request.
+fn answer_locally(
+    conn: &ConnCtx,
+    held: Held,
+    mut req: Box<Request<RequestBody>>,
+    route_index: usize,
+    mut record: RequestRecord,
+) -> Response<ResponseBody> {
+    record.route = Some(route_index);
+    // Refused as a forwarded request would be (a 2xx answer to a CONNECT would tell the
+    // client it has a tunnel).
+    if let Err(e) = check_forwardable(&held.snapshot().config.limits, &req) {
+        return error_response(e, record, held, None);
+    }
+    let logged = !held.access_log().is_off();
+    let resp = {
+        let route = held.snapshot().router.get(route_index);
+        let Some(p) = route.policy.as_deref() else {
+            return error_response(Error::NoRoute, record, held, None);
+        };
+        let mut vars = crate::policy::Vars::capture(route, &req);
+        if logged || p.needs_request_id {
+            let id = headers::request_id(req.headers_mut()).clone();
+            if logged {
+                record.request_id = Some(id.clone());
+            }
+            vars.request_id = Some(id);
+        }
+        let mut resp = crate::policy::local_response(p, &req);
+        crate::policy::on_response(route, resp.headers_mut(), &conn.client, &vars);
+        resp
+    };
+    record.status = resp.status().as_u16();
+    let (parts, body) = resp.into_parts();
+    let finish = Some(Finish {
+        record,
+        held,
+        upstream_conn: None,
+        _admitted: None,
+    });
+    let body = match body {
+        Some(b) => ResponseBody::local(b, finish),
+        None => ResponseBody::empty(finish),
+    };
+    Response::from_parts(parts, body)
+}
