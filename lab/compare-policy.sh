@@ -16,12 +16,12 @@
 #   and the median ratio. Noisy on a shared host, hence interleaved and a median.
 # MODE=callgrind: the gateway runs under callgrind (valgrind); after a warm-up each route
 #   gets wrk for $D seconds between a zero and a dump of the counters, so instructions per
-#   request is exact and repeatable. The gateway must be built with
-#   RUSTFLAGS="--cfg rustix_use_libc" (valgrind does not map the vDSO's ELF header that
-#   rustix's raw backend reads): TAILGUARD=<that binary>.
+#   request is exact and repeatable. The release binary runs under valgrind as it is (since
+#   issue 22 rustix takes the aux vector from libc; before, a build with
+#   RUSTFLAGS="--cfg rustix_use_libc" was needed).
 # Every process runs at nice $NICE (default -10, when root). Raw outputs go to $OUT.
 #   RATE=4000 DURATION=10s ROUNDS=5 lab/compare-policy.sh
-#   MODE=callgrind D=5 TAILGUARD=target/valgrind/release/tailguard lab/compare-policy.sh
+#   MODE=callgrind D=5 lab/compare-policy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${MODE:-cpu}
