@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::HeaderMap;
+use tailguard_policy::rate_limit::table::Gcra;
+use tailguard_policy::rate_limit::{Limiter, RateLimitConfig, Scope};
 use tailguard_proxy::GatewayMetrics;
-use tailguard_proxy::rate_limit::table::Gcra;
-use tailguard_proxy::rate_limit::{Limiter, RateLimitConfig, Scope};
 
 fn thread_cpu_time() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
@@ -91,7 +91,7 @@ fn bench_check(c: &mut Criterion) {
     let atomic = AtomicU64::new(0);
     let map: Mutex<HashMap<IpAddr, u64>> = Mutex::default();
     let gcra = Gcra::new(1_000_000_000, 1_000_000_000, 1_000_000);
-    let table = tailguard_proxy::rate_limit::table::KeyTable::new(100_000);
+    let table = tailguard_policy::rate_limit::table::KeyTable::new(100_000);
 
     let mut group = c.benchmark_group("rate_limit/check");
     for threads in [1, 2] {

@@ -13,8 +13,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
+use tailguard_policy::rate_limit::{DEFAULT_MAX_KEYS, Limiter, RateLimitConfig, Scope};
 use tailguard_proxy::GatewayMetrics;
-use tailguard_proxy::rate_limit::{DEFAULT_MAX_KEYS, Limiter, RateLimitConfig, Scope};
 
 /// Resident memory of this process, from `/proc/self/statm`.
 fn rss_bytes() -> u64 {

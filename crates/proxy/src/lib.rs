@@ -45,36 +45,32 @@
 //! ```
 
 pub mod access_log;
-pub mod admission;
-pub mod body;
 pub mod builtin;
 pub(crate) mod conn;
 pub(crate) mod data_path;
 pub(crate) mod drain;
-pub mod error;
 pub mod finish;
 pub(crate) mod forward;
 pub(crate) mod forward_h2;
 pub mod gateway;
-pub mod grpc;
 pub(crate) mod handler;
-pub mod headers;
 pub mod metrics;
-pub mod overload;
-pub mod policy;
-pub mod rate_limit;
 pub mod record;
-pub(crate) mod recycle;
-pub mod replay;
 pub(crate) mod respond;
 pub mod response_body;
 pub mod retry;
-pub mod retry_policy;
-pub mod route;
 pub mod server;
 pub mod snapshot;
 pub mod sni;
 pub mod tls;
+
+pub(crate) use tailguard_http::recycle;
+/// The HTTP vocabulary's modules (`tailguard-http`), so that `crate::error::X`,
+/// `crate::body::X` and the like keep working.
+pub use tailguard_http::{body, error, grpc, headers, replay};
+/// The policy floor's modules (`tailguard-policy`), so that `crate::route::X`,
+/// `crate::rate_limit::X` and the like keep working.
+pub use tailguard_policy::{admission, overload, policy, rate_limit, retry_policy, route};
 
 pub use error::{Blame, Error};
 pub use gateway::Gateway;

@@ -12,12 +12,14 @@ pub struct AdmitGuard {
 
 impl AdmitGuard {
     /// The upstream answered: the request counts as served (a pass with its response time).
+    #[inline]
     pub fn served(&mut self) {
         self.admitted.served();
     }
 
     /// The upstream did not answer within the request timeout: a response time for its
     /// concurrency limit, not a pass.
+    #[inline]
     pub fn timed_out(&mut self) {
         self.admitted.timed_out();
     }
@@ -29,6 +31,7 @@ impl AdmitGuard {
 /// `/healthz` never reaches this. `route` is the request's matched route (its route group
 /// and priority class decide), found once per request and then used for forwarding too.
 /// `overload` is the snapshot's.
+#[inline]
 pub fn admit(overload: &Overload, route: Option<usize>) -> Result<AdmitGuard, Refused> {
     Ok(AdmitGuard {
         admitted: overload.admit(route)?,

@@ -1,5 +1,5 @@
 //! Local rate limits (`rate_limit = { rate, burst, key }` on a route or a listener): the
-//! limits built at load from their config ([`crate::config::rate_limit`] has it and its
+//! limits built at load from their config ([`tailguard_config::rate_limit`] has it and its
 //! checks), the one check a request makes, and the `429 Too Many Requests` it gets when
 //! refused.
 //!
@@ -10,8 +10,8 @@
 //! exact however many threads serve, and a route or listener without a limit pays one
 //! `Option` test. That shared state breaks design.md §2 rule 3 (a cache line other serving
 //! threads write) for limited routes only, by necessity (a per-thread bucket admits
-//! `threads x rate`); `benches/rate_limit.rs` measures it (no LTO, on this 2-core VM): a
-//! check by client address costs ~56 ns on one thread and ~61 ns with a second thread on
+//! `threads x rate`); `crates/proxy/benches/rate_limit.rs` measures it (no LTO, on this
+//! 2-core VM): a check by client address costs ~56 ns on one thread and ~61 ns with a second thread on
 //! its own key (~26 ns of it the key's SipHash), ~115 ns when two threads hammer one key;
 //! a one-bucket limit ~20 ns, ~38 ns contended; a `Mutex<HashMap>` of buckets 56 / 75 ns. The limits of routes (by id) and listeners (by address) whose
 //! `rate_limit` a reload leaves unchanged keep their state, so a reload is no way around a
@@ -35,11 +35,11 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tailguard_metrics::{Counter, Family, MetricsError, Registry};
 
-use crate::error::Error;
-use crate::shard::Padded;
 use table::{Gcra, KeyTable};
+use tailguard_http::error::Error;
+use tailguard_upstream::shard::Padded;
 
-pub use crate::config::rate_limit::{DEFAULT_MAX_KEYS, KeyRule, Per, RateLimitConfig, Scope};
+pub use tailguard_config::rate_limit::{DEFAULT_MAX_KEYS, KeyRule, Per, RateLimitConfig, Scope};
 
 /// The buckets of one limit.
 #[derive(Debug)]
@@ -186,8 +186,8 @@ impl Limiter {
 
 impl Limited {
     /// The error a refusal is answered with (`429`, counted, logged, in the access log like
-    /// any error: `crate::respond::rate_limited`).
-    pub(crate) fn error(&self) -> Error {
+    /// any error: the proxy's `respond::rate_limited`).
+    pub fn error(&self) -> Error {
         Error::RateLimited {
             scope: self.scope.as_str(),
             retry_after: self.retry_after,
@@ -195,7 +195,7 @@ impl Limited {
     }
 
     /// Adds `Retry-After`, `RateLimit` and `RateLimit-Policy` to the refusal's head.
-    pub(crate) fn add_fields(self, headers: &mut HeaderMap) {
+    pub fn add_fields(self, headers: &mut HeaderMap) {
         let secs = self.retry_after;
         let mut digits = itoa::Buffer::new();
         let secs_text = digits.format(secs);
@@ -265,7 +265,7 @@ pub struct RateLimits {
 impl RateLimits {
     /// Builds the limit of every route that has one (`routes`: each route's id and config,
     /// in router order), keeping the unchanged ones of `previous`.
-    pub(crate) fn build<'a>(
+    pub fn build<'a>(
         routes: impl Iterator<Item = (&'a str, Option<&'a RateLimitConfig>)>,
         previous: Option<&RateLimits>,
         metrics: &RateLimitMetrics,
@@ -294,8 +294,8 @@ impl RateLimits {
 
 /// The limit of each listener of `configs` (`None` where a listener has none), keeping
 /// the one `previous(i)` returns for listener `i` when its address and config are the same.
-pub(crate) fn listener_limits(
-    configs: &[crate::config::ListenerConfig],
+pub fn listener_limits(
+    configs: &[tailguard_config::ListenerConfig],
     previous: impl Fn(usize) -> Option<Arc<Limiter>>,
     metrics: &RateLimitMetrics,
 ) -> Result<Vec<Option<Arc<Limiter>>>, Error> {

@@ -1,8 +1,8 @@
 //! A route's timeouts and retry policy as built at config load: `timeouts = { connect_ms,
 //! request_ms, read_ms }` and `retry = { attempts, on, backoff_ms, buffer_bytes }` from
-//! their config ([`crate::config::retry`] has it and its checks), the conditions a try is
+//! their config ([`tailguard_config::retry`] has it and its checks), the conditions a try is
 //! retried on, the backoff between tries, and the route's retry counters. The loops that
-//! retry are the data path's (`crate::retry`).
+//! retry are the data path's (the proxy's `retry.rs`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -10,12 +10,12 @@ use std::time::Duration;
 use tailguard_metrics::{Counter, Family};
 use toml::Spanned;
 
-use crate::config::RouteConfig;
-use crate::config::retry::REASONS;
-use crate::error::Error;
-use crate::replay::Unkept;
+use tailguard_config::RouteConfig;
+use tailguard_config::retry::REASONS;
+use tailguard_http::error::Error;
+use tailguard_http::replay::Unkept;
 
-pub use crate::config::retry::Reason;
+pub use tailguard_config::retry::Reason;
 
 /// The backoff doubles from try to try up to this many times `backoff_ms`.
 const MAX_BACKOFF_FACTOR: u32 = 8;
@@ -69,7 +69,7 @@ impl From<Unkept> for Skip {
 
 /// A route's timeouts and retries as built at config load.
 #[derive(Debug, Default)]
-pub(crate) struct RoutePolicy {
+pub struct RoutePolicy {
     /// `timeouts.connect_ms` of the route (`None`: the global one).
     connect: Option<Option<Duration>>,
     /// `timeouts.request_ms` of the route.
@@ -77,22 +77,22 @@ pub(crate) struct RoutePolicy {
     /// `timeouts.read_ms` of the route.
     read: Option<Option<Duration>>,
     /// `retry`, if the route has one.
-    pub(crate) retry: Option<RetryPolicy>,
+    pub retry: Option<RetryPolicy>,
     /// `tailguard_upstream_retries_total` of the route, by reason.
     counters: RetryCounters,
 }
 
 /// A route's `retry` as built at config load.
 #[derive(Debug)]
-pub(crate) struct RetryPolicy {
+pub struct RetryPolicy {
     /// Tries, the first included.
-    pub(crate) attempts: u32,
+    pub attempts: u32,
     /// One bit per [`Reason`].
     on: u8,
     backoff: Duration,
-    /// `buffer_bytes` (at most [`crate::config::retry::MAX_BUFFER_BYTES`], so it fits any
+    /// `buffer_bytes` (at most [`tailguard_config::retry::MAX_BUFFER_BYTES`], so it fits any
     /// `usize`).
-    pub(crate) buffer_bytes: usize,
+    pub buffer_bytes: usize,
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -101,7 +101,7 @@ fn millis(ms: u64) -> Option<Duration> {
 
 impl RoutePolicy {
     /// Builds a route's policy from its validated config.
-    pub(crate) fn build(config: &RouteConfig) -> RoutePolicy {
+    pub fn build(config: &RouteConfig) -> RoutePolicy {
         let t = config
             .timeouts
             .as_ref()
@@ -132,31 +132,31 @@ impl RoutePolicy {
 
     /// The route's connect timeout, else `global`.
     #[inline]
-    pub(crate) fn connect_timeout(&self, global: Option<Duration>) -> Option<Duration> {
+    pub fn connect_timeout(&self, global: Option<Duration>) -> Option<Duration> {
         self.connect.unwrap_or(global)
     }
 
     /// The route's request timeout (per try), else `global`.
     #[inline]
-    pub(crate) fn request_timeout(&self, global: Option<Duration>) -> Option<Duration> {
+    pub fn request_timeout(&self, global: Option<Duration>) -> Option<Duration> {
         self.request.unwrap_or(global)
     }
 
     /// The route's response body read timeout, else `global`.
     #[inline]
-    pub(crate) fn read_timeout(&self, global: Option<Duration>) -> Option<Duration> {
+    pub fn read_timeout(&self, global: Option<Duration>) -> Option<Duration> {
         self.read.unwrap_or(global)
     }
 
     /// Counts a retry of this route (a connect retry of a route without `retry` too) in
     /// `family` (`tailguard_upstream_retries_total`).
-    pub(crate) fn count(&self, family: &Family<Counter>, route: &str, reason: Reason) {
+    pub fn count(&self, family: &Family<Counter>, route: &str, reason: Reason) {
         self.counters.inc(family, route, reason);
     }
 
     /// Counts a try of this route that met a retry condition and was not retried, in
     /// `family` (`tailguard_upstream_retries_skipped_total`).
-    pub(crate) fn count_skipped(&self, family: &Family<Counter>, route: &str, skip: Skip) {
+    pub fn count_skipped(&self, family: &Family<Counter>, route: &str, skip: Skip) {
         let slot = &self.counters.skipped[skip as usize];
         inc_slot(slot, family, &[route, skip.as_str()]);
     }
@@ -164,18 +164,20 @@ impl RoutePolicy {
 
 impl RetryPolicy {
     /// Whether the route retries on `reason`.
-    pub(crate) fn retries_on(&self, reason: Reason) -> bool {
+    #[inline]
+    pub fn retries_on(&self, reason: Reason) -> bool {
         self.on & reason.bit() != 0
     }
 
     /// Whether a try that sent its request may be retried (on a status or a timeout), so
     /// that a body has to be kept to be sent again.
-    pub(crate) fn retries_after_sending(&self) -> bool {
+    #[inline]
+    pub fn retries_after_sending(&self) -> bool {
         self.on & !Reason::Connect.bit() != 0
     }
 
     /// The condition a failed try met, if the route retries on it.
-    pub(crate) fn reason_of_error(&self, e: &Error) -> Option<Reason> {
+    pub fn reason_of_error(&self, e: &Error) -> Option<Reason> {
         let reason = match e {
             Error::UpstreamConnect { .. }
             | Error::UpstreamTls { .. }
@@ -191,7 +193,7 @@ impl RetryPolicy {
     }
 
     /// The condition an answer met, if the route retries on it.
-    pub(crate) fn reason_of_status(&self, status: u16) -> Option<Reason> {
+    pub fn reason_of_status(&self, status: u16) -> Option<Reason> {
         let reason = match status {
             502 => Reason::Status502,
             503 => Reason::Status503,
@@ -205,7 +207,7 @@ impl RetryPolicy {
     /// each retry after the first (at most 8 times `backoff_ms`), then drawn uniformly from
     /// its upper half ("equal jitter": tries spread out, never bunched at zero). The draw is
     /// the serving thread's own generator: no lock, nothing shared.
-    pub(crate) fn backoff(&self, retry: u32) -> Duration {
+    pub fn backoff(&self, retry: u32) -> Duration {
         let factor = 1u32 << retry.saturating_sub(1).min(MAX_BACKOFF_FACTOR.ilog2());
         let ceiling = self.backoff.saturating_mul(factor);
         let micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
@@ -249,8 +251,9 @@ fn inc_slot(slot: &OnceLock<Counter>, family: &Family<Counter>, labels: &[&str])
 }
 
 impl RoutePolicy {
-    /// The route's connect override as `crate::retry::h2_stream` takes it.
-    pub(crate) fn h2_connect(&self) -> Option<Option<Duration>> {
+    /// The route's connect override as the proxy's `retry::h2_stream` takes it.
+    #[inline]
+    pub fn h2_connect(&self) -> Option<Option<Duration>> {
         self.connect
     }
 }

@@ -17,14 +17,15 @@ use tailguard_http1::server::H1Body;
 use crate::error::Error;
 use crate::grpc;
 use crate::replay::{Reader, ReplayError};
-use crate::upstream_h2::StreamGuard;
+use tailguard_upstream::h2::StreamGuard;
 
 /// Set in a request body's byte count (`RequestRecord::bytes_in`) once the body has ended:
 /// a request timeout that fires before then is the client's (408), not the upstream's.
-pub(crate) const BODY_ENDED: u64 = 1 << 63;
+pub const BODY_ENDED: u64 = 1 << 63;
 
 /// Whether the body counted by `count` ended (was read whole, or failed) before now.
-pub(crate) fn body_ended(count: &AtomicU64) -> bool {
+#[inline]
+pub fn body_ended(count: &AtomicU64) -> bool {
     count.load(Ordering::Relaxed) & BODY_ENDED != 0
 }
 
@@ -34,7 +35,7 @@ const DRAIN_BYTES: u64 = 4 * 1024 * 1024;
 
 /// A request body as the downstream connection delivers it.
 #[derive(Debug)]
-pub(crate) enum IncomingBody {
+pub enum IncomingBody {
     /// No body (the head said so).
     Empty,
     /// Read from an HTTP/1.1 connection (`downstream`).
@@ -107,7 +108,8 @@ pub struct RequestBody {
 impl RequestBody {
     /// A body with no limit yet: the gateway sets it ([`RequestBody::limit`]) once the
     /// request is routed.
-    pub(crate) fn unlimited(inner: IncomingBody) -> RequestBody {
+    #[inline]
+    pub fn unlimited(inner: IncomingBody) -> RequestBody {
         RequestBody {
             inner,
             limit: u64::MAX,
@@ -117,7 +119,8 @@ impl RequestBody {
     }
 
     /// Limits the body to `limit` bytes; `count` (if any) is updated with the bytes read.
-    pub(crate) fn limit(&mut self, limit: u64, count: Option<Arc<AtomicU64>>) {
+    #[inline]
+    pub fn limit(&mut self, limit: u64, count: Option<Arc<AtomicU64>>) {
         self.limit = limit;
         self.count = count;
     }
@@ -189,7 +192,7 @@ impl Body for RequestBody {
 /// An HTTP/2 upstream's response body: frames passed on as they come (data and trailers),
 /// under the call's deadline (gRPC) or the read timeout (plain HTTP).
 #[derive(Debug)]
-pub(crate) struct H2Body {
+pub struct H2Body {
     inner: Incoming,
     addr: std::net::SocketAddr,
     /// Counts the stream against its connection until the body ends or is dropped.
@@ -203,7 +206,9 @@ pub(crate) struct H2Body {
 }
 
 impl H2Body {
-    pub(crate) fn new(
+    /// The body of the stream `stream` from `addr`, ended by `deadline` (a gRPC call's)
+    /// or by `read_timeout` between frames.
+    pub fn new(
         inner: Incoming,
         stream: StreamGuard,
         addr: std::net::SocketAddr,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
-use crate::config::{PathMatch, RouteConfig};
+use tailguard_config::{PathMatch, RouteConfig};
 
 /// Host part of a route's match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,9 +50,9 @@ pub struct Route {
     /// `Host` to send upstream instead of the client's.
     pub host_rewrite: Option<HeaderValue>,
     /// Rewrite, header operations, local answer (`None`: none of them).
-    pub policy: Option<Box<crate::config::policy::Policy>>,
+    pub policy: Option<Box<tailguard_config::policy::Policy>>,
     /// The route's own timeouts and retries.
-    pub(crate) tries: crate::retry_policy::RoutePolicy,
+    pub tries: crate::retry_policy::RoutePolicy,
 }
 
 impl Route {
@@ -101,7 +101,7 @@ impl Route {
                 .host_rewrite
                 .as_ref()
                 .and_then(|h| HeaderValue::from_str(h.get_ref()).ok()),
-            policy: crate::config::policy::Policy::build(config),
+            policy: tailguard_config::policy::Policy::build(config),
             tries: crate::retry_policy::RoutePolicy::build(config),
         }
     }
@@ -194,6 +194,7 @@ impl Router {
     }
 
     /// The route at an index [`Router::find`] returned.
+    #[inline]
     pub fn get(&self, index: usize) -> &Route {
         &self.routes[index]
     }

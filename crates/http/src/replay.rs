@@ -40,7 +40,7 @@ use http_body::{Body, Frame, SizeHint};
 /// requests a second for 10 ms is 100), and 8 times the largest `buffer_bytes`.
 pub const THREAD_BUDGET_BYTES: usize = 8 * 1024 * 1024;
 
-pub use crate::config::retry::MAX_BUFFER_BYTES;
+pub use tailguard_config::retry::MAX_BUFFER_BYTES;
 
 /// A chunked body's first buffer: most bodies of unknown length are small.
 const FIRST_BUFFER_BYTES: usize = 4 * 1024;

@@ -40,6 +40,7 @@ pub const MAX_CODE: u8 = 16;
 
 /// Whether a request is a gRPC call: its `content-type` is `application/grpc` or one of
 /// its `+proto`/`+json` forms.
+#[inline]
 pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
@@ -83,7 +84,7 @@ pub fn status(headers: &HeaderMap) -> Option<u8> {
 
 /// The headers of a status: `grpc-status` and, when there is one, `grpc-message`
 /// (`message` must need no percent-encoding: the gateway's own are plain ASCII words).
-pub(crate) fn put_status(headers: &mut HeaderMap, code: u8, message: &'static str) {
+pub fn put_status(headers: &mut HeaderMap, code: u8, message: &'static str) {
     headers.insert(
         &GRPC_STATUS,
         HeaderValue::from_str(itoa::Buffer::new().format(code))

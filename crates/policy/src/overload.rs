@@ -1,7 +1,7 @@
 //! Overload protection in the gateway (tailguard-overload): the shedder decides admission
 //! right after the request head is parsed, and the adaptive breaker of each (upstream, route)
 //! gates dispatch (p2c over peak-EWMA latency, the library's other upstream-side part, is a
-//! balancer: [`P2cEwma`](crate::balance::P2cEwma)).
+//! balancer: [`P2cEwma`](tailguard_upstream::balance::P2cEwma)).
 //!
 //! Built with each config snapshot; the shedder (its route groups keep their windows by
 //! route id) and its CPU sampler thread outlive reloads, breakers are carried over by
@@ -27,10 +27,10 @@ use tailguard_overload::{
     Shedder, UpstreamLimit, failure_status,
 };
 
-use crate::balance::Outcome;
-use crate::error::Error;
 use crate::route::Router;
-use crate::shard::PerThread;
+use tailguard_http::error::Error;
+use tailguard_upstream::balance::Outcome;
+use tailguard_upstream::shard::PerThread;
 
 /// Retries may add this share of an upstream's requests (SRE book: 10 %)...
 const RETRY_RATIO: f64 = 0.1;
@@ -92,7 +92,8 @@ impl Retries {
 
 /// GET, HEAD, OPTIONS, PUT and DELETE: sending one twice has the effect of sending it once
 /// (RFC 9110 §9.2.2; TRACE too, but a gateway has no business retrying it).
-pub(crate) fn idempotent(method: &Method) -> bool {
+#[inline]
+pub fn idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
@@ -271,6 +272,7 @@ impl Overload {
     }
 
     /// The shedder (for metrics), when on.
+    #[inline]
     pub fn shedder(&self) -> Option<&Shedder> {
         self.shedder.as_ref()
     }
@@ -278,6 +280,7 @@ impl Overload {
     /// Counts a request dispatched to upstream `upstream` (its index in the snapshot) in
     /// the upstream's retry budget: call once per original request, not for a retry. Cost:
     /// one relaxed add on this serving thread's own cache line.
+    #[inline]
     pub fn count_request(&self, upstream: usize) {
         if let Some((_, r)) = self.retries.get(upstream) {
             r.count();
@@ -339,6 +342,7 @@ impl Overload {
     }
 
     /// Layer 2: the breaker of `route` lets the request be dispatched, or refuses it.
+    #[inline]
     pub fn dispatch(&self, route: usize) -> Result<Dispatched, Error> {
         let Some(breaker) = self.routes.get(route).and_then(|r| r.breaker.as_ref()) else {
             return Ok(Dispatched(None));
@@ -418,6 +422,7 @@ pub struct Dispatched(Option<OwnedBreakerPermit>);
 impl Dispatched {
     /// Tells the breaker how the exchange ended: connect errors, timeouts, broken
     /// exchanges and 429/502/503/504 are failures; a downstream abort is forgotten.
+    #[inline]
     pub fn finish(self, outcome: Outcome) {
         let Some(p) = self.0 else { return };
         let now = MonotonicClock.now();

@@ -29,7 +29,8 @@ thread_local! {
 
 /// An empty request (GET /, HTTP/1.1, no headers, no body) whose header map has room for at
 /// least `fields` entries.
-pub(crate) fn request(fields: usize) -> Box<Request<RequestBody>> {
+#[inline]
+pub fn request(fields: usize) -> Box<Request<RequestBody>> {
     let mut req = REQUESTS
         .with_borrow_mut(Vec::pop)
         .unwrap_or_else(|| Box::new(Request::new(RequestBody::unlimited(IncomingBody::Empty))));
@@ -39,7 +40,8 @@ pub(crate) fn request(fields: usize) -> Box<Request<RequestBody>> {
 
 /// Takes back a request that is done with (its head was sent); what it still holds
 /// (header values, extensions, body) is dropped now.
-pub(crate) fn give_request(mut req: Box<Request<RequestBody>>) {
+#[inline]
+pub fn give_request(mut req: Box<Request<RequestBody>>) {
     if req.headers().capacity() > LARGEST_KEPT {
         return;
     }

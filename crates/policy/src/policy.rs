@@ -1,7 +1,7 @@
 //! A route's traffic policy, applied per request: the path rewrite, the request and
 //! response header operations with their `$variables`, and the answers a route gives by
 //! itself (a redirect, a static response) with no upstream. The policy is compiled, and
-//! checked, once at config load ([`crate::config::policy`]).
+//! checked, once at config load ([`tailguard_config::policy`]).
 //!
 //! A route without any of these holds `None` and pays one branch per call site. One that
 //! has them pays, per request, only what the operations need: static values are prebuilt
@@ -25,12 +25,12 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri};
 
-use crate::body::RequestBody;
-use crate::config::policy::{HeaderOps, Local, Part, Rewrite, Value};
-use crate::headers::{self, Client};
 use crate::route::Route;
+use tailguard_config::policy::{HeaderOps, Local, Part, Rewrite, Value};
+use tailguard_http::body::RequestBody;
+use tailguard_http::headers::{self, Client};
 
-pub use crate::config::policy::Policy;
+pub use tailguard_config::policy::Policy;
 
 /// Remove, then set, then add. A value that comes out empty (the `$host` of an HTTP/1.0
 /// request without one) is not sent, as nginx does: `set` then only removes.
@@ -95,16 +95,16 @@ fn part_bytes<'a>(part: &'a Part, client: &'a Client, vars: &'a Vars) -> &'a [u8
 /// forwarding drops `Host`) and its id. Nothing is captured for a route whose operations
 /// read neither.
 #[derive(Debug, Default)]
-pub(crate) struct Vars {
+pub struct Vars {
     host: Option<HeaderValue>,
     /// `$request_id`: set where the request's id is known.
-    pub(crate) request_id: Option<HeaderValue>,
+    pub request_id: Option<HeaderValue>,
 }
 
 impl Vars {
     /// Captures what `route`'s operations will read of the request as it came; call before
     /// the gateway's own header work.
-    pub(crate) fn capture<B>(route: &Route, req: &Request<B>) -> Vars {
+    pub fn capture<B>(route: &Route, req: &Request<B>) -> Vars {
         match route.policy.as_deref() {
             Some(p) if p.needs_host => Vars {
                 host: host_value(req),
@@ -133,7 +133,7 @@ fn host_value<B>(req: &Request<B>) -> Option<HeaderValue> {
 /// upstream, after the gateway's own header work; keeps its id in `vars` if the response's
 /// operations read it. Infallible: called after an endpoint was picked, where an early
 /// return would leave the pick uncompleted.
-pub(crate) fn on_request<B>(route: &Route, req: &mut Request<B>, client: &Client, vars: &mut Vars) {
+pub fn on_request<B>(route: &Route, req: &mut Request<B>, client: &Client, vars: &mut Vars) {
     let Some(p) = route.policy.as_deref() else {
         return;
     };
@@ -159,7 +159,8 @@ pub(crate) fn on_request<B>(route: &Route, req: &mut Request<B>, client: &Client
 }
 
 /// Applies `route`'s response header operations to an upstream response's head.
-pub(crate) fn on_response(route: &Route, headers: &mut HeaderMap, client: &Client, vars: &Vars) {
+#[inline]
+pub fn on_response(route: &Route, headers: &mut HeaderMap, client: &Client, vars: &Vars) {
     if let Some(ops) = route.policy.as_deref().and_then(|p| p.response.as_ref()) {
         apply(ops, headers, client, vars);
     }
@@ -168,7 +169,7 @@ pub(crate) fn on_response(route: &Route, headers: &mut HeaderMap, client: &Clien
 /// [`on_response`] for an HTTP/1.1 upstream's response, whose own fields may still be the
 /// lines it sent (written out as they are): moved into the map first when an operation
 /// must see them (`remove`, `set`); `add` alone appends without that.
-pub(crate) fn on_response_h1(
+pub fn on_response_h1(
     route: &Route,
     resp: &mut Response<tailguard_http1::client::UpstreamBody<RequestBody>>,
     client: &Client,
@@ -186,12 +187,13 @@ pub(crate) fn on_response_h1(
 }
 
 /// Whether `route` answers by itself (`redirect`, `respond`) instead of forwarding.
-pub(crate) fn answers_locally(route: &Route) -> bool {
+#[inline]
+pub fn answers_locally(route: &Route) -> bool {
     route.policy.as_deref().is_some_and(|p| p.local.is_some())
 }
 
 /// The head of a local answer and its body (none for `HEAD` and bodiless answers).
-pub(crate) fn local_response(p: &Policy, req: &Request<RequestBody>) -> Response<Option<Bytes>> {
+pub fn local_response(p: &Policy, req: &Request<RequestBody>) -> Response<Option<Bytes>> {
     let mut resp = Response::new(None);
     match &p.local {
         Some(Local::Redirect {
@@ -299,7 +301,7 @@ fn arena(len: usize, fill: impl FnOnce(&mut BytesMut)) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::policy::parse_value;
+    use tailguard_config::policy::parse_value;
 
     fn rewrite(prefix: &str, to: &str) -> Rewrite {
         Rewrite::Prefix {

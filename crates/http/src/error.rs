@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 
-use crate::config::diagnostic::{self, Diagnostic};
-use crate::upstream_error::UpstreamError;
+use tailguard_config::diagnostic::{self, Diagnostic};
+use tailguard_upstream::error::UpstreamError;
 
 /// Who caused a failure: the answer decides which side's metrics and alerts it lands on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,11 +338,11 @@ impl From<UpstreamError> for Error {
 
 /// A config that failed to load is the same failure in the gateway: the same variant, so
 /// the same message, kind and status.
-impl From<crate::config::Error> for Error {
-    fn from(err: crate::config::Error) -> Error {
+impl From<tailguard_config::Error> for Error {
+    fn from(err: tailguard_config::Error) -> Error {
         match err {
-            crate::config::Error::Config(diags) => Error::Config(diags),
-            crate::config::Error::Read { path, source } => Error::Read { path, source },
+            tailguard_config::Error::Config(diags) => Error::Config(diags),
+            tailguard_config::Error::Read { path, source } => Error::Read { path, source },
         }
     }
 }

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Slots per set: 8 fingerprints fill one 64-byte cache line.
 pub const WAYS: usize = 8;
 
-pub use crate::config::rate_limit::MAX_KEYS;
+pub use tailguard_config::rate_limit::MAX_KEYS;
 
 /// The rate and burst of one limit, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +144,7 @@ impl KeyTable {
 
     /// The hash [`KeyTable::bucket`] takes for `key`. Hashing the key is inherent to a
     /// keyed limit (design.md §2 rule 2 is about finding metrics, which this is not): ~20 ns
-    /// for an address, measured in `benches/rate_limit.rs`.
+    /// for an address, measured in `crates/proxy/benches/rate_limit.rs`.
     #[inline]
     pub fn hash(&self, key: impl Hash) -> u64 {
         self.hasher.hash_one(key)
