@@ -46,6 +46,7 @@ impl OverloadMode {
 /// [overload]
 /// mode = "adaptive"        # off | adaptive | gozero
 /// threshold = 0.9          # CPU share of the allowed cores that counts as overloaded
+/// cpu_trigger = true       # shed on the CPU; false: only on in-flight (CPU not read)
 /// breaker = true           # adaptive breaker per (upstream, route)
 /// upstream_limit = true    # latency-driven concurrency limit per upstream (adaptive)
 /// [overload.classes]       # priority class per route id (default: normal)
@@ -61,6 +62,11 @@ pub struct OverloadConfig {
     pub threshold: f64,
     /// Cool-off after the last overloaded moment, in milliseconds.
     pub cool_off_ms: u64,
+    /// Read the CPU and turn hot on it (`threshold`). Off, the CPU is not read (it counts
+    /// as idle): for a gateway whose CPU reading is mostly other work (a host or cgroup
+    /// shared with builds or batch jobs), where only the in-flight triggers and the
+    /// upstream limits should act.
+    pub cpu_trigger: bool,
     /// Run the adaptive breaker per (upstream, route) when shedding is on.
     pub breaker: bool,
     /// Run the latency-driven concurrency limit of each upstream (`adaptive` mode only).
@@ -75,6 +81,7 @@ impl Default for OverloadConfig {
             mode: OverloadMode::Off,
             threshold: 0.9,
             cool_off_ms: 1000,
+            cpu_trigger: true,
             breaker: true,
             upstream_limit: true,
             classes: BTreeMap::new(),
@@ -171,6 +178,11 @@ mod tests {
             ..c
         };
         assert!(without.limit_config().is_none());
+        assert!(OverloadConfig::default().cpu_trigger);
+        let off: OverloadConfig =
+            toml::from_str("mode = \"adaptive\"\ncpu_trigger = false\n").unwrap();
+        assert!(!off.cpu_trigger);
+        off.validate().unwrap();
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub enum CpuSourceKind {
         /// The stat file.
         stat: PathBuf,
     },
+    /// Nothing is read: the CPU counts as idle (`cpu_trigger = false`), so the CPU trigger
+    /// never fires; the allowed cores are the affinity mask's.
+    Off,
 }
 
 /// Reads the process's CPU budget usage; one per sampler.
@@ -125,6 +128,12 @@ impl CpuReader {
     /// The production reader: root `/`, allowed CPUs from `sched_getaffinity`.
     pub fn system() -> Self {
         Self::detect_cpus(Path::new("/"), &affinity_cpus())
+    }
+
+    /// A reader that reads nothing ([`CpuSourceKind::Off`]): for a gateway whose CPU
+    /// trigger is off, on the affinity mask's cores.
+    pub fn off() -> Self {
+        Self::with_kind(CpuSourceKind::Off, affinity_cpus().len())
     }
 
     /// A reader of an explicit source (tests, or an operator override).
@@ -234,6 +243,12 @@ impl CpuReader {
                     cores: self.affinity,
                 })
             }
+            // No usage ever added: every delta, so the smoothed CPU, is 0.
+            CpuSourceKind::Off => Ok(CpuTotals {
+                usage: Duration::ZERO,
+                throttled: None,
+                cores: self.affinity,
+            }),
         }
     }
 }

@@ -297,6 +297,17 @@ fn this_machine_has_a_readable_cpu_source() {
     assert!(got.cores >= 1.0);
 }
 
+#[test]
+fn the_off_reader_reads_an_idle_cpu_on_the_affinity_cores() {
+    let mut reader = CpuReader::with_kind(CpuSourceKind::Off, 3);
+    let mut s = CpuSampler::new(Smoothing::Ewma { beta: 0.0 });
+    for n in 0..4 {
+        assert_eq!(s.update(Duration::from_millis(250) * n, reader.read()), 0);
+    }
+    assert_eq!((s.cores(), s.errors()), (3.0, 0));
+    assert_eq!(CpuReader::off().kind(), &CpuSourceKind::Off);
+}
+
 /// A source that fails every read and reports each attempt.
 struct Failing(mpsc::Sender<()>);
 

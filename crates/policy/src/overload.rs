@@ -114,6 +114,9 @@ struct RouteGuard {
 #[derive(Debug, Default)]
 pub struct Overload {
     mode: OverloadMode,
+    /// Whether the sampler reads the CPU (`cpu_trigger`): a reload that changes it needs a
+    /// new sampler, and a shedder that never saw the other readings.
+    cpu_trigger: bool,
     shedder: Option<Shedder>,
     sampler: Option<Arc<SamplerHandle>>,
     /// Registered once per registry, carried over by reloads.
@@ -158,7 +161,9 @@ impl Overload {
                 ..Overload::default()
             };
         };
-        let reuse = previous.filter(|p| p.mode == config.mode && p.shedder.is_some());
+        let reuse = previous.filter(|p| {
+            p.mode == config.mode && p.cpu_trigger == config.cpu_trigger && p.shedder.is_some()
+        });
         let shedder = match reuse.and_then(|p| p.shedder.clone()) {
             Some(s) => s,
             None => Shedder::new(shedder_config)
@@ -169,7 +174,11 @@ impl Overload {
             None => match SamplerHandle::spawn(
                 shedder.clone(),
                 {
-                    let reader = CpuReader::system();
+                    let reader = if config.cpu_trigger {
+                        CpuReader::system()
+                    } else {
+                        CpuReader::off()
+                    };
                     // Which CPU the trigger sees (own cgroup, or the allowed cores' busy
                     // time in /proc/stat in the root cgroup): the first thing to check
                     // when the shedder acts on a CPU reading that looks wrong.
@@ -255,6 +264,7 @@ impl Overload {
             .collect();
         Overload {
             mode: config.mode,
+            cpu_trigger: config.cpu_trigger,
             shedder: Some(shedder),
             sampler,
             metrics,
@@ -518,5 +528,35 @@ mod tests {
         let second = off(&["c", "a"], Some(&first));
         assert_eq!(granted(&second, now, 1), 0, "`a` kept its spent budget");
         assert_eq!(granted(&second, now, 0), 30, "`c` is new");
+    }
+
+    #[test]
+    fn a_reload_that_changes_the_cpu_trigger_starts_a_new_sampler() {
+        let adaptive = |cpu_trigger: bool, previous: Option<&Overload>| {
+            let config = OverloadConfig {
+                mode: OverloadMode::Adaptive,
+                cpu_trigger,
+                ..OverloadConfig::default()
+            };
+            Overload::build(
+                &config,
+                &Router::default(),
+                &[],
+                &[],
+                previous,
+                &Registry::new(),
+            )
+        };
+        let sampler = |o: &Overload| Arc::clone(o.sampler.as_ref().expect("a sampler thread"));
+        let on = adaptive(true, None);
+        let same = adaptive(true, Some(&on));
+        assert!(Arc::ptr_eq(&sampler(&on), &sampler(&same)), "kept");
+        let off = adaptive(false, Some(&same));
+        assert!(!Arc::ptr_eq(&sampler(&same), &sampler(&off)), "a new one");
+        assert!(!off.cpu_trigger);
+        assert!(Arc::ptr_eq(
+            &sampler(&off),
+            &sampler(&adaptive(false, Some(&off)))
+        ));
     }
 }

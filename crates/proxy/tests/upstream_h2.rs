@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use tailguard_proxy::{Config, Server};
 use tailguard_test_support::grpc::{GrpcClient, GrpcUpstream, Msg, frame, unframe};
 use tailguard_test_support::{
-    IssuedCert, TestBody, TestCa, TlsUpstream, Upstream, h2c_client, http1_client,
+    IssuedCert, TestBody, TestCa, TlsUpstream, Upstream, free_port, h2c_client, http1_client,
 };
 use tonic::Code;
 
@@ -420,7 +420,10 @@ fn gauge(server: &Server, name: &str) -> f64 {
 
 #[tokio::test]
 async fn a_connection_the_upstream_closed_is_replaced_and_a_reload_keeps_an_open_one() {
-    let upstream = GrpcUpstream::start().await;
+    // A port that stays free while the upstream is gone (see `free_port`).
+    let upstream = GrpcUpstream::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .await
+        .expect("bind a free port");
     let addr = upstream.addr;
     let config = || h2c_to(addr, "", "");
     let (server, url) = support::start(config());

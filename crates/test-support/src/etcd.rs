@@ -1,5 +1,5 @@
 //! A real etcd (Debian's `etcd-server`, installed by scripts/install-tools) on free
-//! 127.0.0.1 ports with a temporary data dir, for tests of the etcd client and of the
+//! 127.0.0.1 ports (outside the ephemeral range, so they stay free while it is down) with a temporary data dir, for tests of the etcd client and of the
 //! gateway's config from etcd; optionally serving its clients over TLS (certificates from a
 //! test CA), requiring client certificates, or with extra flags (`--auth-token-ttl`).
 //!
@@ -8,7 +8,7 @@
 //! tests always run).
 
 use std::io::{Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -97,14 +97,9 @@ impl Drop for TempDir {
     }
 }
 
-/// A port free when asked (bound to 127.0.0.1:0, then released) for a server that binds it
-/// itself, such as etcd.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
-}
+/// etcd's ports (client, peer, and the other client ports the tests move it to) must stay
+/// free while it is killed, until it is started again on them: see [`crate::ports`].
+pub use crate::ports::free_port;
 
 impl EtcdServer {
     /// Starts etcd and waits until it serves, or returns `None` when it is absent and

@@ -14,7 +14,8 @@
 //!
 //! Clients: [`http1_client`], [`h2c_client`], [`tls_get`], and [`h2_frames`] for HTTP/2 frames
 //! written byte by byte; certificates: [`TestCert`]; a free port named before the gateway
-//! binds it: [`reserve_port`]. [`RecordingUpstream`] records every byte it receives, per
+//! binds it: [`reserve_port`]; a port a server can be stopped on and started again on:
+//! [`free_port`]. [`RecordingUpstream`] records every byte it receives, per
 //! connection, for tests of what may never reach an upstream. [`TlsUpstream`] is an HTTPS
 //! upstream with certificates from a [`TestCa`], counting full and resumed handshakes.
 //! [`SwitchableUpstream`] changes its statuses, stops and comes back while a test runs
@@ -34,10 +35,12 @@ pub mod dns;
 pub mod etcd;
 pub mod grpc;
 pub mod h2_frames;
+pub mod ports;
 mod recording;
 mod switchable;
 mod tls_upstream;
 
+pub use ports::free_port;
 pub use recording::{ConnectionLog, RecordedRequest, RecordingUpstream, parse_request};
 pub use switchable::{HEALTH_PATH, SwitchableUpstream};
 pub use tls_upstream::{AfterResponse, IssuedCert, TestCa, TlsUpstream, TlsUpstreamBuilder};

@@ -16,7 +16,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::{TestBody, full};
+use crate::{TestBody, free_port, full};
 
 /// The path whose answers [`SwitchableUpstream::set_health_status`] sets; every other path
 /// gets [`SwitchableUpstream::set_status`]'s.
@@ -58,11 +58,13 @@ pub struct SwitchableUpstream {
 }
 
 impl SwitchableUpstream {
-    /// Binds 127.0.0.1:0; every path answers 200 until told otherwise.
+    /// Binds a port of 127.0.0.1 that stays free while it is stopped ([`free_port`]: a port
+    /// from `:0` could be taken meanwhile, and [`resume`](Self::resume) would fail); every
+    /// path answers 200 until told otherwise.
     pub async fn start() -> SwitchableUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind(("127.0.0.1", free_port()))
             .await
-            .expect("bind 127.0.0.1:0");
+            .expect("bind a free port of 127.0.0.1");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State {
             status: AtomicU16::new(200),
