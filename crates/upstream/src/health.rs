@@ -663,7 +663,19 @@ mod tests {
     }
 
     /// Runs `f` with this thread's `info` and louder log lines captured as text.
+    ///
+    /// tracing caches per call site whether any subscriber wants it. A call site first hit
+    /// by another test's thread while no subscriber exists is cached as "never", and this
+    /// thread's scoped subscriber then misses its lines (a soak run lost both `INFO` lines
+    /// that way). A global default that wants every call site (a bare registry, which
+    /// prints nothing) keeps the cache at "always", so each event asks the current thread's
+    /// subscriber.
     fn logged(f: impl FnOnce()) -> String {
+        static GLOBAL: std::sync::Once = std::sync::Once::new();
+        GLOBAL.call_once(|| {
+            // Another global default set first would do the same job.
+            let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+        });
         #[derive(Clone)]
         struct Capture(Arc<Mutex<Vec<u8>>>);
         impl std::io::Write for Capture {
