@@ -181,6 +181,22 @@ fn value(gw: &Gateway, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
+/// Waits (at most 10 s) until `series` on `gw` reads `want`. The etcd gauges are set just
+/// after a revision is applied (after its log line and its first answers), so a test reads
+/// them by waiting, never at once (a soak run read the revision gauge a moment early).
+fn wait_gauge(gw: &Gateway, series: &str, want: f64) {
+    let mut last = None;
+    let waited = Instant::now();
+    while waited.elapsed() < Duration::from_secs(10) {
+        last = value(gw, series);
+        if last == Some(want) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("{series} reads {last:?}, not {want}");
+}
+
 /// Waits until `cond` holds, at most `limit`; returns how long it took.
 fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
@@ -347,12 +363,9 @@ fn a_push_changes_routes_on_two_gateways_within_1s_with_no_failed_request() {
             &format!("reloaded etcd:{KEY}@{revision}"),
             Duration::from_secs(5),
         );
-        assert_eq!(
-            value(gw, "tailguard_config_etcd_revision"),
-            Some(revision as f64)
-        );
+        wait_gauge(gw, "tailguard_config_etcd_revision", revision as f64);
         assert_eq!(value(gw, "tailguard_config_etcd_last_apply_ok"), Some(1.0));
-        assert_eq!(value(gw, "tailguard_config_etcd_connected"), Some(1.0));
+        wait_gauge(gw, "tailguard_config_etcd_connected", 1.0);
     }
 }
 
@@ -409,10 +422,7 @@ fn an_invalid_revision_is_refused_by_push_and_rejected_by_both_gateways_which_ke
         for _ in 0..20 {
             assert_eq!(get(gw.addr, "/").0, 200);
         }
-        assert_eq!(
-            value(gw, "tailguard_config_etcd_revision"),
-            Some(good_revision as f64)
-        );
+        wait_gauge(gw, "tailguard_config_etcd_revision", good_revision as f64);
         assert_eq!(value(gw, "tailguard_config_etcd_last_apply_ok"), Some(0.0));
         assert_eq!(
             value(gw, r#"tailguard_config_etcd_errors_total{kind="invalid"}"#),
@@ -457,7 +467,7 @@ fn with_etcd_down_both_gateways_keep_serving_then_apply_a_change_made_meanwhile(
         for _ in 0..20 {
             assert_eq!(get(gw.addr, "/").0, 200, "{}", gw.log());
         }
-        assert_eq!(value(gw, "tailguard_config_etcd_connected"), Some(0.0));
+        wait_gauge(gw, "tailguard_config_etcd_connected", 0.0);
         assert!(
             value(
                 gw,
@@ -487,11 +497,8 @@ fn with_etcd_down_both_gateways_keep_serving_then_apply_a_change_made_meanwhile(
         // The change's own answer: the running config's catch-all route answers /new with
         // 200 too, with the upstream's body.
         assert_eq!(get(gw.addr, "/new").1, "new");
-        assert_eq!(value(gw, "tailguard_config_etcd_connected"), Some(1.0));
-        assert_eq!(
-            value(gw, "tailguard_config_etcd_revision"),
-            Some(change as f64)
-        );
+        wait_gauge(gw, "tailguard_config_etcd_connected", 1.0);
+        wait_gauge(gw, "tailguard_config_etcd_revision", change as f64);
     }
 }
 
@@ -536,10 +543,7 @@ fn a_watch_resumed_at_a_compacted_revision_reads_the_key_afresh() {
         "up",
         "the last revision, not a merge"
     );
-    assert_eq!(
-        value(&gw, "tailguard_config_etcd_revision"),
-        Some(last as f64)
-    );
+    wait_gauge(&gw, "tailguard_config_etcd_revision", last as f64);
 }
 
 #[test]
@@ -873,7 +877,7 @@ fn a_gateway_follows_etcd_killed_and_restarted_on_the_same_port_and_data() {
         Duration::from_secs(10),
     );
     eprintln!("etcd answering to the change served: {took:?}");
-    assert_eq!(value(&gw, "tailguard_config_etcd_connected"), Some(1.0));
+    wait_gauge(&gw, "tailguard_config_etcd_connected", 1.0);
     // It still serves what it served before.
     assert_eq!(get(gw.addr, "/").0, 200);
 }
@@ -1012,7 +1016,7 @@ fn a_gateway_started_while_etcd_is_down_serves_its_cached_revision_then_follows_
     wait_until("the revision in the cache", Duration::from_secs(10), || {
         cached_at(pushed)
     });
-    assert_eq!(value(&gw, "tailguard_config_etcd_cached"), Some(0.0));
+    wait_gauge(&gw, "tailguard_config_etcd_cached", 0.0);
     gw.signal("TERM");
     assert!(gw.wait_exit(Duration::from_secs(15)).success());
 
@@ -1031,12 +1035,9 @@ fn a_gateway_started_while_etcd_is_down_serves_its_cached_revision_then_follows_
     );
     assert_eq!(get(gw.addr, "/v1").1, "v1");
     assert_eq!(get(gw.addr, "/").1, "up");
-    assert_eq!(value(&gw, "tailguard_config_etcd_cached"), Some(1.0));
-    assert_eq!(
-        value(&gw, "tailguard_config_etcd_revision"),
-        Some(pushed as f64)
-    );
-    assert_eq!(value(&gw, "tailguard_config_etcd_connected"), Some(0.0));
+    wait_gauge(&gw, "tailguard_config_etcd_cached", 1.0);
+    wait_gauge(&gw, "tailguard_config_etcd_revision", pushed as f64);
+    wait_gauge(&gw, "tailguard_config_etcd_connected", 0.0);
 
     // etcd back on its port and data: the gateway follows it.
     etcd.restart();
@@ -1057,11 +1058,8 @@ fn a_gateway_started_while_etcd_is_down_serves_its_cached_revision_then_follows_
     wait_until("the next revision served", Duration::from_secs(10), || {
         get(gw.addr, "/v2").1 == "v2"
     });
-    assert_eq!(
-        value(&gw, "tailguard_config_etcd_revision"),
-        Some(next as f64)
-    );
-    assert_eq!(value(&gw, "tailguard_config_etcd_connected"), Some(1.0));
+    wait_gauge(&gw, "tailguard_config_etcd_revision", next as f64);
+    wait_gauge(&gw, "tailguard_config_etcd_connected", 1.0);
     wait_until(
         "the next revision in the cache",
         Duration::from_secs(10),
