@@ -55,6 +55,7 @@ mod error;
 mod layer;
 mod limit;
 mod metrics;
+mod padded;
 mod retry;
 mod sampler;
 mod shedder;

@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::class::{Class, Rejected};
+use crate::padded::Padded;
 
 /// Tuning of an [`UpstreamLimit`].
 #[derive(Debug, Clone, PartialEq)]
@@ -139,12 +140,6 @@ impl LimitConfig {
         Ok(())
     }
 }
-
-/// Keeps the request path's atomics off the lines the tick writes (128 B: adjacent-line
-/// prefetch pairs lines).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Padded<T>(T);
 
 /// Log-linear histogram of response times in µs: 8 sub-buckets per power of two (≤ 12.5 %
 /// wide), exact under 8 µs, 2^28 µs (4.5 min) and over in the last bucket. One relaxed add

@@ -7,7 +7,6 @@
 //! bench `shedder/admit_complete` shows the cost (tens of ns).
 
 use std::collections::VecDeque;
-use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +15,7 @@ use super::config::{Mode, ShedderConfig};
 use crate::Error;
 use crate::class::{Class, Rejected};
 use crate::clock::as_nanos;
+use crate::padded::Padded;
 
 /// How a request admitted by a [`Permit`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,18 +26,6 @@ pub enum Outcome {
     Failed,
     /// The client went away: no pass, no RT sample.
     Cancelled,
-}
-
-/// Keeps a hot atomic on its own cache line (128 B: adjacent-line prefetch pairs lines).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-pub(super) struct Padded<T>(T);
-
-impl<T> Deref for Padded<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
 }
 
 /// The in-flight count and, on the same cache line (the admission writes it anyway), the
