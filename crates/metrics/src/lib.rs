@@ -87,7 +87,7 @@ pub use exporter::{Exporter, ExporterConfig, Priority};
 pub use family::{Desc, Family, LATENCY_BUCKETS, OVERFLOW_LABEL_VALUE};
 pub use layer::{
     InFlight, RequestMetrics, RequestMetricsLayer, RequestMetricsService, ResponseFuture,
-    RouteMetrics, StatusCounters,
+    RouteMetrics, RouteOf, StatusCounters, UNMATCHED_ROUTE,
 };
 pub use metric::{Counter, FloatCounter, FloatGauge, Gauge, Histogram, Metric};
 pub use negotiate::{accepts_gzip, negotiate_format, scrape_budget};
