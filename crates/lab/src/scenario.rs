@@ -362,7 +362,7 @@ impl Scenario {
                 .map_err(|why| err(format!("stream `{}`: {why}", st.name)))?;
         }
         for c in &s.conditions {
-            if (c.target == TargetKind::Command) != !c.command.is_empty() {
+            if (c.target == TargetKind::Command) == c.command.is_empty() {
                 return Err(err(format!(
                     "condition `{}`: `command` goes with `target = \"command\"`, and that target needs one",
                     c.name

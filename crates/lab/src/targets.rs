@@ -390,6 +390,7 @@ mod tests {
             url: "http://A".into(),
             url_b: Some("http://B".into()),
             metrics: None,
+            cpu_pid: None,
             _guard: None,
         };
         assert_eq!(target.url_for("/a"), "http://A/a");
