@@ -53,6 +53,7 @@ fn every_shipped_scenario_parses() {
         names,
         [
             "axum-scrape",
+            "axum-scrape-1m",
             "log",
             "nginx",
             "scrape",
