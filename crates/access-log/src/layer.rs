@@ -26,12 +26,17 @@ use crate::{AccessLog, Record};
 /// `into_make_service_with_connect_info::<SocketAddr>()`:
 ///
 /// ```
-/// # use std::net::{IpAddr, SocketAddr};
-/// # struct ConnectInfo<T>(T); // axum::extract::ConnectInfo
+/// use std::net::{IpAddr, SocketAddr};
+/// use axum::extract::ConnectInfo;
+///
 /// fn remote_addr(extensions: &http::Extensions) -> Option<IpAddr> {
 ///     extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())
 /// }
-/// # let _: tailguard_access_log::RemoteAddrOf = remote_addr;
+///
+/// let of: tailguard_access_log::RemoteAddrOf = remote_addr;
+/// let mut extensions = http::Extensions::new();
+/// extensions.insert(ConnectInfo(SocketAddr::from(([192, 0, 2, 7], 50000))));
+/// assert_eq!(of(&extensions), Some(IpAddr::from([192, 0, 2, 7])));
 /// ```
 pub type RemoteAddrOf = fn(&Extensions) -> Option<IpAddr>;
 

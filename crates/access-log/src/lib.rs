@@ -44,6 +44,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// The README's example compiles (it serves forever, so it is not run).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod buffer;
 mod config;
 mod error;

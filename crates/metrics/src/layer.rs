@@ -68,13 +68,23 @@ static STATUS_INDEX: [u8; 600] = {
 pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Reads a request's route label from its extensions: a route name or pattern, never the
-/// raw path (it is a label value, and the paths a client sends are unbounded). For axum:
+/// raw path (it is a label value, and the paths a client sends are unbounded). For axum,
+/// the matched path (the router inserts it before the layers of [`Router::layer`] and
+/// `route_layer` run; [`RequestMetrics::layer`] shows the whole use):
 ///
-/// ```ignore
-/// fn matched_path(extensions: &http::Extensions) -> Option<&str> {
-///     extensions.get::<axum::extract::MatchedPath>().map(|path| path.as_str())
-/// }
 /// ```
+/// use axum::extract::MatchedPath;
+///
+/// fn matched_path(extensions: &http::Extensions) -> Option<&str> {
+///     extensions.get::<MatchedPath>().map(MatchedPath::as_str)
+/// }
+///
+/// let route_of: tailguard_metrics::RouteOf = matched_path;
+/// // Outside a router nothing matched: the layer records `route="unmatched"`.
+/// assert_eq!(route_of(&http::Extensions::new()), None);
+/// ```
+///
+/// [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
 pub type RouteOf = for<'a> fn(&'a Extensions) -> Option<&'a str>;
 
 /// nginx's code for "the client closed the connection before the response": recorded for a
