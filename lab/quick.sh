@@ -4,7 +4,8 @@
 # gateway feature has not landed are skipped with a message, not failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build -p tailguard
+# The axum apps of the axum-scrape scenario are found beside the tailguard binary.
+cargo build -p tailguard -p tailguard-axum-bench
 exe=target/debug/tailguard
 out=target/lab/quick
 rm -rf "$out"

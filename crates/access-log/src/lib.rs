@@ -14,6 +14,8 @@
 //! - [`Writer`]: the control handle: [`Writer::reopener`], [`Writer::flush`],
 //!   [`Writer::stats`], [`Writer::shutdown`].
 //! - [`Format`]: nginx `combined`, JSON lines, or a template of nginx variables.
+//! - [`AccessLogLayer`]: a tower layer logging each request of any hyper/axum service when
+//!   its response body ends.
 //!
 //! ```
 //! use std::time::{Duration, UNIX_EPOCH};
@@ -42,11 +44,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// The README's example compiles (it serves forever, so it is not run).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod buffer;
 mod config;
 mod error;
 mod escape;
 mod format;
+mod layer;
 mod record;
 mod stats;
 mod time;
@@ -64,6 +72,7 @@ pub use config::{
 };
 pub use error::Error;
 pub use format::{COMBINED, Format, VARIABLES};
+pub use layer::{AccessLogFuture, AccessLogLayer, AccessLogService, LoggedBody, RemoteAddrOf};
 pub use record::{Record, UpstreamTry};
 pub use stats::{LogMetrics, Metrics, Stats};
 

@@ -3,6 +3,7 @@
 // Test helpers outside `#[test]` functions panic on purpose: that is the failure report.
 #![allow(clippy::unwrap_used)]
 
+mod axum_app;
 mod formats;
 mod support;
 mod writer;

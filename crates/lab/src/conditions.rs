@@ -11,7 +11,7 @@ use tailguard_loadgen::scrape::{ScrapeConfig, WatchConfig};
 use crate::context::Ctx;
 use crate::health::{Health, probe_health};
 use crate::plan::StreamPlan;
-use crate::procs::{pinned_command, which};
+use crate::procs::{pinned_command, process_cpu, which};
 use crate::scenario::{Condition, TargetKind};
 
 /// A stream's load and the path it goes to on the condition's target.
@@ -89,16 +89,60 @@ impl Ctx<'_> {
             })
             .flatten();
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let (reports, health) = std::thread::scope(|scope| {
+        let warmup = configs.first().map(|c| c.warmup).unwrap_or_default();
+        let (reports, health, cpu) = std::thread::scope(|scope| {
             let stop = &stop;
             let prober = probe_addr.map(|addr| scope.spawn(move || probe_health(addr, stop)));
+            // The target's CPU when the measured window opens (after the warmup) ...
+            let cpu_start = target.cpu_pid.map(|pid| {
+                scope.spawn(move || {
+                    std::thread::sleep(warmup);
+                    process_cpu(pid)
+                })
+            });
             let reports = tailguard_loadgen::load::run_streams(&configs);
+            // ... and when it closes.
+            let cpu_end = target.cpu_pid.and_then(process_cpu);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            (reports, prober.and_then(|p| p.join().ok()))
+            let cpu_start = cpu_start.and_then(|t| t.join().ok().flatten());
+            let cpu = cpu_start.zip(cpu_end).map(|(a, b)| b.saturating_sub(a));
+            (reports, prober.and_then(|p| p.join().ok()), cpu)
         });
         let reports = reports.map_err(|e| format!("load failed: {e}"))?;
+        if let Some(cpu) = cpu {
+            self.report_cpu(cond, configs.first().map_or(0, |c| c.seed), cpu, &reports);
+        }
         drop(target);
         Ok((reports, health))
+    }
+
+    /// Prints a command target's CPU per request over the measured window and appends it to
+    /// `cpu.tsv` (condition, seed, CPU seconds, requests, microseconds per request).
+    fn report_cpu(&self, cond: &Condition, seed: u64, cpu: Duration, reports: &[Report]) {
+        let requests: u64 = reports.iter().map(|r| r.completed).sum();
+        let per_request_us = cpu.as_secs_f64() * 1e6 / requests.max(1) as f64;
+        println!(
+            "    target cpu: {per_request_us:.2} us/request (utime+stime {:.3} s over {requests} requests)",
+            cpu.as_secs_f64()
+        );
+        let path = self.opts.out.join("cpu.tsv");
+        let header = !path.exists();
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            use std::io::Write as _;
+            if header {
+                let _ = writeln!(f, "condition\tseed\tcpu_s\trequests\tus_per_request");
+            }
+            let _ = writeln!(
+                f,
+                "{}\t{seed}\t{:.6}\t{requests}\t{per_request_us:.3}",
+                cond.name,
+                cpu.as_secs_f64()
+            );
+        }
     }
 
     /// wrk's closed-loop maximum through the condition's target, when wrk is installed.

@@ -285,3 +285,18 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
 pub fn to_file(file: &std::path::Path) -> Result<Stdio, LabError> {
     Ok(Stdio::from(std::fs::File::create(file)?))
 }
+
+/// A process's CPU time so far (utime + stime from `/proc/PID/stat`, all its threads), as
+/// `lab/compare-builds.sh` reads it; `None` when it cannot be read.
+pub fn process_cpu(pid: u32) -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its `)` are fixed.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let per_second = rustix::param::clock_ticks_per_second();
+    Some(std::time::Duration::from_nanos(
+        ticks.saturating_mul(1_000_000_000) / per_second.max(1),
+    ))
+}

@@ -179,7 +179,13 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         for (name, path, probe_rate) in probes {
             let probe = Condition {
                 name: "capacity probe".into(),
-                target: TargetKind::Gateway,
+                target: if cap.command.is_empty() {
+                    TargetKind::Gateway
+                } else {
+                    TargetKind::Command
+                },
+                command: cap.command.clone(),
+                metrics_url: None,
                 gateway: cap.gateway.clone(),
                 scrape_every: None,
                 rate_factor: None,

@@ -228,6 +228,9 @@ pub struct CapacitySpec {
     /// of timing out in the target (timeouts would make the target waste work and read low).
     #[serde(default = "probe_connections")]
     pub connections: usize,
+    /// Probe this command (as a condition's `command`) instead of the gateway.
+    #[serde(default)]
+    pub command: Vec<String>,
 }
 
 fn probe_connections() -> usize {
@@ -245,6 +248,9 @@ pub enum TargetKind {
     Upstream,
     /// nginx as a reverse proxy in front of the upstream.
     Nginx,
+    /// Any server given as a command (the condition's `command`), e.g. an axum app built
+    /// beside the gateway: it serves the load itself, no upstream behind it.
+    Command,
 }
 
 /// One column of the field report's table.
@@ -277,6 +283,16 @@ pub struct Condition {
     /// Also measure the maximum rate with wrk (closed loop), when wrk is installed.
     #[serde(default)]
     pub max_rate: bool,
+    /// With `target = "command"`: the program and its arguments, `{listen}` replaced by the
+    /// address it must serve on, `{metrics}` by a second free address, `{out}` by the
+    /// output directory, `{exe_dir}` by the directory of the running `tailguard` binary
+    /// (`target/release` or `target/debug`: a workspace binary built beside it). It is pinned like the gateway and ready when it answers on
+    /// `{listen}`; its CPU per request (utime + stime over the measured window) is printed.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// With `target = "command"`: the URL its metrics are scraped at (same placeholders),
+    /// e.g. `http://{listen}/metrics`.
+    pub metrics_url: Option<String>,
 }
 
 fn one() -> usize {
@@ -346,6 +362,18 @@ impl Scenario {
                 .map_err(|why| err(format!("stream `{}`: {why}", st.name)))?;
         }
         for c in &s.conditions {
+            if (c.target == TargetKind::Command) == c.command.is_empty() {
+                return Err(err(format!(
+                    "condition `{}`: `command` goes with `target = \"command\"`, and that target needs one",
+                    c.name
+                )));
+            }
+            if c.metrics_url.is_some() && c.target != TargetKind::Command {
+                return Err(err(format!(
+                    "condition `{}`: `metrics_url` is for `target = \"command\"` only",
+                    c.name
+                )));
+            }
             if c.rate_factor.is_some() && s.capacity.is_none() {
                 return Err(err(format!(
                     "condition `{}` has rate_factor but the scenario has no [capacity] section",
@@ -543,6 +571,7 @@ impl Scenario {
             }
             if let Some(max) = q.max_series {
                 cap_series(&mut c.gateway, max);
+                cap_series(&mut c.command, max);
             }
             if c.rate.is_some()
                 && let Some(r) = q.rate

@@ -20,6 +20,8 @@ pub(crate) struct Target {
     /// Where paths under `/b` go when that is not `url` (the second upstream, direct).
     pub(crate) url_b: Option<String>,
     pub(crate) metrics: Option<String>,
+    /// The process whose CPU per request is measured (a command target).
+    pub(crate) cpu_pid: Option<u32>,
     pub(crate) _guard: Option<ChildGuard>,
 }
 
@@ -85,10 +87,12 @@ impl Ctx<'_> {
                 url: format!("http://{}", self.upstream_addr),
                 url_b: self.upstream_b_addr.as_ref().map(|b| format!("http://{b}")),
                 metrics: None,
+                cpu_pid: None,
                 _guard: None,
             }),
             TargetKind::Gateway => self.start_gateway(cond),
             TargetKind::Nginx => self.start_nginx(cond),
+            TargetKind::Command => self.start_command(cond),
         }
     }
 
@@ -175,6 +179,7 @@ impl Ctx<'_> {
             url: format!("http://{listen}"),
             url_b: None,
             metrics: Some(format!("http://{metrics}/metrics")),
+            cpu_pid: None,
             _guard: Some(guard),
         })
     }
@@ -224,6 +229,62 @@ impl Ctx<'_> {
             url: format!("http://{listen}"),
             url_b: None,
             metrics: None,
+            cpu_pid: None,
+            _guard: Some(guard),
+        })
+    }
+
+    /// A condition's own server: `cond.command` with its placeholders filled, pinned like the
+    /// gateway, ready when it answers on `{listen}`.
+    fn start_command(&self, cond: &Condition) -> Result<Target, String> {
+        let listen = free_addr().map_err(|e| e.to_string())?;
+        let metrics = free_addr().map_err(|e| e.to_string())?;
+        let out = self.opts.out.display().to_string();
+        let exe_dir = self
+            .opts
+            .exe
+            .parent()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|| ".".into());
+        let fill = |a: &str| {
+            a.replace("{exe_dir}", &exe_dir)
+                .replace("{listen}", &listen.to_string())
+                .replace("{metrics}", &metrics.to_string())
+                .replace("{out}", &out)
+        };
+        let argv: Vec<String> = cond.command.iter().map(|a| fill(a)).collect();
+        let Some((program, args)) = argv.split_first() else {
+            return Err(format!("condition `{}` has no command", cond.name));
+        };
+        let program = PathBuf::from(program);
+        if program.components().count() > 1 && !program.is_file() {
+            return Err(format!(
+                "{} is not built (condition `{}`)",
+                program.display(),
+                cond.name
+            ));
+        }
+        let stem = slug(&cond.name);
+        let log = self.opts.out.join(format!("{stem}.command.log"));
+        let _ = std::fs::write(
+            self.opts.out.join(format!("{stem}.command.cmd")),
+            format!("{}\n", argv.join(" ")),
+        );
+        let (mut cmd, _) = pinned_command(&program, &self.gateway_cpus, self.opts.nice);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(
+                to_file(&self.opts.out.join(format!("{stem}.command.out")))
+                    .map_err(|e| e.to_string())?,
+            )
+            .stderr(to_file(&log).map_err(|e| e.to_string())?);
+        let mut guard = ChildGuard::spawn("command", &mut cmd).map_err(|e| e.to_string())?;
+        wait_ready(&mut guard, listen, &log)?;
+        Ok(Target {
+            url: format!("http://{listen}"),
+            url_b: None,
+            metrics: cond.metrics_url.as_deref().map(fill),
+            cpu_pid: Some(guard.id()),
             _guard: Some(guard),
         })
     }
@@ -329,6 +390,7 @@ mod tests {
             url: "http://A".into(),
             url_b: Some("http://B".into()),
             metrics: None,
+            cpu_pid: None,
             _guard: None,
         };
         assert_eq!(target.url_for("/a"), "http://A/a");

@@ -52,6 +52,8 @@ fn every_shipped_scenario_parses() {
     assert_eq!(
         names,
         [
+            "axum-scrape",
+            "axum-scrape-1m",
             "log",
             "nginx",
             "scrape",
@@ -243,4 +245,28 @@ fn quick_may_keep_only_some_conditions_and_names_them_right() {
     assert_eq!(s.conditions[0].name, "second");
     let e = err_of(&two.replace("conditions = [\"second\"]", "conditions = [\"third\"]"));
     assert!(e.contains("`third`"), "{e}");
+}
+
+#[test]
+fn a_command_condition_needs_its_command_and_only_it_takes_one() {
+    let base = |condition: &str| {
+        format!(
+            "name = \"t\"\ndescription = \"d\"\n[load]\nrate = 10\nduration = \"1s\"\nconnections = 1\n\n[[condition]]\nname = \"c\"\n{condition}\n"
+        )
+    };
+    assert!(
+        err_of(&base("target = \"command\""))
+            .contains("`command` goes with `target = \"command\"`")
+    );
+    assert!(err_of(&base("command = [\"x\"]")).contains("`command` goes with"));
+    assert!(
+        err_of(&base("metrics_url = \"http://x/\"\ntarget = \"upstream\""))
+            .contains("`metrics_url` is for")
+    );
+    let ok = Scenario::parse(
+        &base("target = \"command\"\ncommand = [\"{exe_dir}/app\", \"--listen\", \"{listen}\"]\nmetrics_url = \"http://{listen}/metrics\""),
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    assert_eq!(ok.conditions[0].command[2], "{listen}");
 }

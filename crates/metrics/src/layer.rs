@@ -6,15 +6,26 @@
 //! the method and the status, and four relaxed atomic adds on the thread's own shard. No
 //! lock, no hash, no allocation, and no reference count touched (the route's metrics are
 //! `'static`, so the response future holds a plain reference).
+//!
+//! Two ways to name the route:
+//! - [`RouteMetrics::layer`]: a layer fixed to one route, for a service that knows it.
+//! - [`RequestMetrics::layer`]: one layer for a whole router, reading each request's route
+//!   from its extensions through a [`RouteOf`] function, e.g. axum's `MatchedPath`, so
+//!   `/users/{id}` is one series whatever the id. The crate names no framework: the function
+//!   is the bridge. axum applies a router's layer to each route's service separately, so
+//!   each wrapped service remembers the route it resolved first behind an `Arc` (axum clones
+//!   a route's service for every request: state kept in the clone itself would be lost, and
+//!   every request would take the registry's lock). A request then costs the function's
+//!   extension lookup and one string comparison more than a fixed layer.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::{Method, Request, Response};
+use http::{Extensions, Method, Request, Response};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -50,6 +61,31 @@ static STATUS_INDEX: [u8; 600] = {
     }
     table
 };
+
+/// Route label of a request whose [`RouteOf`] found no route (axum's fallback, a 404): one
+/// series for all of them, never the raw path. A matched path always starts with `/`, so
+/// this cannot collide with one.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Reads a request's route label from its extensions: a route name or pattern, never the
+/// raw path (it is a label value, and the paths a client sends are unbounded). For axum,
+/// the matched path (the router inserts it before the layers of [`Router::layer`] and
+/// `route_layer` run; [`RequestMetrics::layer`] shows the whole use):
+///
+/// ```
+/// use axum::extract::MatchedPath;
+///
+/// fn matched_path(extensions: &http::Extensions) -> Option<&str> {
+///     extensions.get::<MatchedPath>().map(MatchedPath::as_str)
+/// }
+///
+/// let route_of: tailguard_metrics::RouteOf = matched_path;
+/// // Outside a router nothing matched: the layer records `route="unmatched"`.
+/// assert_eq!(route_of(&http::Extensions::new()), None);
+/// ```
+///
+/// [`Router::layer`]: https://docs.rs/axum/0.8/axum/struct.Router.html#method.layer
+pub type RouteOf = for<'a> fn(&'a Extensions) -> Option<&'a str>;
 
 /// nginx's code for "the client closed the connection before the response": recorded for a
 /// request whose future was dropped before it completed.
@@ -108,6 +144,45 @@ impl RequestMetrics {
         })
     }
 
+    /// One layer for a whole router: each request is recorded under the route `route_of`
+    /// reads from its extensions ([`UNMATCHED_ROUTE`] when it reads none).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tailguard_metrics::{Format, Registry, RequestMetrics};
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    ///
+    /// /// What the router put in the request: here a `&'static str`, in axum `MatchedPath`.
+    /// fn route_of(extensions: &http::Extensions) -> Option<&str> {
+    ///     extensions.get::<&'static str>().copied()
+    /// }
+    ///
+    /// let registry = Registry::builder().self_metrics_prefix(None).build()?;
+    /// let metrics = Arc::new(RequestMetrics::register(&registry, "app")?);
+    /// let mut service = metrics.layer(route_of).layer(service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// }));
+    /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+    /// for id in 1..=3 {
+    ///     let mut request = http::Request::get(format!("/users/{id}")).body(())?;
+    ///     request.extensions_mut().insert("/users/{id}");
+    ///     service.ready().await?.call(request).await?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// let text = String::from_utf8(registry.render(Format::Text))?;
+    /// assert!(text.contains("app_requests_total{route=\"/users/{id}\",method=\"GET\",status=\"200\"} 3\n"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn layer(self: &Arc<Self>, route_of: RouteOf) -> RequestMetricsLayer {
+        RequestMetricsLayer {
+            route: LayerRoute::Matched {
+                metrics: Arc::clone(self),
+                route_of,
+            },
+        }
+    }
+
     /// The metrics of `route` (a route name or pattern, never a raw path: it is a label
     /// value). Resolved once and kept for the life of the process, so asking again for
     /// the same route (e.g. after a config reload) returns the same object.
@@ -138,7 +213,14 @@ pub struct RouteMetrics {
 impl RouteMetrics {
     /// A layer recording this route's metrics around a service.
     pub fn layer(&'static self) -> RequestMetricsLayer {
-        RequestMetricsLayer { route: self }
+        RequestMetricsLayer {
+            route: LayerRoute::Fixed(self),
+        }
+    }
+
+    /// The route label these metrics carry.
+    pub fn name(&self) -> &str {
+        &self.requests.route
     }
 
     /// Starts timing one request: counts it in flight until the returned guard is finished
@@ -263,20 +345,37 @@ impl Drop for InFlight {
     }
 }
 
-/// Tower layer recording one route's request metrics.
-#[derive(Debug, Clone, Copy)]
+/// Tower layer recording request metrics: of one route ([`RouteMetrics::layer`]) or of the
+/// route each request names ([`RequestMetrics::layer`]).
+#[derive(Debug, Clone)]
 pub struct RequestMetricsLayer {
-    route: &'static RouteMetrics,
+    route: LayerRoute,
+}
+
+#[derive(Debug, Clone)]
+enum LayerRoute {
+    Fixed(&'static RouteMetrics),
+    Matched {
+        metrics: Arc<RequestMetrics>,
+        route_of: RouteOf,
+    },
 }
 
 impl<S> Layer<S> for RequestMetricsLayer {
     type Service = RequestMetricsService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RequestMetricsService {
-            inner,
-            route: self.route,
-        }
+        let route = match &self.route {
+            LayerRoute::Fixed(route) => ServiceRoute::Fixed(route),
+            // One memory per wrapped service, shared by its clones: axum wraps each route
+            // separately and clones the wrapped service per request.
+            LayerRoute::Matched { metrics, route_of } => ServiceRoute::Matched(Arc::new(Matched {
+                metrics: Arc::clone(metrics),
+                route_of: *route_of,
+                first: OnceLock::new(),
+            })),
+        };
+        RequestMetricsService { inner, route }
     }
 }
 
@@ -284,7 +383,37 @@ impl<S> Layer<S> for RequestMetricsLayer {
 #[derive(Debug, Clone)]
 pub struct RequestMetricsService<S> {
     inner: S,
-    route: &'static RouteMetrics,
+    route: ServiceRoute,
+}
+
+#[derive(Debug, Clone)]
+enum ServiceRoute {
+    Fixed(&'static RouteMetrics),
+    Matched(Arc<Matched>),
+}
+
+#[derive(Debug)]
+struct Matched {
+    metrics: Arc<RequestMetrics>,
+    route_of: RouteOf,
+    /// The route this service resolved first: in axum, the only one it ever sees.
+    first: OnceLock<&'static RouteMetrics>,
+}
+
+impl Matched {
+    fn resolve(&self, extensions: &Extensions) -> Option<&'static RouteMetrics> {
+        let name = (self.route_of)(extensions).unwrap_or(UNMATCHED_ROUTE);
+        if let Some(first) = self.first.get()
+            && first.name() == name
+        {
+            return Some(first);
+        }
+        // Cold: the registry's lock and a hash, once per wrapped service in axum (more only
+        // if one service serves several routes, e.g. a nested service).
+        let route = self.metrics.route(name).ok()?;
+        let _ = self.first.set(route);
+        Some(route)
+    }
 }
 
 impl<S, B, RB> Service<Request<B>> for RequestMetricsService<S>
@@ -300,10 +429,14 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let in_flight = self.route.start(req.method());
+        let route = match &self.route {
+            ServiceRoute::Fixed(route) => Some(*route),
+            ServiceRoute::Matched(matched) => matched.resolve(req.extensions()),
+        };
+        let in_flight = route.map(|route| route.start(req.method()));
         ResponseFuture {
             inner: self.inner.call(req),
-            in_flight: Some(in_flight),
+            in_flight,
         }
     }
 }

@@ -18,8 +18,11 @@
 //!   `127.0.0.1:9091/metrics`): text 0.0.4 or OpenMetrics 1.0.0 by `Accept`, gzip by
 //!   `Accept-Encoding`, streamed in bounded pieces, concurrent scrapes coalesced, each scrape
 //!   bounded by `X-Prometheus-Scrape-Timeout-Seconds`.
-//! - [`RequestMetrics`] is a tower layer giving any hyper/axum service per-route request
-//!   metrics; [`register_process_metrics`] adds `process_*` from `/proc`.
+//! - [`RequestMetrics`] gives any hyper/axum service per-route request metrics as a tower
+//!   layer: [`RequestMetrics::layer`] for a whole router, naming each request's route from
+//!   its extensions (axum's `MatchedPath`, see `examples/axum.rs`), or
+//!   [`RouteMetrics::layer`] fixed to one route. [`register_process_metrics`] adds
+//!   `process_*` from `/proc`.
 //!
 //! # Why this is hand-written
 //!
@@ -67,6 +70,11 @@
 //! # Ok::<(), tailguard_metrics::MetricsError>(())
 //! ```
 
+// The README's example compiles (it serves forever, so it is not run).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod chunk;
 mod config;
 mod error;
@@ -87,7 +95,7 @@ pub use exporter::{Exporter, ExporterConfig, Priority};
 pub use family::{Desc, Family, LATENCY_BUCKETS, OVERFLOW_LABEL_VALUE};
 pub use layer::{
     InFlight, RequestMetrics, RequestMetricsLayer, RequestMetricsService, ResponseFuture,
-    RouteMetrics, StatusCounters,
+    RouteMetrics, RouteOf, StatusCounters, UNMATCHED_ROUTE,
 };
 pub use metric::{Counter, FloatCounter, FloatGauge, Gauge, Histogram, Metric};
 pub use negotiate::{accepts_gzip, negotiate_format, scrape_budget};

@@ -6,6 +6,7 @@
 // covers the test functions themselves).
 #![allow(clippy::unwrap_used)]
 
+mod axum_app;
 mod cardinality;
 mod concurrency;
 mod exporter;

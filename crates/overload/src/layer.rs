@@ -153,6 +153,51 @@ impl ShedderLayer<NoopShedder> {
     }
 }
 
+impl<S: Shed> ShedderLayer<S> {
+    /// Sheds with any [`Shed`] policy on the real clock, class [`Class::Normal`]. The policy
+    /// is cloned into the service of every route the layer wraps, and axum clones a route's
+    /// service again for every request: its state must live behind an `Arc` the clones
+    /// share (as `Arc<Controller>`'s does), or each request sees a fresh copy.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::time::Duration;
+    /// use tailguard_overload::{Class, Outcome, Rejected, Shed, ShedderLayer};
+    ///
+    /// /// At most `max` requests in flight; the count is shared by every clone.
+    /// #[derive(Clone)]
+    /// struct AtMost { in_flight: Arc<AtomicUsize>, max: usize }
+    ///
+    /// impl Shed for AtMost {
+    ///     type Permit = ();
+    ///     fn admit(&self, _: Duration, class: Class) -> Result<(), Rejected> {
+    ///         if self.in_flight.fetch_add(1, Ordering::Relaxed) < self.max {
+    ///             return Ok(());
+    ///         }
+    ///         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    ///         Err(Rejected { class, severe: false })
+    ///     }
+    ///     fn complete(&self, _: (), _: Duration, _: Outcome) {
+    ///         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    ///     }
+    /// }
+    ///
+    /// let policy = AtMost { in_flight: Arc::default(), max: 1 };
+    /// let _layer = ShedderLayer::with_policy(policy.clone());
+    /// let first = policy.clone().admit(Duration::ZERO, Class::Normal);
+    /// assert!(first.is_ok());
+    /// assert!(policy.admit(Duration::ZERO, Class::Normal).is_err()); // the clone saw it
+    /// ```
+    pub fn with_policy(shed: S) -> Self {
+        Self {
+            shed,
+            clock: MonotonicClock,
+            class: Class::Normal,
+        }
+    }
+}
+
 impl<S, C> ShedderLayer<S, C> {
     /// Default class of requests through this layer.
     pub fn class(mut self, class: Class) -> Self {

@@ -45,6 +45,11 @@
 //! drop(held);
 //! ```
 
+// The README's example compiles (it serves forever, so it is not run).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod balance;
 mod breaker;
 mod class;

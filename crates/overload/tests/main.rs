@@ -3,6 +3,7 @@
 // Test helpers outside #[test] functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod axum_app;
 mod balance;
 mod breaker;
 mod cgroup;

@@ -1,0 +1,1 @@
+/work/wt/libs/target/release/tailguard-axum-bench --listen 127.0.0.1:34571 --middleware none
