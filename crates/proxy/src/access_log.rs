@@ -263,5 +263,8 @@ pub(crate) fn log<B>(
         error: r.error,
         headers: None,
         grpc_status: r.grpc_status,
+        // Filled in once the record carries the request's trace (tailguard-trace).
+        trace_id: None,
+        span_id: None,
     });
 }
