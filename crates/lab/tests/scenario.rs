@@ -60,7 +60,8 @@ fn every_shipped_scenario_parses() {
             "shed",
             "shed-remote",
             "shed-remote-io",
-            "shed-two-upstreams"
+            "shed-two-upstreams",
+            "trace"
         ]
     );
 }
@@ -243,4 +244,29 @@ fn quick_may_keep_only_some_conditions_and_names_them_right() {
     assert_eq!(s.conditions[0].name, "second");
     let e = err_of(&two.replace("conditions = [\"second\"]", "conditions = [\"third\"]"));
     assert!(e.contains("`third`"), "{e}");
+}
+
+#[test]
+fn a_condition_config_that_names_the_collector_needs_one() {
+    let with = |collector: &str| {
+        format!(
+            "{GOOD}{collector}\n[[condition]]\nname = \"traced\"\n\
+             config = \"[tracing]\\nendpoint = \\\"{{otlp_http}}\\\"\"\n"
+        )
+    };
+    let e = err_of(&with(""));
+    assert!(
+        e.contains("condition `traced`") && e.contains("[collector]"),
+        "{e}"
+    );
+    let s = Scenario::parse(&with("[collector]"), Path::new("t.toml")).unwrap();
+    assert!(s.collector.is_some());
+    assert!(
+        s.conditions[1]
+            .config
+            .as_deref()
+            .is_some_and(|c| c.contains("endpoint = \"{otlp_http}\"")),
+        "{:?}",
+        s.conditions[1].config
+    );
 }
