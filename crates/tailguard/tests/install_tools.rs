@@ -343,7 +343,10 @@ fn install_tools_keeps_a_jaeger_built_from_the_same_version() {
     assert!(out.status.success(), "{}", text(&out));
     let calls = sandbox.calls();
     assert!(calls.contains("go version -m "), "{calls}");
-    assert!(!calls.contains("go get"), "a current jaeger is not rebuilt:\n{calls}");
+    assert!(
+        !calls.contains("go get"),
+        "a current jaeger is not rebuilt:\n{calls}"
+    );
     assert!(!calls.contains("go build"), "{calls}");
 
     // One built from another version is rebuilt.
