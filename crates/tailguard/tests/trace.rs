@@ -327,8 +327,15 @@ async fn a_retried_request_is_one_server_span_with_a_client_span_per_try_under_i
         assert_eq!(tag(client, "server.port"), upstream.addr.port().to_string());
     }
     assert_eq!(tag(clients[0], "http.response.status_code"), "503");
+    assert_eq!(tag(clients[0], "tailguard.try"), "1");
+    assert!(clients[0].tags.get("tailguard.retry_reason").is_none());
+    assert_eq!(tag(clients[0], "error.type"), "503");
     assert_eq!(tag(clients[1], "http.response.status_code"), "200");
-    assert_eq!(tag(clients[1], "http.request.resend_count"), "1");
+    assert_eq!(tag(clients[1], "tailguard.try"), "2");
+    assert_eq!(tag(clients[1], "tailguard.retry_reason"), "503");
+    assert_eq!(server.name, "GET all");
+    assert_eq!(tag(server, "tailguard.tries"), "2");
+    assert_eq!(tag(server, "tailguard.outcome"), "forwarded");
 
     // Each try's traceparent names that try's client span, same trace, still sampled; the
     // caller's tracestate goes along.
