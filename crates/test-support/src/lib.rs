@@ -35,6 +35,7 @@ pub mod dns;
 pub mod etcd;
 pub mod grpc;
 pub mod h2_frames;
+pub mod otlp;
 pub mod ports;
 mod recording;
 mod switchable;
