@@ -37,6 +37,7 @@ pub mod etcd;
 pub mod grpc;
 pub mod h2_frames;
 pub mod jaeger;
+pub mod otlp;
 pub mod ports;
 mod recording;
 mod switchable;

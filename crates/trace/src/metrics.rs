@@ -130,6 +130,16 @@ impl TraceMetrics {
         self.dropped[reason as usize].get()
     }
 
+    /// Spans recorded and not yet exported or dropped.
+    pub fn queued(&self) -> i64 {
+        self.queue.get()
+    }
+
+    /// Malformed incoming `header`s counted so far.
+    pub fn context_invalid_total(&self, header: ContextHeader) -> u64 {
+        self.invalid[header as usize].get()
+    }
+
     /// Spans exported so far.
     pub fn exported_total(&self) -> u64 {
         self.exported.get()
