@@ -590,3 +590,80 @@ async fn a_collector_that_answers_503_costs_the_requests_nothing() {
 async fn a_collector_that_stalls_costs_the_requests_nothing() {
     requests_are_unaffected_by(Collector::Stalled).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_grpc_call_over_http2_is_kept_with_its_rpc_attributes() {
+    use tailguard_test_support::grpc::{GrpcClient, GrpcUpstream, Msg};
+    let Some(jaeger) = Jaeger::start().await else {
+        return;
+    };
+    let upstream = GrpcUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\n\
+         endpoints = [{{ address = \"{}\" }}]\n\n\
+         [[routes]]\nid = \"echo\"\nupstream = \"grpc\"\npath = {{ prefix = \"/test.Echo\" }}\n\n\
+         [tracing]\nendpoint = \"{}\"\nprotocol = \"grpc\"\nbatch_interval_ms = 100\n\
+         sample_ratio = 0.0\n",
+        upstream.addr,
+        jaeger.otlp_grpc_url()
+    );
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(&config, text).expect("write the config");
+    let gw = gateway(config.to_str().expect("utf-8"), dir.path());
+
+    let mut client = GrpcClient::connect(&gw.url()).await;
+    let ok = client.unary(Msg::new("hello", 1), None).await;
+    assert!(ok.is_ok(), "{ok:?}");
+    // UNAVAILABLE from the upstream: a failure the tail rule keeps at sample_ratio 0.
+    let failed = client.unary(Msg::new("fail:down", 14), None).await;
+    assert_eq!(failed.expect_err("the upstream's error").code() as i32, 14);
+
+    let lines = {
+        let start = Instant::now();
+        loop {
+            let lines: Vec<serde_json::Value> = access_lines(dir.path())
+                .into_iter()
+                .filter(|l| l["request_uri"] == "/test.Echo/Unary")
+                .collect();
+            if lines.len() == 2 {
+                break lines;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{lines:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let id_of = |code: u64| {
+        lines
+            .iter()
+            .find(|l| l["grpc_status"] == code)
+            .and_then(|l| l["trace_id"].as_str())
+            .unwrap_or_else(|| panic!("the call that ended {code}: {lines:?}"))
+            .to_owned()
+    };
+    let trace = jaeger
+        .wait_trace(&id_of(14), EXPORTED_WITHIN, |t| t.spans.len() >= 2)
+        .await;
+    let server = trace.spans_of_kind("server")[0].clone();
+    assert_eq!(tag(&server, "rpc.system"), "grpc");
+    assert_eq!(tag(&server, "rpc.service"), "test.Echo");
+    assert_eq!(tag(&server, "rpc.method"), "Unary");
+    assert_eq!(tag(&server, "rpc.grpc.status_code"), "14");
+    assert_eq!(tag(&server, "network.protocol.version"), "2");
+    assert_eq!(tag(&server, "http.route"), "echo");
+    assert_eq!(tag(&server, "otel.status_code"), "ERROR");
+    let clients = trace.spans_of_kind("client");
+    assert_eq!(clients.len(), 1, "{trace:#?}");
+    assert_eq!(
+        clients[0].parent_span_id.as_deref(),
+        Some(server.span_id.as_str())
+    );
+    assert_eq!(
+        tag(clients[0], "server.port"),
+        upstream.addr.port().to_string()
+    );
+
+    // The call that succeeded was not sampled (ratio 0) and is not kept.
+    assert!(jaeger.trace(&id_of(0)).await.is_none());
+}
