@@ -10,4 +10,5 @@ mod install_tools;
 mod listeners;
 mod metrics;
 mod support;
+mod trace;
 mod valgrind;
