@@ -11,4 +11,5 @@ mod listeners;
 mod metrics;
 mod support;
 mod trace;
+mod trace_jaeger;
 mod valgrind;

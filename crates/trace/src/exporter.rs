@@ -88,9 +88,13 @@ impl Exporter {
     /// Exports every span recorded so far (each thread's open buffer included) and waits
     /// for the export to end (accepted, or dropped after its retries).
     pub async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.control.send(Control::Flush(tx)).is_ok() {
-            let _ = rx.await;
+        self.flusher().flush().await;
+    }
+
+    /// A handle that asks for a flush, to hold without holding the exporter.
+    pub fn flusher(&self) -> Flusher {
+        Flusher {
+            control: self.control.clone(),
         }
     }
 
@@ -106,6 +110,28 @@ impl Exporter {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+    }
+}
+
+/// Asks a running exporter to flush ([`Exporter::flusher`]).
+#[derive(Clone)]
+pub struct Flusher {
+    control: mpsc::UnboundedSender<Control>,
+}
+
+impl std::fmt::Debug for Flusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flusher").finish_non_exhaustive()
+    }
+}
+
+impl Flusher {
+    /// [`Exporter::flush`].
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.control.send(Control::Flush(tx)).is_ok() {
+            let _ = rx.await;
         }
     }
 }

@@ -94,7 +94,7 @@ pub use config::{ExportConfig, Protocol, Retry, TlsFiles};
 pub use context::{CurrentSpan, SpanContext};
 pub use encode::Resource;
 pub use error::Error;
-pub use exporter::Exporter;
+pub use exporter::{Exporter, Flusher};
 pub use id::{SpanId, TraceId};
 pub use layer::{
     ResponseFuture, TraceBody, TraceLayer, TraceService, host_without_port, method_name,
