@@ -263,8 +263,7 @@ pub(crate) fn log<B>(
         error: r.error,
         headers: None,
         grpc_status: r.grpc_status,
-        // Filled in once the record carries the request's trace (tailguard-trace).
-        trace_id: None,
-        span_id: None,
+        trace_id: r.trace_id,
+        span_id: r.span_id,
     });
 }
