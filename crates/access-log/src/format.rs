@@ -24,7 +24,8 @@ pub const VARIABLES: &str = "remote_addr, remote_user, time_local, time_iso8601,
      request_method, request_uri, uri, args, server_protocol, status, body_bytes_sent, \
      bytes_sent, request_time, upstream_addr, upstream_status, upstream_response_time, \
      upstream_tries, \
-     http_referer, http_user_agent, http_<header name>, route, request_id, error, grpc_status";
+     http_referer, http_user_agent, http_<header name>, route, request_id, error, grpc_status, \
+     trace_id, span_id";
 
 /// How records become lines. Cheap to clone; build it once per configuration.
 #[derive(Debug, Clone)]
@@ -72,6 +73,8 @@ enum Var {
     RequestId,
     Error,
     GrpcStatus,
+    TraceId,
+    SpanId,
 }
 
 impl Var {
@@ -102,6 +105,8 @@ impl Var {
             "request_id" => Self::RequestId,
             "error" => Self::Error,
             "grpc_status" => Self::GrpcStatus,
+            "trace_id" => Self::TraceId,
+            "span_id" => Self::SpanId,
             _ => {
                 // nginx maps `$http_x_request_id` to the header `X-Request-Id`.
                 let header = name
@@ -398,6 +403,35 @@ fn write_var(var: &Var, r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache
             Some(s) => int(out, u64::from(s)),
             None => out.push(b'-'),
         },
+        Var::TraceId => opt_hex(out, r.trace_id.as_ref().map(<[u8; 16]>::as_slice)),
+        Var::SpanId => opt_hex(out, r.span_id.as_ref().map(<[u8; 8]>::as_slice)),
+    }
+}
+
+/// Lowercase hex, as W3C `traceparent` and nginx's otel module (`$otel_trace_id`) print
+/// ids; `-` when there is none.
+fn opt_hex(out: &mut Vec<u8>, id: Option<&[u8]>) {
+    match id {
+        Some(id) => hex(out, id),
+        None => out.push(b'-'),
+    }
+}
+
+fn hex(out: &mut Vec<u8>, id: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in id {
+        out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+    }
+}
+
+fn json_opt_hex(out: &mut Vec<u8>, id: Option<&[u8]>) {
+    match id {
+        Some(id) => {
+            out.push(b'"');
+            hex(out, id);
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"null"),
     }
 }
 
@@ -491,6 +525,10 @@ fn write_json(r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache) {
         Some(s) => int(out, u64::from(s)),
         None => out.extend_from_slice(b"null"),
     }
+    out.extend_from_slice(b",\"trace_id\":");
+    json_opt_hex(out, r.trace_id.as_ref().map(<[u8; 16]>::as_slice));
+    out.extend_from_slice(b",\"span_id\":");
+    json_opt_hex(out, r.span_id.as_ref().map(<[u8; 8]>::as_slice));
     out.push(b'}');
 }
 

@@ -58,6 +58,12 @@ pub struct Record<'a> {
     /// the one the gateway answered with; `None` for other requests and for a call that
     /// ended without one.
     pub grpc_status: Option<u8>,
+    /// The W3C trace id of the request's trace (`$trace_id`): the one the client sent in
+    /// `traceparent` or the one the gateway started; `None` when tracing is off.
+    pub trace_id: Option<[u8; 16]>,
+    /// The id of the gateway's server span for the request (`$span_id`), the parent of the
+    /// spans the upstream records; `None` when tracing is off.
+    pub span_id: Option<[u8; 8]>,
 }
 
 /// One try of a retried request that did not give the answer: where it went and how it
@@ -97,6 +103,8 @@ impl Default for Record<'_> {
             error: None,
             headers: None,
             grpc_status: None,
+            trace_id: None,
+            span_id: None,
         }
     }
 }

@@ -13,6 +13,14 @@ struct Case {
     json_user_agent: Option<&'static str>,
 }
 
+/// The trace id of the W3C Trace Context examples
+/// (`traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01`).
+const W3C_TRACE_ID: [u8; 16] = [
+    0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
+];
+/// The parent id of the same example.
+const W3C_SPAN_ID: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
+
 fn base() -> Record<'static> {
     Record {
         time: UNIX_EPOCH + Duration::from_secs(1_795_295_993),
@@ -156,7 +164,8 @@ fn template_with_every_variable() {
         "$remote_addr|$remote_user|$time_local|$time_iso8601|$msec|$request|$request_method|\
          $request_uri|$uri|$args|$server_protocol|$status|$body_bytes_sent|$bytes_sent|\
          $request_time|$upstream_addr|$upstream_status|$upstream_response_time|$upstream_tries|\
-         $http_referer|$http_user_agent|$http_x_request_id|$route|$request_id|$error|$grpc_status",
+         $http_referer|$http_user_agent|$http_x_request_id|$route|$request_id|$error|$grpc_status|\
+         $trace_id|$span_id",
     )
     .unwrap();
     let mut headers = http::HeaderMap::new();
@@ -169,6 +178,8 @@ fn template_with_every_variable() {
         request_id: Some(b"r-7"),
         error: Some("upstream_timeout"),
         grpc_status: Some(14),
+        trace_id: Some(W3C_TRACE_ID),
+        span_id: Some(W3C_SPAN_ID),
         ..base()
     };
     assert_eq!(
@@ -176,7 +187,7 @@ fn template_with_every_variable() {
         "192.0.2.7|-|21/Nov/2026:21:19:53 +0000|2026-11-21T21:19:53+00:00|1795295993.000|\
          GET /api/users?id=7 HTTP/1.1|GET|/api/users?id=7|/api/users|id=7|HTTP/1.1|200|512|700|\
          0.012|127.0.0.1:9000|200|0.011|1|https://example.com/|curl/8.5.0|id\\x221|users|r-7|\
-         upstream_timeout|14\n"
+         upstream_timeout|14|4bf92f3577b34da6a3ce929d0e0e4736|00f067aa0ba902b7\n"
     );
     let r = Record {
         target: b"/x",
@@ -187,10 +198,10 @@ fn template_with_every_variable() {
     };
     let f = Format::template(
         "$args $upstream_addr $upstream_status $upstream_response_time $upstream_tries \
-         $http_x_request_id $grpc_status",
+         $http_x_request_id $grpc_status $trace_id $span_id",
     )
     .unwrap();
-    assert_eq!(line(&f, &r), "- - - - - - -\n");
+    assert_eq!(line(&f, &r), "- - - - - - - - -\n");
 }
 
 #[test]
@@ -237,9 +248,11 @@ fn json_lines_parse_and_round_trip_every_field() {
             Some(code) => assert_eq!(v["grpc_status"], code),
             None => assert!(v["grpc_status"].is_null()),
         }
+        assert!(v["trace_id"].is_null(), "tracing off: {text}");
+        assert!(v["span_id"].is_null(), "tracing off: {text}");
         assert_eq!(
             v.as_object().unwrap().len(),
-            20,
+            22,
             "case {}: {text}",
             case.name
         );
@@ -277,4 +290,37 @@ fn a_retried_request_lists_every_try_as_nginx_does() {
     );
     assert_eq!(v["upstream_status"], 200, "the status that answered");
     assert_eq!(v["upstream_tries"], 3);
+}
+
+#[test]
+fn trace_and_span_ids_print_as_lowercase_hex_in_every_format() {
+    let r = Record {
+        trace_id: Some(W3C_TRACE_ID),
+        span_id: Some(W3C_SPAN_ID),
+        ..base()
+    };
+    let f = Format::template("trace=$trace_id span=${span_id}").unwrap();
+    assert_eq!(
+        line(&f, &r),
+        "trace=4bf92f3577b34da6a3ce929d0e0e4736 span=00f067aa0ba902b7\n"
+    );
+    let v: serde_json::Value = serde_json::from_str(&line(&Format::json(), &r)).unwrap();
+    assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(v["span_id"], "00f067aa0ba902b7");
+    // Every byte value, so a wrong nibble order or digit table cannot pass.
+    let mut every = [0u8; 16];
+    for (i, b) in every.iter_mut().enumerate() {
+        *b = (i as u8) * 0x11;
+    }
+    let r = Record {
+        trace_id: Some(every),
+        span_id: Some([0xff, 0xfe, 0xa0, 0x0a, 0x10, 0x01, 0x9c, 0xc9]),
+        ..base()
+    };
+    assert_eq!(
+        line(&f, &r),
+        "trace=00112233445566778899aabbccddeeff span=fffea00a10019cc9\n"
+    );
+    // `combined` is nginx's own and stays so: no ids in it.
+    assert!(!line(&Format::combined(), &r).contains("0011"));
 }

@@ -51,6 +51,17 @@ pub fn command_line(flag: &str, message: impl Into<String>) -> Diagnostic {
     }
 }
 
+/// A problem in an environment variable (`OTEL_*`): no file, no position, the variable as
+/// the field.
+pub fn environment(var: &str, message: impl Into<String>) -> Diagnostic {
+    Diagnostic {
+        file: "environment".to_owned(),
+        position: None,
+        field: var.to_owned(),
+        message: message.into(),
+    }
+}
+
 /// Collects diagnostics with positions computed from byte offsets.
 pub(crate) struct Diags<'a> {
     file: &'a str,
@@ -85,6 +96,11 @@ impl<'a> Diags<'a> {
                 message: message.into(),
             },
         ));
+    }
+
+    /// A problem outside the file (an environment variable), listed after the file's.
+    pub(crate) fn push_outside(&mut self, d: Diagnostic) {
+        self.list.push((usize::MAX, d));
     }
 
     pub(crate) fn de_error(&mut self, field: &str, err: &toml::de::Error) {

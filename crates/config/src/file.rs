@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::limits::{Limits, Timeouts};
 use crate::listener::ListenerConfig;
 use crate::route::RouteConfig;
+use crate::trace::{Tracing, TracingConfig};
 use crate::upstream::{self, EndpointConfig, UpstreamConfig};
 
 /// A validated config. Only [`Config::parse`] and [`Config::load`] make one, so every
@@ -45,6 +46,10 @@ pub struct Config {
     pub trusted_proxies: Vec<Cidr>,
     /// How endpoint names are resolved (`[dns]`).
     pub dns: DnsConfig,
+    /// `[tracing]` as written.
+    pub tracing_file: TracingConfig,
+    /// Tracing as it runs (`[tracing]` with the `OTEL_*` variables); `None`: off.
+    pub tracing: Option<Tracing>,
     /// Where each listener's address came from, for errors found after parsing (a reload
     /// that cannot bind): its line and column in the file, or the `--listen` override.
     pub(crate) listen_origins: Vec<ListenOrigin>,

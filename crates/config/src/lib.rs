@@ -17,7 +17,8 @@
 //!
 //! The modules, as floors (each names only modules below it):
 //! - [`diagnostic`], [`limits`] (`[timeouts]`, `[limits]`), [`cidr`], [`dns`], [`health`],
-//!   [`rate_limit`], [`sni`], [`upstream_tls`]: one section or value each, with its check;
+//!   [`rate_limit`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`): one section or value
+//!   each, with its check;
 //! - [`error`], [`retry`], [`tls`], [`upstream`];
 //! - [`listener`], [`route`]: a listener and a route as written;
 //! - [`policy`] (a route's policy compiled and checked), [`access_log`],
@@ -94,6 +95,7 @@ pub mod retry;
 pub mod route;
 pub mod sni;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 pub mod upstream_tls;
 mod validate;
@@ -106,5 +108,6 @@ pub use listener::ListenerConfig;
 pub use parse::{DEFAULT_CONFIG, DEFAULT_CONFIG_NAME};
 pub use route::{HeaderMatch, PathMatch, RouteConfig};
 pub use tls::TlsConfig;
+pub use trace::{OtlpProtocol, RouteTracing, Tracing, TracingConfig};
 pub use upstream::{BalanceKind, BuiltinConfig, EndpointConfig, Protocol, UpstreamConfig};
 pub use upstream_tls::UpstreamTlsConfig;

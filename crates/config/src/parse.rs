@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::file::{Config, ListenOrigin};
 use crate::limits::{Limits, Timeouts};
 use crate::listener::ListenerConfig;
+use crate::trace::TracingConfig;
 use crate::validate::{self, FileIndexes};
 
 /// The config compiled into the binary: what `tailguard run` serves with no `--config`.
@@ -45,6 +46,17 @@ impl Config {
     /// Parses and validates config text. `name` is used in messages; relative certificate
     /// paths are resolved against `base_dir`. On failure every error found is returned.
     pub fn parse(text: &str, name: &str, base_dir: &Path) -> Result<Config, Error> {
+        Config::parse_with_env(text, name, base_dir, &|var| std::env::var(var).ok())
+    }
+
+    /// [`Config::parse`] with the environment variables (`OTEL_*`, read by `[tracing]`)
+    /// looked up by `env` instead of the process's environment.
+    pub fn parse_with_env(
+        text: &str,
+        name: &str,
+        base_dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, Error> {
         let mut diags = Diags::new(name, text);
         let (root, syntax_errors) = DeTable::parse_recoverable(text);
         for err in &syntax_errors {
@@ -65,6 +77,7 @@ impl Config {
         let mut overload = tailguard_overload::OverloadConfig::default();
         let mut trusted_proxies = Vec::new();
         let mut dns = DnsConfig::default();
+        let mut tracing_file = TracingConfig::default();
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -124,17 +137,34 @@ impl Config {
                         dns = d;
                     }
                 }
+                "tracing" => {
+                    if let Some(t) = one_of(&mut diags, "tracing", value) {
+                        tracing_file = t;
+                    }
+                }
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
                      `timeouts`, `limits`, `access_log`, `metrics`, `overload`, \
-                     `trusted_proxies`, `dns`",
+                     `trusted_proxies`, `dns`, `tracing`",
                 ),
             }
         }
 
         dns.locate(base_dir);
+        let tracing = match tracing_file.resolve(base_dir, env) {
+            Ok(t) => t,
+            Err(problems) => {
+                for (span, field, message) in problems {
+                    match span {
+                        Some(span) => diags.push(Some(span), field, message),
+                        None => diags.push_outside(crate::diagnostic::environment(&field, message)),
+                    }
+                }
+                None
+            }
+        };
         let listen_origins = listeners
             .iter()
             .map(|l: &ListenerConfig| {
@@ -155,6 +185,8 @@ impl Config {
             overload,
             trusted_proxies,
             dns,
+            tracing_file,
+            tracing,
         };
         for (field, message) in config.metrics.check() {
             diags.push(None, field, message);

@@ -8,6 +8,7 @@ use toml::Spanned;
 
 use crate::rate_limit::RateLimitConfig;
 use crate::retry::{RetryConfig, RouteTimeouts};
+use crate::trace::RouteTracing;
 
 /// How a route matches the request path.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -81,6 +82,9 @@ pub struct RouteConfig {
     /// A rate limit on this route's requests, checked right after routing.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+    /// `tracing = false` (no span, no `traceparent` sent) or `{ sample_ratio = .. }`.
+    #[serde(default)]
+    pub tracing: Option<Spanned<RouteTracing>>,
 }
 
 /// `rewrite`: the path sent upstream instead of the client's (the query is kept).

@@ -62,4 +62,6 @@ pub(crate) struct Ctx<'a> {
     pub(crate) load_cpus: Vec<usize>,
     /// Flags `tailguard run --help` lists; `None` when help could not be read.
     pub(crate) gateway_flags: Option<Vec<String>>,
+    /// The collector's endpoints, when the scenario has a `[collector]`.
+    pub(crate) collector: Option<crate::collector::Endpoints>,
 }

@@ -6,8 +6,9 @@
 //! - [`scenario::Scenario`] is one experiment as data (`lab/scenarios/<name>/scenario.toml`):
 //!   the load, the cores each process gets, the upstream, and the gateway's flags per
 //!   condition.
-//! - [`upstream`] is the built-in target; [`procs`] starts it, the gateway and nginx as child
-//!   processes, each stopped whatever the way out.
+//! - [`upstream`] is the built-in target; [`procs`] starts it, the gateway, nginx and a
+//!   scenario's collector (Jaeger v2, for traced conditions) as child processes, each stopped
+//!   whatever the way out.
 //! - [`runner::run`] runs a scenario: each condition's load through
 //!   `tailguard_loadgen::load::run_streams`, then one comparison table with P100, an overlaid
 //!   SVG plot and `summary.md`.
@@ -43,6 +44,7 @@
 //! ```
 
 pub mod cli;
+mod collector;
 mod conditions;
 mod context;
 mod error;

@@ -33,7 +33,9 @@ pub use crate::context::RunOptions;
 pub use crate::health::{HEALTH_EVERY, HEALTH_TIMEOUT, Health};
 pub use crate::results::{Row, Timelines};
 pub use crate::tables::machine;
-pub use crate::targets::{explain_exit, gateway_flags, nginx_config, two_upstreams_config};
+pub use crate::targets::{
+    explain_exit, gateway_flags, nginx_config, one_upstream_config, two_upstreams_config,
+};
 
 /// What a scenario run produced.
 #[derive(Debug)]
@@ -146,6 +148,17 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         None => None,
     };
 
+    // The collector, shared by every condition (on the upstream's cores unless it has its own).
+    let collector = match &scenario.collector {
+        Some(spec) => Some(crate::collector::start(
+            spec.command.as_deref(),
+            &opts.out,
+            &pins(pin.collector.as_deref().unwrap_or(&pin.upstream)),
+            opts.nice,
+        )?),
+        None => None,
+    };
+
     let ctx = Ctx {
         opts,
         scenario: &scenario,
@@ -155,6 +168,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         gateway_cpus: pins(&pin.gateway),
         load_cpus: pins(&pin.load),
         gateway_flags: gateway_flags(&opts.exe),
+        collector: collector.as_ref().map(|(_, e)| e.clone()),
     };
 
     // Each stream's capacity (one stream, named "", without [[load.streams]]).
@@ -191,6 +205,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
                 rate_factor: None,
                 rate: Some(probe_rate),
                 max_rate: false,
+                config: None,
                 phases: Vec::new(),
                 streams: BTreeMap::new(),
             };
@@ -369,6 +384,13 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             streams: acc.streams,
             timeline: acc.timeline,
         });
+    }
+    if let Some((guard, endpoints)) = collector {
+        // Proof that traced conditions exported: the services the collector has spans of.
+        let services = endpoints.services();
+        println!("  collector has spans of: {services}");
+        let _ = std::fs::write(opts.out.join("collector-services.json"), services);
+        drop(guard);
     }
     drop(upstream_b);
     drop(upstream);

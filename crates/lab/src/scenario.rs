@@ -37,9 +37,22 @@ pub struct Scenario {
     pub capacity: Option<CapacitySpec>,
     /// Read the gateway's metrics every second into each condition's timeline.
     pub timeline: Option<TimelineSpec>,
+    /// A real OpenTelemetry collector (Jaeger v2) started once for the run, for conditions
+    /// whose gateway exports traces (`{otlp_http}`, `{otlp_grpc}` in their `config`).
+    pub collector: Option<CollectorSpec>,
     /// The conditions, run in order and printed side by side.
     #[serde(rename = "condition")]
     pub conditions: Vec<Condition>,
+}
+
+/// The collector of a run: Jaeger v2 with its all-in-one defaults (memory storage, OTLP
+/// over gRPC and HTTP) on free ports.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectorSpec {
+    /// The `jaeger` executable (default: `$HOME/go/bin/jaeger`, where
+    /// `scripts/install-tools` builds it, else `jaeger` on `PATH`).
+    pub command: Option<PathBuf>,
 }
 
 /// The load of every condition.
@@ -192,6 +205,8 @@ pub struct PinSpec {
     /// Cores of the load generator (this process's load threads).
     #[serde(default)]
     pub load: Vec<usize>,
+    /// Cores of the collector (default: those of the upstream).
+    pub collector: Option<Vec<usize>>,
 }
 
 /// The upstream's flags.
@@ -293,6 +308,11 @@ pub struct Condition {
     /// With `target = "command"`: the URL its metrics are scraped at (same placeholders),
     /// e.g. `http://{listen}/metrics`.
     pub metrics_url: Option<String>,
+    /// TOML added to the gateway config the lab writes for this condition (one upstream
+    /// `demo`, the built-in one, behind route `demo` on `/`), e.g. a `[tracing]` table.
+    /// `{otlp_http}` and `{otlp_grpc}` become the collector's OTLP endpoints,
+    /// `{collector_down}` an endpoint where nothing listens, `{out}` the output directory.
+    pub config: Option<String>,
 }
 
 fn one() -> usize {
@@ -418,6 +438,24 @@ impl Scenario {
             && t.every.is_zero()
         {
             return Err(err("timeline.every must be above 0".into()));
+        }
+        for c in &s.conditions {
+            let Some(config) = &c.config else { continue };
+            if s.upstream_b.is_some() {
+                return Err(err(format!(
+                    "condition `{}`: `config` is for scenarios with one upstream",
+                    c.name
+                )));
+            }
+            let wants_collector = ["{otlp_http}", "{otlp_grpc}"]
+                .iter()
+                .any(|p| config.contains(p));
+            if wants_collector && s.collector.is_none() {
+                return Err(err(format!(
+                    "condition `{}` names the collector's endpoint but the scenario has no [collector] section",
+                    c.name
+                )));
+            }
         }
         if s.upstream_b.is_some() && s.load.streams.is_empty() {
             return Err(err(

@@ -80,6 +80,19 @@ pub fn two_upstreams_config(a: &str, b: &str) -> String {
     )
 }
 
+/// The gateway config of a condition with its own `config`: upstream `demo` (the built-in
+/// one) behind route `demo` on `/`, as `--upstream demo=ADDR` would give, then the
+/// condition's TOML (e.g. a `[tracing]` table).
+pub fn one_upstream_config(upstream: &str, extra: &str) -> String {
+    format!(
+        "# Written by `tailguard lab` for one condition.\n\
+         [[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"demo\"\nendpoints = [{{ address = \"{upstream}\" }}]\n\n\
+         [[routes]]\nid = \"demo\"\nupstream = \"demo\"\npath = {{ prefix = \"/\" }}\n\n\
+         {extra}\n"
+    )
+}
+
 impl Ctx<'_> {
     pub(crate) fn start_target(&self, cond: &Condition) -> Result<Target, String> {
         match cond.target {
@@ -121,12 +134,26 @@ impl Ctx<'_> {
             "--listen".to_string(),
             listen.to_string(),
         ];
-        match &self.gateway_config {
-            Some(config) => {
+        match (&self.gateway_config, &cond.config) {
+            (Some(config), _) => {
                 args.push("--config".into());
                 args.push(config.display().to_string());
             }
-            None => {
+            (None, Some(extra)) => {
+                let path = self
+                    .opts
+                    .out
+                    .join(format!("{}.gateway.toml", slug(&cond.name)));
+                let mut extra = self.expand(std::slice::from_ref(extra)).remove(0);
+                if let Some(collector) = &self.collector {
+                    extra = collector.expand(&extra);
+                }
+                std::fs::write(&path, one_upstream_config(&self.upstream_addr, &extra))
+                    .map_err(|e| e.to_string())?;
+                args.push("--config".into());
+                args.push(path.display().to_string());
+            }
+            (None, None) => {
                 args.push("--upstream".into());
                 args.push(format!("demo={}", self.upstream_addr));
             }

@@ -62,7 +62,8 @@ fn every_shipped_scenario_parses() {
             "shed",
             "shed-remote",
             "shed-remote-io",
-            "shed-two-upstreams"
+            "shed-two-upstreams",
+            "trace"
         ]
     );
 }
@@ -269,4 +270,29 @@ fn a_command_condition_needs_its_command_and_only_it_takes_one() {
     )
     .unwrap();
     assert_eq!(ok.conditions[0].command[2], "{listen}");
+}
+
+#[test]
+fn a_condition_config_that_names_the_collector_needs_one() {
+    let with = |collector: &str| {
+        format!(
+            "{GOOD}{collector}\n[[condition]]\nname = \"traced\"\n\
+             config = \"[tracing]\\nendpoint = \\\"{{otlp_http}}\\\"\"\n"
+        )
+    };
+    let e = err_of(&with(""));
+    assert!(
+        e.contains("condition `traced`") && e.contains("[collector]"),
+        "{e}"
+    );
+    let s = Scenario::parse(&with("[collector]"), Path::new("t.toml")).unwrap();
+    assert!(s.collector.is_some());
+    assert!(
+        s.conditions[1]
+            .config
+            .as_deref()
+            .is_some_and(|c| c.contains("endpoint = \"{otlp_http}\"")),
+        "{:?}",
+        s.conditions[1].config
+    );
 }

@@ -263,5 +263,7 @@ pub(crate) fn log<B>(
         error: r.error,
         headers: None,
         grpc_status: r.grpc_status,
+        trace_id: r.trace_id,
+        span_id: r.span_id,
     });
 }

@@ -66,6 +66,9 @@ pub(crate) async fn serve(
         !held.access_log().is_off(),
     );
     held.snapshot().metrics.gateway.request_started();
+    // Trace: the incoming context read, the request's SERVER span started (one branch when
+    // tracing is off).
+    record.start_trace(&held.snapshot().tracing, &req);
     // Rate limit: the listener's limit covers everything it serves, checked before routing.
     if let Some(limit) = &conn.rate_limit
         && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
@@ -83,6 +86,9 @@ pub(crate) async fn serve(
         held.snapshot()
             .router
             .find(headers::host_of(&req), path, req.method(), req.headers());
+    if let Some(r) = route {
+        record.trace_routed(&held.snapshot().tracing, r);
+    }
     // Before local answers and admission: a limited request never counts against the
     // shedder or a breaker, and a route that answers by itself is limited too.
     if let Some(r) = route
@@ -212,6 +218,7 @@ fn answer_locally(
     mut record: RequestRecord,
 ) -> Response<ResponseBody> {
     record.route = Some(route_index);
+    record.trace_answered_locally();
     // Refused as a forwarded request would be (a 2xx answer to a CONNECT would tell the
     // client it has a tunnel).
     if let Err(e) = check_forwardable(&held.snapshot().config.limits, &req) {

@@ -1,6 +1,6 @@
 //! The end of a request: the [`Finish`] its response body carries, and the one place a
-//! finished request is reported (metrics, the access log, the trace line), once per
-//! request.
+//! finished request is reported (metrics, the access log, its spans, the trace line), once
+//! per request.
 
 use std::time::Instant;
 
@@ -35,6 +35,24 @@ impl Drop for Finish {
                 .release(conn, end);
         }
         let snapshot = self.held.snapshot();
+        if let Some(trace) = self.record.trace.take() {
+            let r = &self.record;
+            let ended = crate::trace::Ended {
+                start: r.start,
+                end,
+                method: &r.method,
+                uri: &r.uri,
+                version: r.version,
+                remote: r.remote,
+                route: r.route.map(|i| &*snapshot.router.get(i).id),
+                status: r.status,
+                error: r.error,
+                upstream_status: r.upstream_status,
+                grpc: r.grpc,
+                grpc_status: r.grpc_status,
+            };
+            crate::trace::finish(&snapshot.tracing, trace, &ended);
+        }
         finish(&self.record, snapshot, end);
         crate::access_log::log(
             self.held.access_log(),

@@ -243,6 +243,10 @@ pub(crate) async fn forward(
     let elapsed = dispatched.elapsed();
     drop(waiting);
     record.upstream_time = Some(elapsed);
+    match &result {
+        Ok(r) => record.trace_try_ended(Some(r.status().as_u16()), None),
+        Err(e) => record.trace_try_ended(None, Some(e.kind())),
+    }
     let outcome = match &result {
         Ok(r) => Outcome::Status(r.status().as_u16()),
         Err(Error::UpstreamConnect { .. } | Error::UpstreamTls { .. }) => Outcome::ConnectFailed,
@@ -361,6 +365,8 @@ async fn exchange(
     let upstream_index = route.upstream;
     let upstream = &snap.upstreams[upstream_index];
     let pool = &upstream.endpoints[first].pool;
+    let mut req = req;
+    record.trace_try_started(req.headers_mut(), pool.addr());
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
@@ -369,7 +375,9 @@ async fn exchange(
             let Some(next) = retry_on else {
                 return (Err(e), first);
             };
+            record.trace_try_ended(None, Some(e.kind()));
             crate::retry::note_connect_retry(snap, route, first, &e, record);
+            record.trace_try_started(req.headers_mut(), upstream.endpoints[next].addr);
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());

@@ -147,6 +147,7 @@ pub(crate) async fn forward(
         last_try = started;
         result
     } else {
+        record.trace_try_started(req.headers_mut(), upstream.endpoints[endpoint_index].addr);
         let exchange = async {
             let mut pool = upstream.endpoints[endpoint_index]
                 .h2
@@ -161,7 +162,9 @@ pub(crate) async fn forward(
                     else {
                         return Err(e);
                     };
+                    record.trace_try_ended(None, Some(e.kind()));
                     crate::retry::note_connect_retry(snap, route, endpoint_index, &e, record);
+                    record.trace_try_started(req.headers_mut(), upstream.endpoints[next].addr);
                     upstream.balance.complete(
                         endpoint_index,
                         Outcome::ConnectFailed,
@@ -209,6 +212,10 @@ pub(crate) async fn forward(
     let elapsed = dispatched.elapsed();
     drop(waiting);
     record.upstream_time = Some(elapsed);
+    match &result {
+        Ok((r, _)) => record.trace_try_ended(Some(r.status().as_u16()), None),
+        Err(e) => record.trace_try_ended(None, Some(e.kind())),
+    }
     let outcome = match &result {
         Ok((r, _)) => Outcome::Status(r.status().as_u16()),
         Err(Error::UpstreamConnect { .. } | Error::UpstreamTls { .. }) => Outcome::ConnectFailed,

@@ -31,6 +31,57 @@ pub struct Gateway {
     health: Hub,
     /// This gateway, for the checker thread (which must not keep it alive).
     this: Weak<Gateway>,
+    /// The trace exporter thread, started by the first config with `[tracing]` and kept
+    /// for the process's life: a reload changes only the sampling, never the exporter or
+    /// its queue. Taken only off the request path (start, reload, shutdown).
+    tracing: Mutex<Tracing>,
+}
+
+/// The exporter, if started, and the tracer snapshots are built with.
+#[derive(Debug, Default)]
+struct Tracing {
+    exporter: Option<tailguard_trace::Exporter>,
+    tracer: tailguard_trace::Tracer,
+}
+
+impl Tracing {
+    /// Starts the exporter if `config` traces and none runs yet; the tracer to build with.
+    fn for_config(
+        &mut self,
+        config: &Config,
+        metrics: &GatewayMetrics,
+    ) -> Result<tailguard_trace::Tracer, Error> {
+        if let (Some(t), None) = (&config.tracing, &self.exporter) {
+            let trace_metrics = tailguard_trace::TraceMetrics::register(metrics.registry())
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            let exporter = tailguard_trace::Exporter::start(export_config(t), trace_metrics)
+                .map_err(|e| Error::Internal(format!("tracing: {e}")))?;
+            self.tracer = exporter.tracer();
+            self.exporter = Some(exporter);
+        }
+        Ok(self.tracer.clone())
+    }
+}
+
+/// The exporter's settings from `[tracing]` (and the `OTEL_*` variables).
+pub fn export_config(t: &crate::config::Tracing) -> tailguard_trace::ExportConfig {
+    let mut c = tailguard_trace::ExportConfig::new(t.endpoint.clone(), t.service_name.clone());
+    c.traces_url = t.traces_url.clone();
+    c.protocol = match t.protocol {
+        crate::config::OtlpProtocol::HttpProtobuf => tailguard_trace::Protocol::HttpProtobuf,
+        crate::config::OtlpProtocol::Grpc => tailguard_trace::Protocol::Grpc,
+    };
+    c.headers = t.headers.clone();
+    c.timeout = std::time::Duration::from_millis(t.timeout_ms);
+    c.batch_max_spans = t.batch_max_spans;
+    c.batch_interval = std::time::Duration::from_millis(t.batch_interval_ms);
+    c.queue_max_spans = t.queue_max_spans;
+    c.tls = tailguard_trace::TlsFiles {
+        ca: t.tls_ca.clone(),
+        cert: t.tls_cert.clone(),
+        key: t.tls_key.clone(),
+    };
+    c
 }
 
 impl Gateway {
@@ -48,12 +99,15 @@ impl Gateway {
         let resolver = Resolver::start(&config.dns, metrics.registry())?;
         resolver.resolve_new(&config);
         let health = Hub::default();
+        let mut tracing = Tracing::default();
+        let tracer = tracing.for_config(&config, &metrics)?;
         let snapshot = Arc::new(Snapshot::build(
             config,
             None,
             &metrics,
             Some(resolver.names()),
             &health,
+            &tracer,
         )?);
         let gateway = Arc::new_cyclic(|this| Gateway {
             current: Arc::new(ArcSwap::new(Arc::clone(&snapshot))),
@@ -62,6 +116,7 @@ impl Gateway {
             rebuilding: Mutex::new(()),
             health,
             this: this.clone(),
+            tracing: Mutex::new(tracing),
         });
         gateway.resolver.watch(
             &gateway.snapshot().config,
@@ -90,12 +145,18 @@ impl Gateway {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let old = self.current.load_full();
+        let tracer = self
+            .tracing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .for_config(&config, &self.metrics)?;
         let new = Snapshot::build(
             config,
             Some(&old),
             &self.metrics,
             Some(self.resolver.names()),
             &self.health,
+            &tracer,
         );
         self.metrics.reloaded(new.is_ok());
         let new = Arc::new(new?);
@@ -121,6 +182,7 @@ impl Gateway {
             Some(self.resolver.names()),
             &self.health,
             TlsFiles::KeepRunning,
+            old.tracing.tracer(),
         ) {
             Ok(new) => self.swap_in(&Arc::new(new)),
             Err(e) => tracing::error!(
@@ -151,6 +213,31 @@ impl Gateway {
         crate::health::handover::retire_missing(&old.upstreams, &new.upstreams);
         self.health
             .follow(&new.upstreams, current_upstreams(self.this.clone()));
+    }
+
+    /// Exports every span recorded so far and waits for the export to end (tests, and a
+    /// clean stop). No-op when tracing is off.
+    pub async fn flush_traces(&self) {
+        let exporter = self
+            .tracing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .exporter
+            .as_ref()
+            .map(tailguard_trace::Exporter::flusher);
+        if let Some(flush) = exporter {
+            flush.flush().await;
+        }
+    }
+
+    /// Takes the trace exporter, to stop it (a clean shutdown exports what is left). Spans
+    /// recorded after this are dropped and counted (`reason="shutdown"`).
+    pub fn take_trace_exporter(&self) -> Option<tailguard_trace::Exporter> {
+        self.tracing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .exporter
+            .take()
     }
 
     /// The current snapshot.

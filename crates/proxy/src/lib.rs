@@ -40,7 +40,7 @@
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
 //!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`, \
-//!      `rate_limit`"
+//!      `rate_limit`, `tracing`"
 //! );
 //! ```
 
@@ -63,6 +63,7 @@ pub mod server;
 pub mod snapshot;
 pub mod sni;
 pub mod tls;
+pub mod trace;
 
 pub(crate) use tailguard_http::recycle;
 /// The HTTP vocabulary's modules (`tailguard-http`), so that `crate::error::X`,

@@ -56,6 +56,12 @@ pub struct RequestRecord {
     pub grpc: bool,
     /// A gRPC call's `grpc-status`: from the upstream's head or trailers, or the gateway's.
     pub grpc_status: Option<u8>,
+    /// The trace id, when the request is traced (`$trace_id` in the access log).
+    pub trace_id: Option<[u8; 16]>,
+    /// The gateway's SERVER span id, when the request is traced (`$span_id`).
+    pub span_id: Option<[u8; 8]>,
+    /// The trace's state while the request runs ([`crate::trace`]); none when not traced.
+    pub(crate) trace: Option<Box<crate::trace::RequestTrace>>,
 }
 
 impl RequestRecord {
@@ -91,6 +97,59 @@ impl RequestRecord {
             completed: false,
             grpc: false,
             grpc_status: None,
+            trace_id: None,
+            span_id: None,
+            trace: None,
+        }
+    }
+
+    /// Starts the request's trace (a no-op when tracing is off), its ids kept for the log.
+    pub(crate) fn start_trace<B>(
+        &mut self,
+        tracing: &crate::trace::SnapshotTracing,
+        head: &http::Request<B>,
+    ) {
+        self.trace = crate::trace::start(tracing, head);
+        self.sync_trace_ids();
+    }
+
+    /// Applies the matched route's `tracing`.
+    pub(crate) fn trace_routed(&mut self, tracing: &crate::trace::SnapshotTracing, route: usize) {
+        crate::trace::routed(tracing, &mut self.trace, route);
+        self.sync_trace_ids();
+    }
+
+    fn sync_trace_ids(&mut self) {
+        let ids = self.trace.as_ref().map(|t| t.ids());
+        self.trace_id = ids.map(|(t, _)| t);
+        self.span_id = ids.map(|(_, s)| s);
+    }
+
+    /// A try to `addr` is about to be sent: its CLIENT span's `traceparent` into `headers`.
+    pub(crate) fn trace_try_started(&mut self, headers: &mut http::HeaderMap, addr: SocketAddr) {
+        if let Some(t) = self.trace.as_mut() {
+            t.try_started(headers, addr);
+        }
+    }
+
+    /// The open try ended.
+    pub(crate) fn trace_try_ended(&mut self, status: Option<u16>, error: Option<&'static str>) {
+        if let Some(t) = self.trace.as_mut() {
+            t.try_ended(status, error);
+        }
+    }
+
+    /// A retry was decided for `reason`.
+    pub(crate) fn trace_retrying(&mut self, reason: &'static str) {
+        if let Some(t) = self.trace.as_mut() {
+            t.retrying(reason);
+        }
+    }
+
+    /// The route answered by itself.
+    pub(crate) fn trace_answered_locally(&mut self) {
+        if let Some(t) = self.trace.as_mut() {
+            t.answered_locally();
         }
     }
 

@@ -273,6 +273,7 @@ fn retry_after(
         addr,
         status: shown,
     });
+    record.trace_retrying(reason.as_str());
     route
         .tries
         .count(snap.metrics.gateway.retries(), &route.id, reason);
@@ -302,6 +303,7 @@ pub(crate) fn note_connect_retry(
         addr: snap.upstreams[route.upstream].endpoints[failed].addr,
         status: err.status().as_u16(),
     });
+    record.trace_retrying(Reason::Connect.as_str());
     route
         .tries
         .count(snap.metrics.gateway.retries(), &route.id, Reason::Connect);
@@ -422,6 +424,7 @@ pub(crate) async fn exchange_http1(
         // Cut by its timeout, a try drops the request with it; sent with a body, it keeps it.
         let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
+        record.trace_try_started(req.headers_mut(), pool.addr());
         let sent = send_try(pool, started, connect, req);
         let result = match request {
             Some(limit) => {
@@ -437,6 +440,10 @@ pub(crate) async fn exchange_http1(
             Ok((resp, back)) => (Ended::Answer(resp), back),
             Err((e, back)) => (Ended::Failed(e), back),
         };
+        match &ended {
+            Ended::Answer(resp) => record.trace_try_ended(Some(resp.status().as_u16()), None),
+            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind())),
+        }
         let reason = match &ended {
             _ if !more => None,
             Ended::Answer(resp) => policy.reason_of_status(resp.status().as_u16()),
@@ -578,6 +585,7 @@ pub(crate) async fn exchange_h2(
             .as_ref()
             .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
         let connect = route.tries.h2_connect();
+        record.trace_try_started(req.headers_mut(), pool.addr());
         let sent = async {
             // A failed connect sent nothing: the request comes back.
             let (send, stream) = match h2_stream(pool, connect).await {
@@ -605,6 +613,12 @@ pub(crate) async fn exchange_h2(
             Ok(answer) => Ended::Answer(answer),
             Err(e) => Ended::Failed(e),
         };
+        match &ended {
+            Ended::Answer((resp, _)) => {
+                record.trace_try_ended(Some(resp.status().as_u16()), None);
+            }
+            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind())),
+        }
         let reason = match &ended {
             _ if last => None,
             Ended::Answer((resp, _)) => policy.reason_of_status(resp.status().as_u16()),

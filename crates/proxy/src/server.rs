@@ -621,6 +621,7 @@ impl Server {
         let Server {
             mut serving,
             access_logs,
+            gateway,
             ..
         } = self;
         for thread in &mut serving {
@@ -631,6 +632,11 @@ impl Server {
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
             .shutdown();
+        // Every finished request has recorded its spans: export what is left, within the
+        // exporter's own shutdown deadline, off this runtime's thread.
+        if let Some(exporter) = gateway.take_trace_exporter() {
+            let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+        }
         drained
     }
 }

@@ -51,6 +51,9 @@ pub struct Snapshot {
     pub(crate) metrics: SnapshotMetrics,
     /// Rate limits of the routes, by index (unchanged ones carried over from the previous).
     pub(crate) rate_limits: crate::rate_limit::RateLimits,
+    /// Tracing: the process's tracer (the exporter and its queue outlive snapshots) and
+    /// this config's sampling.
+    pub tracing: crate::trace::SnapshotTracing,
 }
 
 impl Snapshot {
@@ -62,14 +65,24 @@ impl Snapshot {
     /// Endpoint names take their addresses from `names` (none resolved without it). TLS
     /// files are read here (a reload reads them again; one that fails fails the build,
     /// naming the file).
+    /// Spans go to `tracer` (a no-op one when tracing is off).
     pub fn build(
         config: Config,
         previous: Option<&Snapshot>,
         metrics: &Arc<GatewayMetrics>,
         names: Option<&Names>,
         health: &Hub,
+        tracer: &tailguard_trace::Tracer,
     ) -> Result<Snapshot, Error> {
-        Snapshot::build_with(config, previous, metrics, names, health, TlsFiles::Read)
+        Snapshot::build_with(
+            config,
+            previous,
+            metrics,
+            names,
+            health,
+            TlsFiles::Read,
+            tracer,
+        )
     }
 
     /// [`Snapshot::build`], reading the TLS files or keeping the running ones (`files`).
@@ -80,6 +93,7 @@ impl Snapshot {
         names: Option<&Names>,
         health: &Hub,
         files: TlsFiles,
+        tracer: &tailguard_trace::Tracer,
     ) -> Result<Snapshot, Error> {
         let settings = pool_settings(&config.timeouts);
         let mut responders = Vec::new();
@@ -233,7 +247,9 @@ impl Snapshot {
             router.routes().iter().map(|r| Arc::clone(&r.id)),
             &upstreams,
         )?;
+        let tracing = crate::trace::SnapshotTracing::build(&config, &router, tracer);
         Ok(Snapshot {
+            tracing,
             request_timeout: millis(config.timeouts.request_ms),
             read_timeout: millis(config.timeouts.read_ms),
             router,

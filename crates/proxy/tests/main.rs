@@ -19,6 +19,7 @@ mod retry;
 mod routing;
 mod sni;
 mod support;
+mod trace_propagation;
 mod upstream_h2;
 mod upstream_http1;
 mod upstream_tls;

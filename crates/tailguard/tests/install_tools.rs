@@ -29,7 +29,7 @@ impl Sandbox {
         std::fs::create_dir_all(dir.path().join("home")).expect("home");
         // Only what the script's install part runs; no promtool, etcd, valgrind..., so every
         // tool is missing and apt-get is called.
-        for tool in ["bash", "chmod", "rm"] {
+        for tool in ["bash", "chmod", "rm", "mktemp", "mkdir"] {
             symlink(on_path(tool), bin.join(tool)).expect("symlink a real tool");
         }
         let log = dir.path().join("calls.log");
@@ -38,6 +38,18 @@ impl Sandbox {
         script(&bin.join("id"), "echo 0\n");
         // Present, so the script does not `go install` it.
         script(&bin.join("h2spec"), "exit 0\n");
+        std::fs::create_dir_all(dir.path().join("tmp")).expect("tmp");
+        // A stand-in Go that records each call (from the directory it ran in) and builds
+        // nothing; `go version -m` prints $FAKE_GO_VERSION_M, as the real one prints the
+        // modules a binary was built from.
+        script(
+            &bin.join("go"),
+            &format!(
+                "echo \"go $* (in $PWD)\" >> {log}\n\
+                 if [ \"$1\" = version ]; then printf '%s' \"$FAKE_GO_VERSION_M\"; fi\n\
+                 exit 0\n"
+            ),
+        );
         // What invoke-rc.d and deb-systemd-invoke do when a package's postinst starts its
         // service: run policy-rc.d if it is executable, and start only on 0.
         script(
@@ -74,6 +86,7 @@ impl Sandbox {
             .env("PATH", self.dir.path().join("bin"))
             .env("HOME", self.dir.path().join("home"))
             .env("DPKG_ROOT", self.dir.path().join("root"))
+            .env("TMPDIR", self.dir.path().join("tmp"))
             .stdin(Stdio::null());
         cmd
     }
@@ -276,5 +289,100 @@ fn install_tools_removes_its_policy_rc_d_when_interrupted() {
     assert!(
         !sandbox.policy().exists(),
         "an interrupted install must not leave the machine unable to start services"
+    );
+}
+
+#[test]
+fn install_tools_builds_jaeger_as_a_tool_of_a_throwaway_module() {
+    let sandbox = Sandbox::new();
+    let out = sandbox.run(0);
+    assert!(out.status.success(), "{}", text(&out));
+    let calls = sandbox.calls();
+    let go: Vec<&str> = calls.lines().filter(|l| l.starts_with("go ")).collect();
+    let home = sandbox.dir.path().join("home");
+    let tmp = sandbox.dir.path().join("tmp");
+    let position = |wanted: &str| {
+        go.iter()
+            .position(|l| l.starts_with(wanted))
+            .unwrap_or_else(|| panic!("no `{wanted}` among the Go calls:\n{calls}"))
+    };
+    let init = position("go mod init ");
+    let get = position("go get -tool github.com/jaegertracing/jaeger/cmd/jaeger@v1.76.0 ");
+    let build = position(&format!(
+        "go build -o {}/go/bin/jaeger github.com/jaegertracing/jaeger/cmd/jaeger ",
+        home.display()
+    ));
+    assert!(init < get && get < build, "{calls}");
+    // All three in one module made for the build, under $TMPDIR, never the working tree.
+    let module = |line: &str| line.rsplit_once("(in ").map(|(_, dir)| dir.to_owned());
+    let dir = module(go[get]).expect("a directory");
+    assert!(dir.starts_with(&tmp.display().to_string()), "{calls}");
+    assert_eq!(module(go[init]), Some(dir.clone()), "{calls}");
+    assert_eq!(module(go[build]), Some(dir.clone()), "{calls}");
+    assert!(
+        std::fs::read_dir(&tmp).expect("tmp").next().is_none(),
+        "the throwaway module must be removed"
+    );
+    // Caddy is for lab machines only.
+    assert!(!calls.contains("caddy"), "{calls}");
+}
+
+#[test]
+fn install_tools_keeps_a_jaeger_built_from_the_same_version() {
+    let sandbox = Sandbox::new();
+    let out = sandbox
+        .command()
+        .env("FAKE_APT_EXIT", "0")
+        .env(
+            "FAKE_GO_VERSION_M",
+            "jaeger: go1.26.8\n\tpath\tgithub.com/jaegertracing/jaeger/cmd/jaeger\n\
+             \tdep\tgithub.com/jaegertracing/jaeger\tv1.76.0\th1:x=\n",
+        )
+        .output()
+        .expect("run scripts/install-tools");
+    assert!(out.status.success(), "{}", text(&out));
+    let calls = sandbox.calls();
+    assert!(calls.contains("go version -m "), "{calls}");
+    assert!(
+        !calls.contains("go get"),
+        "a current jaeger is not rebuilt:\n{calls}"
+    );
+    assert!(!calls.contains("go build"), "{calls}");
+
+    // One built from another version is rebuilt.
+    let sandbox = Sandbox::new();
+    let out = sandbox
+        .command()
+        .env("FAKE_APT_EXIT", "0")
+        .env(
+            "FAKE_GO_VERSION_M",
+            "\tdep\tgithub.com/jaegertracing/jaeger\tv1.75.0\th1:x=\n",
+        )
+        .output()
+        .expect("run scripts/install-tools");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        sandbox
+            .calls()
+            .contains("go get -tool github.com/jaegertracing/jaeger/cmd/jaeger@v1.76.0"),
+        "{}",
+        sandbox.calls()
+    );
+}
+
+#[test]
+fn install_tools_builds_caddy_on_lab_machines() {
+    let sandbox = Sandbox::new();
+    let out = sandbox
+        .command()
+        .env("FAKE_APT_EXIT", "0")
+        .env("TAILGUARD_LAB_TOOLS", "1")
+        .output()
+        .expect("run scripts/install-tools");
+    assert!(out.status.success(), "{}", text(&out));
+    let calls = sandbox.calls();
+    assert!(
+        calls.contains("go install github.com/caddyserver/caddy/v2/cmd/caddy@v2.11.9"),
+        "{calls}"
     );
 }

@@ -10,4 +10,6 @@ mod install_tools;
 mod listeners;
 mod metrics;
 mod support;
+mod trace;
+mod trace_jaeger;
 mod valgrind;

@@ -19,7 +19,8 @@
 //! connection, for tests of what may never reach an upstream. [`TlsUpstream`] is an HTTPS
 //! upstream with certificates from a [`TestCa`], counting full and resumed handshakes.
 //! [`SwitchableUpstream`] changes its statuses, stops and comes back while a test runs
-//! (health checks, ejection). [`etcd::EtcdServer`] is a real etcd on free ports.
+//! (health checks, ejection). [`etcd::EtcdServer`] is a real etcd on free ports;
+//! [`jaeger::Jaeger`] a real Jaeger v2 (an OpenTelemetry collector) and its query API.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -35,6 +36,8 @@ pub mod dns;
 pub mod etcd;
 pub mod grpc;
 pub mod h2_frames;
+pub mod jaeger;
+pub mod otlp;
 pub mod ports;
 mod recording;
 mod switchable;

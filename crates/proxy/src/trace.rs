@@ -1,0 +1,395 @@
+//! Tracing on the gateway's request path: the incoming context read when the head arrives,
+//! a `traceparent` naming a fresh CLIENT span written into each upstream try, and, when the
+//! request finishes, its SERVER span and one CLIENT span per try recorded if the head
+//! sampler or the tail rule keeps them.
+//!
+//! Nothing is allocated or recorded while the request runs beyond one box per traced
+//! request (its [`RequestTrace`]); spans are built at the end, only for kept requests, and
+//! copied into the serving thread's buffer (`tailguard-trace`). Tracing off (no endpoint)
+//! costs one branch: the snapshot's [`Tracer`] is a no-op and no box is made.
+//!
+//! A route with `tracing = false` gets no span and its upstream gets the client's
+//! `traceparent` unchanged, as Envoy forwards trace headers untouched on a route it does not
+//! trace.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderValue, Request};
+use tailguard_config::{Config, RouteTracing};
+use tailguard_trace::{
+    Sampler, Span, SpanContext, SpanId, SpanKind, Status, TailRule, TraceId, Tracer, extract,
+    inject, method_name, protocol_version, unix_nanos,
+};
+
+use crate::route::Router;
+
+/// Client spans kept per request; tries beyond are counted in `tailguard.tries` only.
+/// 8: a retry policy of more attempts is rare, and the box stays under 1 KiB.
+const MAX_TRY_SPANS: usize = 8;
+
+/// A snapshot's tracing: the process's tracer (kept across reloads) and this config's
+/// sampling.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotTracing {
+    tracer: Tracer,
+    sampler: Sampler,
+    tail: TailRule,
+    /// By route index (the router's order).
+    routes: Vec<RouteTracing>,
+}
+
+impl SnapshotTracing {
+    /// The sampling of `config` recording into `tracer` (a no-op when tracing is off).
+    pub fn build(config: &Config, router: &Router, tracer: &Tracer) -> SnapshotTracing {
+        let Some(t) = &config.tracing else {
+            return SnapshotTracing::default();
+        };
+        let routes = router
+            .routes()
+            .iter()
+            .map(|r| {
+                config
+                    .routes
+                    .iter()
+                    .find(|c| **c.id.get_ref() == *r.id)
+                    .and_then(|c| c.tracing.as_ref().map(|t| *t.get_ref()))
+                    .unwrap_or(RouteTracing::Default)
+            })
+            .collect();
+        SnapshotTracing {
+            tracer: tracer.clone(),
+            sampler: Sampler {
+                parent_based: t.parent_based,
+                ratio: t.sample_ratio,
+            },
+            tail: TailRule {
+                keep_errors: true,
+                slow_nanos: t.slow_ms.saturating_mul(1_000_000),
+            },
+            routes,
+        }
+    }
+
+    /// The tracer.
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+}
+
+/// One upstream try's CLIENT span, as far as it is known.
+#[derive(Debug, Clone, Copy)]
+struct Try {
+    span_id: SpanId,
+    start_unix_nanos: u64,
+    started: Instant,
+    end_unix_nanos: u64,
+    addr: SocketAddr,
+    number: u32,
+    retry_reason: Option<&'static str>,
+    status: Option<u16>,
+    error: Option<&'static str>,
+}
+
+/// A traced request's state, from its head to its end.
+#[derive(Debug)]
+pub struct RequestTrace {
+    /// The SERVER span's context; `sampled` is the head decision, what upstreams are told.
+    context: SpanContext,
+    /// The caller's context, if a valid one came.
+    parent: Option<SpanContext>,
+    /// A bare `b3` decision.
+    hint: Option<bool>,
+    start_unix_nanos: u64,
+    tracestate: Option<HeaderValue>,
+    host: Option<HeaderValue>,
+    tries: [Option<Try>; MAX_TRY_SPANS],
+    /// Tries made, kept or not.
+    tried: u32,
+    /// Why the next try is made (set when a retry is decided).
+    next_reason: Option<&'static str>,
+    /// The route answered by itself.
+    local: bool,
+}
+
+/// Reads the incoming context and starts the request's trace; none when tracing is off.
+pub(crate) fn start<B>(t: &SnapshotTracing, req: &Request<B>) -> Option<Box<RequestTrace>> {
+    if !t.tracer.is_enabled() {
+        return None;
+    }
+    let found = extract(req.headers());
+    if let Some(m) = t.tracer.metrics() {
+        for header in found.malformed() {
+            m.context_invalid(header);
+        }
+    }
+    let trace_id = found.parent.map_or_else(TraceId::random, |p| p.trace_id);
+    let sampled = t
+        .sampler
+        .sample(found.parent.as_ref(), found.sampling_hint, trace_id);
+    let context = SpanContext {
+        trace_id,
+        span_id: SpanId::random(),
+        sampled,
+    };
+    Some(Box::new(RequestTrace {
+        context,
+        parent: found.parent,
+        hint: found.sampling_hint,
+        start_unix_nanos: unix_nanos(),
+        tracestate: found.tracestate,
+        host: req
+            .headers()
+            .get(http::header::HOST)
+            .cloned()
+            .or_else(|| req.uri().host().and_then(|h| HeaderValue::from_str(h).ok())),
+        tries: [None; MAX_TRY_SPANS],
+        tried: 0,
+        next_reason: None,
+        local: false,
+    }))
+}
+
+/// The request was routed to route `index`: its own `tracing` applies (`false` ends the
+/// trace).
+pub(crate) fn routed(t: &SnapshotTracing, trace: &mut Option<Box<RequestTrace>>, index: usize) {
+    let Some(tr) = trace.as_mut() else {
+        return;
+    };
+    match t.routes.get(index) {
+        Some(RouteTracing::Off) => *trace = None,
+        Some(RouteTracing::Ratio(ratio)) => {
+            let sampler = Sampler {
+                ratio: *ratio,
+                ..t.sampler
+            };
+            tr.context.sampled = sampler.sample(tr.parent.as_ref(), tr.hint, tr.context.trace_id);
+        }
+        Some(RouteTracing::Default) | None => {}
+    }
+}
+
+impl RequestTrace {
+    /// The ids the access log prints: the trace and the SERVER span.
+    pub(crate) fn ids(&self) -> ([u8; 16], [u8; 8]) {
+        (self.context.trace_id.0, self.context.span_id.0)
+    }
+
+    /// The route answers by itself.
+    pub(crate) fn answered_locally(&mut self) {
+        self.local = true;
+    }
+
+    /// A try to `addr` is about to be sent: a new CLIENT span, named in the `traceparent`
+    /// the upstream receives.
+    pub(crate) fn try_started(&mut self, headers: &mut HeaderMap, addr: SocketAddr) {
+        end_open_try(self, None, Some("_OTHER"));
+        let span_id = SpanId::random();
+        let ctx = SpanContext {
+            span_id,
+            ..self.context
+        };
+        inject(headers, &ctx, self.tracestate.as_ref());
+        self.tried += 1;
+        let slot = usize::try_from(self.tried - 1).unwrap_or(usize::MAX);
+        if let Some(slot) = self.tries.get_mut(slot) {
+            *slot = Some(Try {
+                span_id,
+                start_unix_nanos: unix_nanos(),
+                started: Instant::now(),
+                end_unix_nanos: 0,
+                addr,
+                number: self.tried,
+                retry_reason: self.next_reason.take(),
+                status: None,
+                error: None,
+            });
+        }
+    }
+
+    /// The open try ended with the upstream's `status`, or an `error` (its kind).
+    pub(crate) fn try_ended(&mut self, status: Option<u16>, error: Option<&'static str>) {
+        end_open_try(self, status, error);
+    }
+
+    /// A retry was decided, for `reason`: the next try says so.
+    pub(crate) fn retrying(&mut self, reason: &'static str) {
+        self.next_reason = Some(reason);
+    }
+}
+
+fn end_open_try(trace: &mut RequestTrace, status: Option<u16>, error: Option<&'static str>) {
+    let Some(Some(t)) = usize::try_from(trace.tried)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| trace.tries.get_mut(i))
+    else {
+        return;
+    };
+    if t.end_unix_nanos != 0 {
+        return;
+    }
+    let elapsed = u64::try_from(t.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    t.end_unix_nanos = t
+        .start_unix_nanos
+        .saturating_add(elapsed)
+        .max(t.start_unix_nanos + 1);
+    t.status = status;
+    t.error = error;
+}
+
+/// What the finished request's record says, for its spans.
+#[derive(Debug)]
+pub(crate) struct Ended<'a> {
+    pub(crate) start: Instant,
+    pub(crate) end: Instant,
+    pub(crate) method: &'a http::Method,
+    pub(crate) uri: &'a http::Uri,
+    pub(crate) version: http::Version,
+    pub(crate) remote: SocketAddr,
+    pub(crate) route: Option<&'a str>,
+    pub(crate) status: u16,
+    pub(crate) error: Option<&'static str>,
+    pub(crate) upstream_status: Option<u16>,
+    pub(crate) grpc: bool,
+    pub(crate) grpc_status: Option<u8>,
+}
+
+/// What the span says about how the request ended (`tailguard.outcome`).
+fn outcome(record: &Ended<'_>, trace: &RequestTrace) -> &'static str {
+    match record.error {
+        Some("overloaded") => "shed",
+        Some("rate_limited") => "rate_limited",
+        Some(_) => "error",
+        None if trace.local => "local",
+        None => "forwarded",
+    }
+}
+
+/// The request ended: its spans are recorded if the head sampler or the tail rule keeps
+/// them.
+pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: &Ended<'_>) {
+    let route = record.route;
+    let duration = u64::try_from(
+        record
+            .end
+            .saturating_duration_since(record.start)
+            .as_nanos(),
+    )
+    .unwrap_or(u64::MAX);
+    let failed = record.status >= 500
+        || matches!(
+            record.error,
+            Some("overloaded" | "rate_limited" | "upstream_timeout")
+        )
+        || record.grpc_status.is_some_and(grpc_failed);
+    if !t.tail.keep(trace.context.sampled, failed, duration) {
+        return;
+    }
+    end_open_try(&mut trace, record.upstream_status, record.error);
+    let end_unix = trace.start_unix_nanos.saturating_add(duration);
+    let mut server = Span::new(
+        SpanKind::Server,
+        &trace.context,
+        trace.parent.map(|p| p.span_id),
+    );
+    server.start_unix_nanos = trace.start_unix_nanos;
+    server.end_unix_nanos = end_unix;
+    let method = method_name(record.method);
+    match route {
+        Some(r) => server.set_name_parts(&[method.as_bytes(), r.as_bytes()]),
+        None => server.set_name(method),
+    }
+    server.str("http.request.method", method);
+    if let Some(r) = route {
+        server.bytes("http.route", r.as_bytes());
+    }
+    server.int("http.response.status_code", i64::from(record.status));
+    server.bytes("url.path", record.uri.path().as_bytes());
+    if let Some(host) = &trace.host {
+        server.bytes(
+            "server.address",
+            tailguard_trace::host_without_port(host.as_bytes()),
+        );
+    }
+    let mut ip = [0u8; 39];
+    server.bytes("client.address", ip_text(record.remote, &mut ip));
+    server.str("network.protocol.version", protocol_version(record.version));
+    server.str("tailguard.outcome", outcome(record, &trace));
+    if trace.tried > 0 {
+        server.int("tailguard.tries", i64::from(trace.tried));
+    }
+    if record.grpc {
+        server.str("rpc.system", "grpc");
+        if let Some((service, method)) = record.uri.path().trim_start_matches('/').split_once('/') {
+            server.bytes("rpc.service", service.as_bytes());
+            server.bytes("rpc.method", method.as_bytes());
+        }
+        if let Some(code) = record.grpc_status {
+            server.int("rpc.grpc.status_code", i64::from(code));
+        }
+    }
+    if failed {
+        server.status = Status::Error;
+        match record.error {
+            Some(kind) => server.str("error.type", kind),
+            None => server.bytes("error.type", &status_digits(record.status)),
+        }
+    }
+    t.tracer.record(&server);
+
+    for one in trace.tries.iter().flatten() {
+        let ctx = SpanContext {
+            span_id: one.span_id,
+            ..trace.context
+        };
+        let mut client = Span::new(SpanKind::Client, &ctx, Some(trace.context.span_id));
+        client.start_unix_nanos = one.start_unix_nanos;
+        client.end_unix_nanos = if one.end_unix_nanos == 0 {
+            end_unix
+        } else {
+            one.end_unix_nanos
+        };
+        client.set_name(method);
+        client.str("http.request.method", method);
+        let mut ip = [0u8; 39];
+        client.bytes("server.address", ip_text(one.addr, &mut ip));
+        client.int("server.port", i64::from(one.addr.port()));
+        client.int("tailguard.try", i64::from(one.number));
+        if let Some(reason) = one.retry_reason {
+            client.str("tailguard.retry_reason", reason);
+        }
+        if let Some(status) = one.status {
+            client.int("http.response.status_code", i64::from(status));
+        }
+        if let Some(error) = one.error {
+            client.status = Status::Error;
+            client.str("error.type", error);
+        } else if one.status.is_some_and(|s| s >= 500) {
+            client.status = Status::Error;
+            client.bytes("error.type", &status_digits(one.status.unwrap_or(500)));
+        }
+        t.tracer.record(&client);
+    }
+}
+
+/// gRPC statuses that are the server's failure (as the OTel gRPC conventions mark a server
+/// span's error): UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
+/// DATA_LOSS.
+fn grpc_failed(code: u8) -> bool {
+    matches!(code, 2 | 4 | 12 | 13 | 14 | 15)
+}
+
+fn status_digits(status: u16) -> [u8; 3] {
+    let d = |n: u16| b'0' + u8::try_from(n % 10).expect("a digit");
+    [d(status / 100), d(status / 10), d(status)]
+}
+
+/// The address's IP as text, without allocating.
+fn ip_text(addr: SocketAddr, buf: &mut [u8; 39]) -> &[u8] {
+    use std::io::Write as _;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cursor, "{}", addr.ip());
+    let n = usize::try_from(cursor.position()).unwrap_or(0);
+    &buf[..n]
+}

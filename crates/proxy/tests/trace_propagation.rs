@@ -1,0 +1,393 @@
+//! Traces through the real gateway: the `traceparent` each upstream try receives, the spans
+//! a real OTLP receiver gets (server span, one client span per try, their parents), the
+//! tail rule, malformed incoming context, `tracing = false`, a dead collector, a reload.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tailguard_test_support::http1_client;
+use tailguard_test_support::otlp::{OtlpReceiver, OtlpSpan, attr_int, attr_str};
+
+use crate::support::{config, metrics_text, start};
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_SPAN: &str = "00f067aa0ba902b7";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// An upstream that answers `status` and keeps every `traceparent` it receives.
+struct Recorder {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+async fn recorder(status: u16) -> Recorder {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let s = Arc::clone(&s);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let tp = req
+                        .headers()
+                        .get("traceparent")
+                        .map(|v| v.to_str().expect("ascii").to_owned());
+                    s.lock().expect("lock").push(tp);
+                    async move {
+                        let mut r = hyper::Response::new(Full::new(Bytes::from_static(b"ok")));
+                        *r.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+                        Ok::<_, hyper::Error>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    Recorder { addr, seen }
+}
+
+impl Recorder {
+    fn seen(&self) -> Vec<Option<String>> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+fn gateway_config(
+    endpoints: &[SocketAddr],
+    route_extra: &str,
+    tracing_extra: &str,
+    collector: &str,
+) -> String {
+    let eps: Vec<String> = endpoints
+        .iter()
+        .map(|a| format!("{{ address = \"{a}\" }}"))
+        .collect();
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nendpoints = [{}]\n\n\
+         [[routes]]\nid = \"api\"\nupstream = \"up\"\n{route_extra}\n\n\
+         [tracing]\nendpoint = \"{collector}\"\nbatch_interval_ms = 20\n{tracing_extra}\n",
+        eps.join(", ")
+    )
+}
+
+async fn send(url: &str, traceparent: Option<&str>) -> u16 {
+    let client = http1_client();
+    let mut req = http::Request::get(format!("{url}/x")).header("host", "api.example.com");
+    if let Some(tp) = traceparent {
+        req = req.header("traceparent", tp);
+    }
+    let resp = client
+        .request(req.body(crate::support::empty()).expect("request"))
+        .await
+        .expect("a response");
+    let status = resp.status().as_u16();
+    let _ = crate::support::text(resp).await;
+    status
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `00-{trace}-{span}-{flags}` into its parts.
+fn parts(tp: &str) -> (String, String, String) {
+    let p: Vec<&str> = tp.split('-').collect();
+    assert_eq!(p.len(), 4, "{tp}");
+    (p[1].to_owned(), p[2].to_owned(), p[3].to_owned())
+}
+
+fn by_kind(spans: &[OtlpSpan], kind: i32) -> Vec<&OtlpSpan> {
+    spans.iter().filter(|s| s.kind == kind).collect()
+}
+
+const SERVER: i32 = 2;
+const CLIENT: i32 = 3;
+
+#[tokio::test]
+async fn the_upstream_gets_the_incoming_trace_with_the_client_span_as_parent() {
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        "",
+        &receiver.endpoint(),
+    )));
+    let incoming = format!("00-{TRACE}-{PARENT_SPAN}-01");
+    assert_eq!(send(&url, Some(&incoming)).await, 200);
+
+    let seen = up.seen();
+    let (trace, parent, flags) = parts(seen[0].as_deref().expect("a traceparent upstream"));
+    assert_eq!(trace, TRACE, "the incoming trace continues");
+    assert_ne!(
+        parent, PARENT_SPAN,
+        "the parent is the gateway's client span"
+    );
+    assert_eq!(flags, "01");
+
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    let server_span = by_kind(&spans, SERVER)[0];
+    let client_span = by_kind(&spans, CLIENT)[0];
+    assert_eq!(hex(&server_span.trace_id), TRACE);
+    assert_eq!(
+        hex(&server_span.parent_span_id),
+        PARENT_SPAN,
+        "the caller's span is the parent"
+    );
+    assert_eq!(client_span.parent_span_id, server_span.span_id);
+    assert_eq!(
+        hex(&client_span.span_id),
+        parent,
+        "the upstream's parent is the client span"
+    );
+    assert_eq!(server_span.name, "GET api");
+    assert_eq!(
+        attr_str(server_span, "http.request.method").as_deref(),
+        Some("GET")
+    );
+    assert_eq!(attr_str(server_span, "http.route").as_deref(), Some("api"));
+    assert_eq!(attr_str(server_span, "url.path").as_deref(), Some("/x"));
+    assert_eq!(
+        attr_str(server_span, "server.address").as_deref(),
+        Some("api.example.com")
+    );
+    assert_eq!(
+        attr_str(server_span, "client.address").as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        attr_str(server_span, "network.protocol.version").as_deref(),
+        Some("1.1")
+    );
+    assert_eq!(
+        attr_int(server_span, "http.response.status_code"),
+        Some(200)
+    );
+    assert_eq!(
+        attr_str(server_span, "tailguard.outcome").as_deref(),
+        Some("forwarded")
+    );
+    assert_eq!(
+        attr_str(client_span, "server.address").as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        attr_int(client_span, "server.port"),
+        Some(i64::from(up.addr.port()))
+    );
+    assert_eq!(attr_int(client_span, "tailguard.try"), Some(1));
+    assert_eq!(
+        attr_int(client_span, "http.response.status_code"),
+        Some(200)
+    );
+    assert!(server_span.start_time_unix_nano <= client_span.start_time_unix_nano);
+    assert!(client_span.end_time_unix_nano <= server_span.end_time_unix_nano);
+    drop(server);
+}
+
+#[tokio::test]
+async fn each_try_gets_its_own_client_span_and_traceparent() {
+    let receiver = OtlpReceiver::http().await;
+    let (a, b) = (recorder(503).await, recorder(503).await);
+    let (server, url) = start(config(&gateway_config(
+        &[a.addr, b.addr],
+        "retry = { attempts = 2, on = [\"503\"], backoff_ms = 0 }",
+        "",
+        &receiver.endpoint(),
+    )));
+    let incoming = format!("00-{TRACE}-{PARENT_SPAN}-01");
+    assert_eq!(send(&url, Some(&incoming)).await, 503);
+
+    let seen: Vec<String> = a
+        .seen()
+        .into_iter()
+        .chain(b.seen())
+        .map(|t| t.expect("traceparent"))
+        .collect();
+    assert_eq!(seen.len(), 2, "one try on each endpoint");
+    let (t1, p1, _) = parts(&seen[0]);
+    let (t2, p2, _) = parts(&seen[1]);
+    assert_eq!((t1.as_str(), t2.as_str()), (TRACE, TRACE));
+    assert_ne!(p1, p2, "a new parent span id per try");
+
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 3).await;
+    let server_span = by_kind(&spans, SERVER)[0];
+    let mut clients = by_kind(&spans, CLIENT);
+    clients.sort_by_key(|s| attr_int(s, "tailguard.try"));
+    assert_eq!(clients.len(), 2);
+    let ids: Vec<String> = clients.iter().map(|s| hex(&s.span_id)).collect();
+    assert!(
+        ids.contains(&p1) && ids.contains(&p2),
+        "{ids:?} vs {p1}, {p2}"
+    );
+    for c in &clients {
+        assert_eq!(c.parent_span_id, server_span.span_id);
+        assert_eq!(attr_int(c, "http.response.status_code"), Some(503));
+        assert_eq!(
+            c.status.as_ref().map(|s| s.code),
+            Some(2),
+            "a 503 try is an error"
+        );
+    }
+    assert_eq!(attr_int(clients[1], "tailguard.try"), Some(2));
+    assert_eq!(
+        attr_str(clients[1], "tailguard.retry_reason").as_deref(),
+        Some("503")
+    );
+    assert_eq!(attr_int(server_span, "tailguard.tries"), Some(2));
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_malformed_traceparent_starts_a_new_trace_and_is_counted() {
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        "",
+        &receiver.endpoint(),
+    )));
+    let uppercase = format!("00-{}-{PARENT_SPAN}-01", TRACE.to_uppercase());
+    assert_eq!(send(&url, Some(&uppercase)).await, 200);
+    let (trace, _, flags) = parts(up.seen()[0].as_deref().expect("a traceparent"));
+    assert_ne!(trace, TRACE.to_lowercase());
+    assert_eq!(
+        flags, "01",
+        "a new trace, sampled (sample_ratio defaults to 1.0)"
+    );
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    assert!(
+        by_kind(&spans, SERVER)[0].parent_span_id.is_empty(),
+        "a root span"
+    );
+    assert!(
+        metrics_text(&server)
+            .contains("tailguard_trace_context_invalid_total{header=\"traceparent\"} 1"),
+        "{}",
+        metrics_text(&server)
+    );
+}
+
+#[tokio::test]
+async fn a_route_with_tracing_off_passes_the_incoming_traceparent_unchanged() {
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let text = gateway_config(&[up.addr], "tracing = false", "", &receiver.endpoint());
+    let (server, url) = start(config(&text));
+    let incoming = format!("00-{TRACE}-{PARENT_SPAN}-01");
+    assert_eq!(send(&url, Some(&incoming)).await, 200);
+    assert_eq!(send(&url, None).await, 200);
+    assert_eq!(up.seen(), [Some(incoming), None]);
+    server.gateway().flush_traces().await;
+    assert_eq!(receiver.spans().len(), 0, "no span for an untraced route");
+}
+
+#[tokio::test]
+async fn unsampled_requests_are_exported_only_when_they_fail() {
+    let receiver = OtlpReceiver::http().await;
+    let ok = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[ok.addr],
+        "",
+        "sample_ratio = 0.0",
+        &receiver.endpoint(),
+    )));
+    // New traces are not sampled; the upstream is told so.
+    assert_eq!(send(&url, None).await, 200);
+    let (_, _, flags) = parts(ok.seen()[0].as_deref().expect("a traceparent"));
+    assert_eq!(flags, "00");
+    server.gateway().flush_traces().await;
+    assert_eq!(receiver.spans().len(), 0);
+
+    // The same gateway with a failing upstream (a reload keeps the exporter and its
+    // queue): the 503 is kept by the tail rule although the head said no.
+    let failing = recorder(503).await;
+    server
+        .reload(config(&gateway_config(
+            &[failing.addr],
+            "",
+            "sample_ratio = 0.0",
+            &receiver.endpoint(),
+        )))
+        .expect("reload");
+    assert_eq!(send(&url, None).await, 503);
+    let (_, _, flags) = parts(failing.seen()[0].as_deref().expect("a traceparent"));
+    assert_eq!(flags, "00", "the upstream was told not sampled");
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    let server_span = by_kind(&spans, SERVER)[0];
+    assert_eq!(server_span.status.as_ref().map(|s| s.code), Some(2));
+    assert_eq!(attr_str(server_span, "error.type").as_deref(), Some("503"));
+}
+
+#[tokio::test]
+async fn a_rate_limited_request_gets_a_server_span_that_says_why() {
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "rate_limit = { rate = 1, per = \"hour\", burst = 1, key = \"route\" }",
+        "sample_ratio = 0.0",
+        &receiver.endpoint(),
+    )));
+    assert_eq!(send(&url, None).await, 200);
+    assert_eq!(send(&url, None).await, 429);
+    let spans = receiver.wait_for(WAIT, |s| !s.is_empty()).await;
+    assert_eq!(
+        spans.len(),
+        1,
+        "only the limited request, kept by the tail rule"
+    );
+    assert_eq!(spans[0].kind, SERVER);
+    assert_eq!(
+        attr_str(&spans[0], "tailguard.outcome").as_deref(),
+        Some("rate_limited")
+    );
+    assert_eq!(attr_int(&spans[0], "http.response.status_code"), Some(429));
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_dead_collector_leaves_requests_unaffected_and_counts_the_drops() {
+    // A port bound and never listened on: every export's connect is refused.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead_addr = dead.local_addr().expect("addr");
+    drop(dead);
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        "queue_max_spans = 64\nbatch_max_spans = 16",
+        &format!("http://{dead_addr}"),
+    )));
+    for _ in 0..200 {
+        assert_eq!(send(&url, None).await, 200);
+    }
+    server.gateway().flush_traces().await;
+    let text = metrics_text(&server);
+    let dropped: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("tailguard_trace_spans_dropped_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(dropped, 400, "every span dropped and counted:\n{text}");
+    assert!(
+        text.contains("tailguard_trace_spans_exported_total 0"),
+        "{text}"
+    );
+}

@@ -1,0 +1,338 @@
+//! A real OTLP receiver on 127.0.0.1:0 for export tests: OTLP/HTTP (`POST /v1/traces`,
+//! protobuf, gzip or not) and OTLP/gRPC, decoding every request with `opentelemetry-proto`
+//! and keeping the spans. Its answer can be switched while a test runs: accept, a status
+//! (503 with `Retry-After`, 400 ...), or a stall (never answer), to test a failing or
+//! stalled collector.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+pub use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::common::v1::any_value;
+pub use opentelemetry_proto::tonic::trace::v1::Span as OtlpSpan;
+use prost::Message as _;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// How the receiver answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Accept (HTTP 200 / gRPC OK) and keep the spans.
+    Accept,
+    /// HTTP status (gRPC: 503 → `UNAVAILABLE`, else `INVALID_ARGUMENT`), spans not kept.
+    Status(u16),
+    /// Read the request, never answer.
+    Stall,
+}
+
+const STALL: u16 = 1;
+const ACCEPT: u16 = 0;
+
+#[derive(Default)]
+struct Shared {
+    requests: Mutex<Vec<Received>>,
+    answer: AtomicU16,
+    attempts: AtomicUsize,
+    changed: Notify,
+}
+
+/// One accepted export request.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The decoded request.
+    pub request: ExportTraceServiceRequest,
+    /// The HTTP headers (or gRPC metadata) it came with, names lowercase.
+    pub headers: Vec<(String, String)>,
+}
+
+/// The receiver; stops when dropped.
+pub struct OtlpReceiver {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for OtlpReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtlpReceiver")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Drop for OtlpReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl OtlpReceiver {
+    /// OTLP/HTTP on 127.0.0.1:0.
+    pub async fn http() -> OtlpReceiver {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shared = Arc::new(Shared::default());
+        let s = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let s = Arc::clone(&s);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let s = Arc::clone(&s);
+                        async move { Ok::<_, hyper::Error>(answer_http(&s, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        OtlpReceiver { addr, shared, task }
+    }
+
+    /// OTLP/gRPC on 127.0.0.1:0.
+    pub async fn grpc() -> OtlpReceiver {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shared = Arc::new(Shared::default());
+        let service = TraceServiceServer::new(Grpc(Arc::clone(&shared)))
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        OtlpReceiver { addr, shared, task }
+    }
+
+    /// `http://{addr}`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// From now on, answer this way.
+    pub fn set_answer(&self, answer: Answer) {
+        let code = match answer {
+            Answer::Accept => ACCEPT,
+            Answer::Stall => STALL,
+            Answer::Status(s) => s,
+        };
+        self.shared.answer.store(code, Ordering::SeqCst);
+    }
+
+    /// Export requests received, accepted or not.
+    pub fn attempts(&self) -> usize {
+        self.shared.attempts.load(Ordering::SeqCst)
+    }
+
+    /// The accepted requests.
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Every accepted span.
+    pub fn spans(&self) -> Vec<OtlpSpan> {
+        self.received()
+            .into_iter()
+            .flat_map(|r| r.request.resource_spans)
+            .flat_map(|rs| rs.scope_spans)
+            .flat_map(|ss| ss.spans)
+            .collect()
+    }
+
+    /// Waits (up to `deadline`) until `done` holds for the accepted spans; returns them.
+    pub async fn wait_for(
+        &self,
+        deadline: Duration,
+        done: impl Fn(&[OtlpSpan]) -> bool,
+    ) -> Vec<OtlpSpan> {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let changed = self.shared.changed.notified();
+            let spans = self.spans();
+            if done(&spans) {
+                return spans;
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                panic!("OTLP receiver: condition not met within {deadline:?}; spans: {spans:#?}");
+            }
+        }
+    }
+
+    /// Waits (up to `deadline`) until at least `n` export attempts arrived.
+    pub async fn wait_for_attempts(&self, n: usize, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let changed = self.shared.changed.notified();
+            if self.attempts() >= n {
+                return;
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                panic!(
+                    "OTLP receiver: {} attempts, not {n}, within {deadline:?}",
+                    self.attempts()
+                );
+            }
+        }
+    }
+}
+
+/// A string attribute of a span.
+pub fn attr_str(span: &OtlpSpan, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            _ => None,
+        })
+}
+
+/// An integer attribute of a span.
+pub fn attr_int(span: &OtlpSpan, key: &str) -> Option<i64> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::IntValue(i) => Some(*i),
+            _ => None,
+        })
+}
+
+fn record(shared: &Shared, request: ExportTraceServiceRequest, headers: Vec<(String, String)>) {
+    lock(&shared.requests).push(Received { request, headers });
+}
+
+async fn answer_http(
+    shared: &Shared,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let gzip = req
+        .headers()
+        .get("content-encoding")
+        .is_some_and(|v| v.as_bytes() == b"gzip");
+    let path_ok = req.uri().path() == "/v1/traces" && req.method() == hyper::Method::POST;
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    shared.attempts.fetch_add(1, Ordering::SeqCst);
+    let answer = shared.answer.load(Ordering::SeqCst);
+    let response = |status: u16, body: Bytes| {
+        let mut r = hyper::Response::new(Full::new(body));
+        *r.status_mut() = hyper::StatusCode::from_u16(status).expect("a status");
+        r.headers_mut().insert(
+            "content-type",
+            "application/x-protobuf".parse().expect("value"),
+        );
+        r
+    };
+    let out = if answer == STALL {
+        shared.changed.notify_waiters();
+        std::future::pending::<()>().await;
+        unreachable!("pending never completes")
+    } else if !path_ok {
+        response(404, Bytes::new())
+    } else if answer != ACCEPT {
+        let mut r = response(answer, Bytes::new());
+        if answer == 503 || answer == 429 {
+            r.headers_mut()
+                .insert("retry-after", "0".parse().expect("value"));
+        }
+        r
+    } else {
+        let raw = if gzip {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut out)
+                .map(|_| out)
+                .unwrap_or_default()
+        } else {
+            body.to_vec()
+        };
+        match ExportTraceServiceRequest::decode(raw.as_slice()) {
+            Ok(request) => {
+                record(shared, request, headers);
+                response(
+                    200,
+                    Bytes::from(ExportTraceServiceResponse::default().encode_to_vec()),
+                )
+            }
+            Err(_) => response(400, Bytes::new()),
+        }
+    };
+    shared.changed.notify_waiters();
+    out
+}
+
+struct Grpc(Arc<Shared>);
+
+#[tonic::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let shared = &self.0;
+        shared.attempts.fetch_add(1, Ordering::SeqCst);
+        let answer = shared.answer.load(Ordering::SeqCst);
+        let headers = request
+            .metadata()
+            .iter()
+            .filter_map(|kv| match kv {
+                tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                    Some((k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                }
+                tonic::metadata::KeyAndValueRef::Binary(..) => None,
+            })
+            .collect();
+        let out = match answer {
+            STALL => {
+                shared.changed.notify_waiters();
+                std::future::pending::<()>().await;
+                unreachable!("pending never completes")
+            }
+            ACCEPT => {
+                record(shared, request.into_inner(), headers);
+                Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+            }
+            503 => Err(tonic::Status::unavailable("503")),
+            _ => Err(tonic::Status::invalid_argument("refused")),
+        };
+        shared.changed.notify_waiters();
+        out
+    }
+}

@@ -1,0 +1,111 @@
+//! Recording a span (built on the stack, copied into this thread's buffer, exported by the
+//! exporter thread to a real OTLP/HTTP sink on 127.0.0.1) against two baselines: building
+//! the span alone, and pushing it into one `Mutex<Vec<Span>>` shared by every thread (the
+//! shape of a shared bounded queue).
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http_body_util::{BodyExt as _, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tailguard_trace::{
+    ExportConfig, Exporter, Span, SpanContext, SpanId, SpanKind, TraceId, TraceMetrics,
+};
+
+/// A server span as the gateway builds one: 10 attributes, 3 of them copied strings.
+fn span(ctx: &SpanContext) -> Span {
+    let mut s = Span::new(SpanKind::Server, ctx, Some(SpanId([7; 8])));
+    s.start_unix_nanos = 1_700_000_000_000_000_000;
+    s.end_unix_nanos = s.start_unix_nanos + 1_500_000;
+    s.set_name_parts(&[b"GET", b"/api/v1/users/{id}"]);
+    s.str("http.request.method", "GET");
+    s.bytes("http.route", b"/api/v1/users/{id}");
+    s.bytes("url.path", b"/api/v1/users/12345");
+    s.int("http.response.status_code", 200);
+    s.bytes("server.address", b"api.example.com");
+    s.bytes("client.address", b"192.0.2.7");
+    s.str("network.protocol.version", "1.1");
+    s.int("server.port", 8080);
+    s.str("tailguard.outcome", "forwarded");
+    s.int("tailguard.tries", 1);
+    s
+}
+
+/// An OTLP/HTTP collector that reads each request and answers 200.
+fn sink() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
+                        let _ = req.into_body().collect().await;
+                        Ok::<_, hyper::Error>(hyper::Response::new(Full::new(Bytes::new())))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+    });
+    addr
+}
+
+fn bench(c: &mut Criterion) {
+    let ctx = SpanContext {
+        trace_id: TraceId::random(),
+        span_id: SpanId::random(),
+        sampled: true,
+    };
+    let mut g = c.benchmark_group("record");
+    g.bench_function("build_only", |b| {
+        b.iter(|| black_box(span(black_box(&ctx))))
+    });
+
+    let shared: Mutex<Vec<Span>> = Mutex::new(Vec::with_capacity(1024));
+    g.bench_function("baseline_shared_mutex_vec", |b| {
+        b.iter(|| {
+            let s = span(black_box(&ctx));
+            let mut v = shared.lock().expect("not poisoned");
+            if v.len() == 1024 {
+                v.clear();
+            }
+            v.push(s);
+        })
+    });
+
+    let addr = sink();
+    let mut config = ExportConfig::new(format!("http://{addr}"), "bench");
+    config.batch_interval = Duration::from_millis(100);
+    config.queue_max_spans = 8192;
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(config, metrics.clone()).expect("exporter starts");
+    let tracer = exporter.tracer();
+    g.bench_function("span", |b| b.iter(|| tracer.record(&span(black_box(&ctx)))));
+    g.finish();
+    exporter.shutdown();
+    eprintln!(
+        "record/span: exported {}, dropped (queue full) {}",
+        metrics.exported_total(),
+        metrics.dropped_total(tailguard_trace::DropReason::QueueFull)
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

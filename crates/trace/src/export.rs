@@ -1,0 +1,463 @@
+//! The transports to the collector: OTLP over HTTP/protobuf (hyper, one keep-alive
+//! connection, TLS by rustls) and over gRPC (tonic), each attempt's answer sorted into
+//! accepted, worth retrying (with the collector's requested delay), or not.
+//!
+//! Retryable, as the OTLP spec lists them: HTTP 429, 502, 503 and 504 (honouring
+//! `Retry-After` in seconds), and any transport failure; gRPC `CANCELLED`,
+//! `DEADLINE_EXCEEDED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`, `DATA_LOSS`, and
+//! `RESOURCE_EXHAUSTED` only when the status carries a `RetryInfo` (its delay honoured).
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HOST, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prost::Message as _;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::{ExportConfig, Protocol, TlsFiles};
+use crate::error::Error;
+
+/// How one attempt ended badly.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Worth another attempt, after `after` if the collector asked for it.
+    Retryable {
+        after: Option<Duration>,
+        reason: String,
+    },
+    /// Not worth another attempt (400, a bad certificate ...): the batch is dropped.
+    Permanent(String),
+}
+
+/// The collector's answer to an accepted export: spans it rejected (partial success).
+pub(crate) type Rejected = u64;
+
+pub(crate) enum Transport {
+    Http(Box<HttpTransport>),
+    Grpc(Box<GrpcTransport>),
+}
+
+impl Transport {
+    pub(crate) fn new(config: &ExportConfig) -> Result<Transport, Error> {
+        match config.protocol {
+            Protocol::HttpProtobuf => Ok(Transport::Http(Box::new(HttpTransport::new(config)?))),
+            Protocol::Grpc => Ok(Transport::Grpc(Box::new(GrpcTransport::new(config)?))),
+        }
+    }
+
+    pub(crate) async fn send(
+        &mut self,
+        request: &ExportTraceServiceRequest,
+    ) -> Result<Rejected, Failure> {
+        match self {
+            Transport::Http(h) => h.send(request).await,
+            Transport::Grpc(g) => g.send(request).await,
+        }
+    }
+}
+
+fn endpoint_error(endpoint: &str, reason: impl Into<String>) -> Error {
+    Error::Endpoint {
+        endpoint: endpoint.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+}
+
+fn certificates(pem: &[u8], path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, Error> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(Error::Tls(format!(
+            "{}: no certificate found",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The rustls client config for `https://` over HTTP.
+fn rustls_config(tls: &TlsFiles) -> Result<rustls::ClientConfig, Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca {
+        Some(path) => {
+            for cert in certificates(&read(path)?, path)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    let builder = builder.with_root_certificates(roots);
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            let chain = certificates(&read(cert)?, cert)?;
+            let key_der = PrivateKeyDer::from_pem_slice(&read(key)?)
+                .map_err(|e| Error::Tls(format!("{}: {e}", key.display())))?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| Error::Tls(e.to_string()))
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => Err(Error::Tls("`cert` and `key` go together".to_owned())),
+    }
+}
+
+fn extra_headers(config: &ExportConfig) -> Result<HeaderMap, Error> {
+    let mut map = HeaderMap::new();
+    for (name, value) in &config.headers {
+        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Error::Header(name.clone()))?;
+        let v = HeaderValue::from_str(value).map_err(|_| Error::Header(name.clone()))?;
+        map.append(n, v);
+    }
+    Ok(map)
+}
+
+/// OTLP/HTTP with protobuf bodies.
+pub(crate) struct HttpTransport {
+    uri: Uri,
+    authority: HeaderValue,
+    host: String,
+    port: u16,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    headers: HeaderMap,
+    gzip: bool,
+    conn: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl HttpTransport {
+    fn new(config: &ExportConfig) -> Result<HttpTransport, Error> {
+        let url = config.http_url();
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| endpoint_error(&url, e.to_string()))?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(endpoint_error(&url, "expected http:// or https://")),
+        };
+        let authority = uri
+            .authority()
+            .ok_or_else(|| endpoint_error(&url, "no host"))?
+            .clone();
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls = if https {
+            let name = ServerName::try_from(host.clone())
+                .map_err(|e| endpoint_error(&url, e.to_string()))?;
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(rustls_config(&config.tls)?));
+            Some((connector, name))
+        } else {
+            None
+        };
+        Ok(HttpTransport {
+            authority: HeaderValue::from_str(authority.as_str())
+                .map_err(|e| endpoint_error(&url, e.to_string()))?,
+            uri,
+            host,
+            port,
+            tls,
+            headers: extra_headers(config)?,
+            gzip: config.gzip,
+            conn: None,
+        })
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let tcp = TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| format!("connect {}:{}: {e}", self.host, self.port))?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            Some((connector, name)) => {
+                let stream = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| format!("TLS handshake: {e}"))?;
+                handshake(stream).await
+            }
+            None => handshake(tcp).await,
+        }
+    }
+
+    async fn send(&mut self, request: &ExportTraceServiceRequest) -> Result<Rejected, Failure> {
+        let body = request.encode_to_vec();
+        let body = if self.gzip { gzip(&body) } else { body };
+        let mut sender = match self.conn.take() {
+            Some(s) if !s.is_closed() => s,
+            _ => self.connect().await.map_err(|reason| Failure::Retryable {
+                after: None,
+                reason,
+            })?,
+        };
+        let mut req = Request::post(self.uri.clone())
+            .header(HOST, self.authority.clone())
+            .header(CONTENT_TYPE, "application/x-protobuf")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| Failure::Permanent(e.to_string()))?;
+        if self.gzip {
+            req.headers_mut()
+                .insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
+        for (name, value) in &self.headers {
+            req.headers_mut().append(name.clone(), value.clone());
+        }
+        let transport = |e: hyper::Error| Failure::Retryable {
+            after: None,
+            reason: e.to_string(),
+        };
+        sender.ready().await.map_err(transport)?;
+        let response = sender.send_request(req).await.map_err(transport)?;
+        let status = response.status();
+        let after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        // Collectors answer with a few bytes; a bigger answer is not read to the end.
+        let body = Limited::new(response.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        self.conn = Some(sender);
+        if status.is_success() {
+            let rejected = ExportTraceServiceResponse::decode(body)
+                .ok()
+                .and_then(|r| r.partial_success)
+                .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0));
+            return Ok(rejected);
+        }
+        let reason = format!("HTTP {status}");
+        match status.as_u16() {
+            429 | 502 | 503 | 504 => Err(Failure::Retryable { after, reason }),
+            _ => Err(Failure::Permanent(reason)),
+        }
+    }
+}
+
+async fn handshake<I>(io: I) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("HTTP/1.1 handshake: {e}"))?;
+    tokio::spawn(async move {
+        // The connection ends when the collector closes it; the next export reconnects.
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+fn gzip(body: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4 + 64),
+        // Fast: the exporter's CPU is the machine's too.
+        flate2::Compression::fast(),
+    );
+    enc.write_all(body)
+        .and_then(|()| enc.finish())
+        .expect("writing into a Vec cannot fail")
+}
+
+/// OTLP/gRPC.
+pub(crate) struct GrpcTransport {
+    client: TraceServiceClient<Channel>,
+    headers: HeaderMap,
+}
+
+impl GrpcTransport {
+    fn new(config: &ExportConfig) -> Result<GrpcTransport, Error> {
+        let url = config.endpoint.clone();
+        let mut endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| endpoint_error(&url, e.to_string()))?
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout);
+        if url.starts_with("https://") {
+            let mut tls = ClientTlsConfig::new();
+            tls = match &config.tls.ca {
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+                None => tls.with_native_roots(),
+            };
+            match (&config.tls.cert, &config.tls.key) {
+                (Some(cert), Some(key)) => {
+                    tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+                }
+                (None, None) => {}
+                _ => return Err(Error::Tls("`cert` and `key` go together".to_owned())),
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| Error::Tls(e.to_string()))?;
+        } else if !url.starts_with("http://") {
+            return Err(endpoint_error(&url, "expected http:// or https://"));
+        }
+        let mut client = TraceServiceClient::new(endpoint.connect_lazy());
+        if config.gzip {
+            client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        }
+        Ok(GrpcTransport {
+            client,
+            headers: extra_headers(config)?,
+        })
+    }
+
+    async fn send(&mut self, request: &ExportTraceServiceRequest) -> Result<Rejected, Failure> {
+        let mut req = tonic::Request::new(request.clone());
+        for (name, value) in &self.headers {
+            if let Ok(v) = tonic::metadata::MetadataValue::try_from(value.as_bytes())
+                && let Ok(k) = tonic::metadata::MetadataKey::from_bytes(name.as_str().as_bytes())
+            {
+                req.metadata_mut().append(k, v);
+            }
+        }
+        match self.client.export(req).await {
+            Ok(resp) => Ok(resp
+                .into_inner()
+                .partial_success
+                .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0))),
+            Err(status) => Err(classify_grpc(&status)),
+        }
+    }
+}
+
+fn classify_grpc(status: &tonic::Status) -> Failure {
+    use tonic::Code;
+    let reason = format!("gRPC {:?}: {}", status.code(), status.message());
+    let delay = retry_delay(status.details());
+    match status.code() {
+        Code::Cancelled
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unavailable
+        | Code::DataLoss => Failure::Retryable {
+            after: delay,
+            reason,
+        },
+        Code::ResourceExhausted if delay.is_some() => Failure::Retryable {
+            after: delay,
+            reason,
+        },
+        _ => Failure::Permanent(reason),
+    }
+}
+
+/// `google.rpc.Status` and the one detail OTLP reads from it, `google.rpc.RetryInfo`,
+/// declared here (four small messages) rather than pulling a crate of Google's types.
+mod rpc {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Status {
+        #[prost(int32, tag = "1")]
+        pub(super) code: i32,
+        #[prost(string, tag = "2")]
+        pub(super) message: String,
+        #[prost(message, repeated, tag = "3")]
+        pub(super) details: Vec<Any>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Any {
+        #[prost(string, tag = "1")]
+        pub(super) type_url: String,
+        #[prost(bytes = "vec", tag = "2")]
+        pub(super) value: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct RetryInfo {
+        #[prost(message, optional, tag = "1")]
+        pub(super) retry_delay: Option<Duration>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct Duration {
+        #[prost(int64, tag = "1")]
+        pub(super) seconds: i64,
+        #[prost(int32, tag = "2")]
+        pub(super) nanos: i32,
+    }
+}
+
+fn retry_delay(details: &[u8]) -> Option<Duration> {
+    let status = rpc::Status::decode(details).ok()?;
+    let info = status
+        .details
+        .iter()
+        .find(|a| a.type_url.ends_with("google.rpc.RetryInfo"))?;
+    let delay = rpc::RetryInfo::decode(info.value.as_slice())
+        .ok()?
+        .retry_delay?;
+    Some(
+        Duration::from_secs(u64::try_from(delay.seconds).ok()?)
+            + Duration::from_nanos(u64::try_from(delay.nanos).ok()?),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_statuses_are_sorted_as_the_otlp_spec_says() {
+        let retry = |s: tonic::Status| matches!(classify_grpc(&s), Failure::Retryable { .. });
+        assert!(retry(tonic::Status::unavailable("down")));
+        assert!(retry(tonic::Status::deadline_exceeded("slow")));
+        assert!(!retry(tonic::Status::invalid_argument("bad")));
+        assert!(!retry(tonic::Status::resource_exhausted("no retry info")));
+        let info = rpc::RetryInfo {
+            retry_delay: Some(rpc::Duration {
+                seconds: 2,
+                nanos: 0,
+            }),
+        };
+        let status = rpc::Status {
+            code: 8,
+            message: "slow down".into(),
+            details: vec![rpc::Any {
+                type_url: "type.googleapis.com/google.rpc.RetryInfo".into(),
+                value: info.encode_to_vec(),
+            }],
+        };
+        let s = tonic::Status::with_details(
+            tonic::Code::ResourceExhausted,
+            "slow down",
+            Bytes::from(status.encode_to_vec()),
+        );
+        match classify_grpc(&s) {
+            Failure::Retryable { after, .. } => assert_eq!(after, Some(Duration::from_secs(2))),
+            Failure::Permanent(r) => panic!("retryable with RetryInfo: {r}"),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The exporter thread: its own OS thread and current-thread runtime, serving no traffic.
+//! It reads full buffers from the queue, collects idle threads' buffers every interval,
+//! batches by size and interval, and exports with bounded retries; on shutdown it exports
+//! what is left within a deadline.
+//!
+//! While an export waits (a slow or dead collector), the queue is not read: the pool runs
+//! out and serving threads drop new spans (`queue_full`) instead of memory growing. A batch
+//! whose retries run out is dropped (`export_failed`). Memory is therefore the pool
+//! (`queue_max_spans`) plus one batch being encoded.
+
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::trace::v1 as proto;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::ExportConfig;
+use crate::encode;
+use crate::error::Error;
+use crate::export::{Failure, Transport};
+use crate::metrics::{DropReason, TraceMetrics};
+use crate::recorder::{Receiver, Tracer, recorder};
+use crate::span::Span;
+
+enum Control {
+    /// Export everything recorded so far, then answer.
+    Flush(oneshot::Sender<()>),
+}
+
+/// The running exporter. Dropping it (or [`Exporter::shutdown`]) stops the thread after a
+/// last export.
+pub struct Exporter {
+    tracer: Tracer,
+    control: mpsc::UnboundedSender<Control>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter").finish_non_exhaustive()
+    }
+}
+
+impl Exporter {
+    /// Starts the exporter thread. Fails on a bad endpoint, header or TLS file; a collector
+    /// that is down is not an error (exports are retried, then dropped and counted).
+    pub fn start(config: ExportConfig, metrics: TraceMetrics) -> Result<Exporter, Error> {
+        let (tracer, receiver) = recorder(config.buffer_spans, config.queue_max_spans, metrics);
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::Spawn)?;
+        // The transport is built here so a bad endpoint or TLS file fails the start; gRPC's
+        // lazy channel needs the runtime entered.
+        let transport = {
+            let _guard = runtime.enter();
+            Transport::new(&config)?
+        };
+        let thread = std::thread::Builder::new()
+            .name("trace-exporter".to_owned())
+            .spawn(move || {
+                let run = Run {
+                    config,
+                    transport,
+                    receiver,
+                    pending: Vec::new(),
+                };
+                runtime.block_on(run.main(control_rx, stop_rx));
+            })
+            .map_err(Error::Spawn)?;
+        Ok(Exporter {
+            tracer,
+            control: control_tx,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The handle serving threads record with.
+    pub fn tracer(&self) -> Tracer {
+        self.tracer.clone()
+    }
+
+    /// Exports every span recorded so far (each thread's open buffer included) and waits
+    /// for the export to end (accepted, or dropped after its retries).
+    pub async fn flush(&self) {
+        self.flusher().flush().await;
+    }
+
+    /// A handle that asks for a flush, to hold without holding the exporter.
+    pub fn flusher(&self) -> Flusher {
+        Flusher {
+            control: self.control.clone(),
+        }
+    }
+
+    /// Stops recording, exports what is left (within the shutdown timeout) and joins the
+    /// thread.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Asks a running exporter to flush ([`Exporter::flusher`]).
+#[derive(Clone)]
+pub struct Flusher {
+    control: mpsc::UnboundedSender<Control>,
+}
+
+impl std::fmt::Debug for Flusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flusher").finish_non_exhaustive()
+    }
+}
+
+impl Flusher {
+    /// [`Exporter::flush`].
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.control.send(Control::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+struct Run {
+    config: ExportConfig,
+    transport: Transport,
+    receiver: Receiver,
+    pending: Vec<proto::Span>,
+}
+
+impl Run {
+    fn metrics(&self) -> &TraceMetrics {
+        &self.receiver.shared.metrics
+    }
+
+    async fn main(
+        mut self,
+        mut control: mpsc::UnboundedReceiver<Control>,
+        mut stop: oneshot::Receiver<()>,
+    ) {
+        let mut tick = tokio::time::interval(self.config.batch_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                Some(buf) = self.receiver.queue.recv() => {
+                    self.take(buf);
+                    while self.pending.len() >= self.config.batch_max_spans {
+                        self.export_one().await;
+                    }
+                }
+                _ = tick.tick() => {
+                    self.collect_all();
+                    self.export_all().await;
+                }
+                Some(Control::Flush(done)) = control.recv() => {
+                    self.collect_all();
+                    self.export_all().await;
+                    let _ = done.send(());
+                }
+                _ = &mut stop => break,
+            }
+        }
+        self.receiver.shared.closed.store(true, Ordering::Relaxed);
+        self.collect_all();
+        let deadline = self.config.shutdown_timeout;
+        if tokio::time::timeout(deadline, self.export_all())
+            .await
+            .is_err()
+        {
+            let n = self.pending.len() as u64;
+            self.dropped(DropReason::Shutdown, n);
+            self.pending.clear();
+        }
+    }
+
+    /// Every queued buffer and every thread's open buffer into `pending`.
+    fn collect_all(&mut self) {
+        while let Ok(buf) = self.receiver.queue.try_recv() {
+            self.take(buf);
+        }
+        for buf in self.receiver.shared.collect() {
+            self.take(buf);
+        }
+    }
+
+    /// A buffer's spans into `pending`; the buffer back to the pool.
+    fn take(&mut self, buf: Vec<Span>) {
+        self.pending.extend(buf.iter().map(encode::span));
+        self.receiver.shared.give(buf);
+    }
+
+    async fn export_all(&mut self) {
+        while !self.pending.is_empty() {
+            self.export_one().await;
+        }
+    }
+
+    /// Exports up to `batch_max_spans` of `pending`, retrying as the config says.
+    async fn export_one(&mut self) {
+        let n = self.pending.len().min(self.config.batch_max_spans.max(1));
+        let spans: Vec<proto::Span> = self.pending.drain(..n).collect();
+        let request = encode::request(&self.config.resource, spans);
+        let count = n as u64;
+        let retry = self.config.retry;
+        let mut backoff = retry.initial_backoff;
+        for attempt in 0..=retry.max_retries {
+            let outcome =
+                tokio::time::timeout(self.config.timeout, self.transport.send(&request)).await;
+            let failure = match outcome {
+                Ok(Ok(rejected)) => {
+                    let rejected = rejected.min(count);
+                    self.metrics().exported.add(count - rejected);
+                    self.dropped(DropReason::ExportFailed, rejected);
+                    self.queue_done(count - rejected);
+                    return;
+                }
+                Ok(Err(f)) => f,
+                Err(_) => Failure::Retryable {
+                    after: None,
+                    reason: "timed out".to_owned(),
+                },
+            };
+            self.metrics().export_errors.inc();
+            match failure {
+                Failure::Retryable { after, reason } if attempt < retry.max_retries => {
+                    let wait = after
+                        .unwrap_or_else(|| jitter(backoff))
+                        .min(retry.max_backoff);
+                    tracing::debug!(%reason, ?wait, "OTLP export failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    backoff = (backoff * 2).min(retry.max_backoff);
+                }
+                Failure::Retryable { reason, .. } | Failure::Permanent(reason) => {
+                    tracing::warn!(%reason, spans = count, "OTLP export failed; spans dropped");
+                    break;
+                }
+            }
+        }
+        self.dropped(DropReason::ExportFailed, count);
+    }
+
+    fn dropped(&self, reason: DropReason, n: u64) {
+        if n > 0 {
+            self.metrics().dropped(reason, n);
+            self.queue_done(n);
+        }
+    }
+
+    fn queue_done(&self, n: u64) {
+        self.metrics()
+            .queue
+            .add(-i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// `backoff` scaled by a random factor in [0.5, 1.0): retries from many gateways spread.
+fn jitter(backoff: Duration) -> Duration {
+    backoff.mul_f64(0.5 + fastrand::f64() / 2.0)
+}

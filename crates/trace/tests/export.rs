@@ -1,0 +1,218 @@
+//! The exporter against a real OTLP receiver: what arrives, and what a failing, stalled or
+//! dead collector costs (drops counted, recording never waits, the queue bounded).
+
+use std::time::Duration;
+
+use tailguard_test_support::otlp::{Answer, OtlpReceiver, attr_int, attr_str};
+use tailguard_trace::{
+    DropReason, ExportConfig, Exporter, Protocol, Retry, Span, SpanContext, SpanId, SpanKind,
+    TraceId, TraceMetrics,
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn span(i: i64) -> Span {
+    let ctx = SpanContext {
+        trace_id: TraceId::random(),
+        span_id: SpanId::random(),
+        sampled: true,
+    };
+    let mut s = Span::new(SpanKind::Server, &ctx, Some(SpanId([1; 8])));
+    s.set_name("GET");
+    s.start_unix_nanos = 1_000;
+    s.end_unix_nanos = 2_000;
+    s.int("n", i);
+    s.bytes("url.path", b"/users/7");
+    s
+}
+
+fn config(endpoint: String) -> ExportConfig {
+    let mut c = ExportConfig::new(endpoint, "test-service");
+    c.batch_interval = Duration::from_millis(50);
+    c.timeout = Duration::from_millis(500);
+    c.retry = Retry {
+        max_retries: 2,
+        initial_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(20),
+    };
+    c
+}
+
+async fn export_reaches_the_receiver(receiver: OtlpReceiver, protocol: Protocol, gzip: bool) {
+    let mut c = config(receiver.endpoint());
+    c.protocol = protocol;
+    c.gzip = gzip;
+    c.headers = vec![("x-api-key".to_owned(), "secret".to_owned())];
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(c, metrics.clone()).expect("starts");
+    let tracer = exporter.tracer();
+    let sent: Vec<Span> = (0..3).map(span).collect();
+    for s in &sent {
+        tracer.record(s);
+    }
+    exporter.flush().await;
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 3).await;
+    for s in &sent {
+        let got = spans
+            .iter()
+            .find(|p| p.span_id == s.span_id.0)
+            .expect("every span arrives");
+        assert_eq!(got.trace_id, s.trace_id.0);
+        assert_eq!(got.parent_span_id, [1; 8]);
+        assert_eq!(got.name, "GET");
+        assert_eq!(attr_str(got, "url.path").as_deref(), Some("/users/7"));
+        assert!(attr_int(got, "n").is_some());
+    }
+    let received = receiver.received();
+    let resource = received[0].request.resource_spans[0]
+        .resource
+        .as_ref()
+        .expect("a resource");
+    let keys: Vec<&str> = resource
+        .attributes
+        .iter()
+        .map(|kv| kv.key.as_str())
+        .collect();
+    assert_eq!(keys, ["service.name", "service.instance.id", "host.name"]);
+    assert!(
+        received[0]
+            .headers
+            .iter()
+            .any(|(k, v)| k == "x-api-key" && v == "secret"),
+        "{:?}",
+        received[0].headers
+    );
+    assert_eq!(metrics.exported_total(), 3);
+    exporter.shutdown();
+}
+
+#[tokio::test]
+async fn http_export_reaches_a_real_receiver_gzip() {
+    export_reaches_the_receiver(OtlpReceiver::http().await, Protocol::HttpProtobuf, true).await;
+}
+
+#[tokio::test]
+async fn http_export_reaches_a_real_receiver_plain() {
+    export_reaches_the_receiver(OtlpReceiver::http().await, Protocol::HttpProtobuf, false).await;
+}
+
+#[tokio::test]
+async fn grpc_export_reaches_a_real_receiver() {
+    export_reaches_the_receiver(OtlpReceiver::grpc().await, Protocol::Grpc, true).await;
+}
+
+#[tokio::test]
+async fn a_503_collector_is_retried_then_the_batch_is_dropped_and_counted() {
+    let receiver = OtlpReceiver::http().await;
+    receiver.set_answer(Answer::Status(503));
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(config(receiver.endpoint()), metrics.clone()).expect("starts");
+    let tracer = exporter.tracer();
+    for i in 0..5 {
+        tracer.record(&span(i));
+    }
+    exporter.flush().await;
+    // One attempt and two retries, then the batch is dropped.
+    assert_eq!(receiver.attempts(), 3);
+    assert_eq!(metrics.dropped_total(DropReason::ExportFailed), 5);
+    assert_eq!(metrics.exported_total(), 0);
+
+    // The collector recovers: later spans go through.
+    receiver.set_answer(Answer::Accept);
+    tracer.record(&span(9));
+    exporter.flush().await;
+    receiver.wait_for(WAIT, |s| s.len() == 1).await;
+    assert_eq!(metrics.exported_total(), 1);
+}
+
+#[tokio::test]
+async fn a_400_is_not_retried() {
+    let receiver = OtlpReceiver::http().await;
+    receiver.set_answer(Answer::Status(400));
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(config(receiver.endpoint()), metrics.clone()).expect("starts");
+    exporter.tracer().record(&span(0));
+    exporter.flush().await;
+    assert_eq!(receiver.attempts(), 1);
+    assert_eq!(metrics.dropped_total(DropReason::ExportFailed), 1);
+}
+
+/// Records `n` spans and returns; with the queue bounded and nothing ever waiting, this
+/// returns whatever the collector does.
+fn record_many(exporter: &Exporter, n: i64) {
+    let tracer = exporter.tracer();
+    for i in 0..n {
+        tracer.record(&span(i));
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_collector_drops_and_counts_and_the_queue_stays_bounded() {
+    let receiver = OtlpReceiver::http().await;
+    receiver.set_answer(Answer::Stall);
+    let mut c = config(receiver.endpoint());
+    c.queue_max_spans = 256;
+    c.batch_max_spans = 64;
+    c.buffer_spans = 16;
+    c.timeout = Duration::from_millis(300);
+    c.retry.max_retries = 0;
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(c, metrics.clone()).expect("starts");
+    // The first batch goes out and stalls; everything recorded meanwhile fills the pool.
+    record_many(&exporter, 64);
+    receiver.wait_for_attempts(1, WAIT).await;
+    record_many(&exporter, 10_000);
+    // Memory: the pool's spans, the batch in export and one buffer's overshoot, at most.
+    assert!(
+        metrics.queued() <= 256 + 64 + 16,
+        "queued {}",
+        metrics.queued()
+    );
+    // Each 300 ms timeout lets at most ~320 more spans in; recording 10 000 takes far less
+    // than the 15 timeouts it would need to let 5 000 through.
+    assert!(
+        metrics.dropped_total(DropReason::QueueFull) >= 5_000,
+        "dropped {}",
+        metrics.dropped_total(DropReason::QueueFull)
+    );
+    exporter.flush().await;
+    // Every span is accounted for: dropped for a full queue, or dropped after its export
+    // timed out; none exported, none left waiting.
+    let failed = metrics.dropped_total(DropReason::ExportFailed);
+    let full = metrics.dropped_total(DropReason::QueueFull);
+    assert_eq!(failed + full, 10_064);
+    assert_eq!(metrics.exported_total(), 0);
+}
+
+#[tokio::test]
+async fn a_dead_collector_drops_and_counts() {
+    // A port nothing listens on: every connect is refused.
+    let dead = tailguard_test_support::free_port();
+    let mut c = config(format!("http://127.0.0.1:{dead}"));
+    c.queue_max_spans = 128;
+    c.batch_max_spans = 32;
+    c.buffer_spans = 16;
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(c, metrics.clone()).expect("a dead collector is no start error");
+    record_many(&exporter, 5_000);
+    exporter.flush().await;
+    let failed = metrics.dropped_total(DropReason::ExportFailed);
+    let full = metrics.dropped_total(DropReason::QueueFull);
+    assert!(failed > 0, "exports failed and were counted");
+    assert_eq!(failed + full, 5_000);
+    exporter.shutdown();
+}
+
+#[tokio::test]
+async fn shutdown_exports_what_is_left() {
+    let receiver = OtlpReceiver::http().await;
+    let mut c = config(receiver.endpoint());
+    // Long enough that only the shutdown can export it.
+    c.batch_interval = Duration::from_secs(3600);
+    let exporter = Exporter::start(c, TraceMetrics::unregistered()).expect("starts");
+    exporter.tracer().record(&span(1));
+    tokio::task::spawn_blocking(move || exporter.shutdown())
+        .await
+        .expect("shutdown joins");
+    assert_eq!(receiver.spans().len(), 1);
+}
