@@ -51,12 +51,15 @@ pub fn read_buf() -> BytesMut {
         .unwrap_or_else(|| BytesMut::with_capacity(MIN_READ))
 }
 
-/// Takes back an empty read buffer: kept for the next request if it still has the room a
-/// read wants and is not oversized, else freed.
-pub fn give_read_buf(buf: BytesMut) {
+/// Takes back an empty read buffer: kept for the next request if it has (or, no head
+/// split from it being alive any more, gets back without allocating) the room a read wants
+/// and is not oversized, else freed.
+pub fn give_read_buf(mut buf: BytesMut) {
     debug_assert!(buf.is_empty(), "a read buffer goes back empty");
-    let room = buf.capacity();
-    if !buf.is_empty() || room < MIN_READ / 2 || room > LARGEST_READ_KEPT {
+    if !buf.is_empty() || buf.capacity() > LARGEST_READ_KEPT {
+        return;
+    }
+    if buf.capacity() < MIN_READ / 2 && !buf.try_reclaim(MIN_READ) {
         return;
     }
     READ_BUFS.with_borrow_mut(|kept| {

@@ -187,21 +187,52 @@ fn parse_with<const N: usize>(
     if !found.connection_names_more && status != StatusCode::SWITCHING_PROTOCOLS {
         // The field lines, from the first name to before the head's empty line, kept as
         // they are: no map, no value slices (each a reference count taken and dropped).
-        // The hop-by-hop lines (`Connection`, `Keep-Alive`, ...) among them are left out
-        // when they are written (`RawFields::write_to`, `append_to`).
         let first = parsed
             .headers
             .first()
             .map_or(len, |h| h.name.as_ptr() as usize - base);
+        // Each line's start (from the first name) and whether it is hop-by-hop, taken while
+        // the parsed names still borrow `buf`.
+        let mut starts = [(0u32, false); N];
+        let count = parsed.headers.len();
+        let mut any_hop = false;
+        for (start, h) in starts.iter_mut().zip(parsed.headers.iter()) {
+            let hop = fields::is_hop_by_hop_name(h.name.as_bytes());
+            any_hop |= hop;
+            *start = ((h.name.as_ptr() as usize - base - first) as u32, hop);
+        }
         let blank = if buf[..len].ends_with(b"\r\n") { 2 } else { 1 };
         let mut lines = buf.split_to(len);
         lines.truncate(len - blank);
         lines.advance(first.min(lines.len()));
+        // The hop-by-hop lines (nginx's `Connection: keep-alive`) are taken out here, once,
+        // by moving the later lines down over them (the lines are contiguous: the parser
+        // refuses obsolete line folding). Then the usual head, every line ending in CRLF,
+        // is written downstream in one copy instead of a scan for lines to leave out.
+        let mut crlf = true;
+        let mut kept = 0;
+        for i in 0..count {
+            let (start, hop) = (starts[i].0 as usize, starts[i].1);
+            let end = starts
+                .get(i + 1)
+                .filter(|_| i + 1 < count)
+                .map_or(lines.len(), |s| s.0 as usize);
+            if hop {
+                continue;
+            }
+            crlf &= lines[..end].ends_with(b"\r\n");
+            if any_hop && kept != start {
+                lines.copy_within(start..end, kept);
+            }
+            kept += end - start;
+        }
+        lines.truncate(kept);
         return Ok(Some(Head {
             status,
             version,
             fields: Fields::Raw(RawFields {
                 lines: lines.freeze(),
+                crlf,
                 has_length: found.content_length,
                 length_exact: found.content_length
                     && !found.length_repeated
@@ -399,6 +430,23 @@ mod tests {
         assert_eq!(
             String::from_utf8_lossy(&out),
             "Server: nginx\r\nContent-Length: 0\r\n"
+        );
+        out.clear();
+        raw.write_to(&mut out, false);
+        assert_eq!(String::from_utf8_lossy(&out), "Server: nginx\r\n");
+        // Bare LF line ends, hop-by-hop lines first, last and in between: the same lines
+        // leave, each with CRLF.
+        let bare = parse(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\nA: 1\nTE: trailers\r\nB:  2 \r\nContent-Length: 0\nKeep-Alive: timeout=5\r\n\r\n",
+        );
+        let Fields::Raw(raw) = &bare.fields else {
+            panic!("a map for `Connection: keep-alive`");
+        };
+        let mut out = Vec::new();
+        raw.write_to(&mut out, true);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "A: 1\r\nB:  2 \r\nContent-Length: 0\r\n"
         );
         let closing = parse("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
         assert!(!closing.keep_alive);
