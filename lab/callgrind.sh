@@ -87,7 +87,8 @@ for line in sys.stdin:
     if not m or 'PROGRAM TOTALS' in line: continue
     print(f'{int(m.group(1).replace(\",\", \"\")) / n:10.0f}  {m.group(2)[:160]}')
     k += 1
-    if k >= $top: break"
+    if k >= $top: break
+sys.stdin.read()  # the rest unread would end callgrind_annotate with SIGPIPE"
 echo
 echo "## self, per request"
 callgrind_annotate --threshold=100 "$dump" 2>/dev/null | python3 -c "
@@ -98,4 +99,5 @@ for line in sys.stdin:
     if not m or 'PROGRAM TOTALS' in line: continue
     print(f'{int(m.group(1).replace(\",\", \"\")) / n:10.0f}  {m.group(2)[:160]}')
     k += 1
-    if k >= $top: break"
+    if k >= $top: break
+sys.stdin.read()  # the rest unread would end callgrind_annotate with SIGPIPE"
