@@ -87,7 +87,7 @@ pub async fn serve<H: Handler, S: Shutdown>(
         sniff_h2,
         reader: Some(reader),
         writer,
-        out: Vec::with_capacity(1024),
+        out: Vec::new(),
         limits,
         shutdown,
         idle: WaitTimeout::new(limits.idle),
@@ -159,8 +159,12 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                     meta.keep_alive = false;
                 }
             }
-            let resp = self.handler.serve(req, &mut self.request_timer).await;
-            match self.respond(resp, meta, upgrade, lent).await {
+            // Boxed: the handler's and the response's state (a few KiB) exists only while a
+            // request is served, so a connection waiting for its next request holds only the
+            // small state of that wait.
+            let written = Box::pin(self.serve_request(req, meta, upgrade, lent)).await;
+            crate::recycle::give_out_buf(std::mem::take(&mut self.out));
+            match written {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {
                     self.close().await;
@@ -172,5 +176,17 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                 Err(_) => return None,
             }
         }
+    }
+
+    /// One request's turn once its head is read: the handler, then the response.
+    async fn serve_request(
+        &mut self,
+        req: Box<http::Request<H::Body>>,
+        meta: crate::request::Meta,
+        upgrade: Option<oneshot::Sender<Joined>>,
+        lent: Option<oneshot::Receiver<Box<Reader>>>,
+    ) -> std::io::Result<Written> {
+        let resp = self.handler.serve(req, &mut self.request_timer).await;
+        self.respond(resp, meta, upgrade, lent).await
     }
 }

@@ -793,11 +793,14 @@ async fn serve_connection(
         )
         .await;
         if let Some(joined) = served {
-            serve_http2(joined, ctx, &settings.http2, shutdown).await;
+            Box::pin(serve_http2(joined, ctx, &settings.http2, shutdown)).await;
         }
         return;
     };
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+    // The TLS handshake's and HTTP/2's states are boxed: as parts of the connection's task
+    // they would size every connection's task, plain HTTP/1.1 ones included, for them.
+    let accept = Box::pin(acceptor.accept(stream));
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
             tracing::debug!(%remote, "tls handshake failed: {e}");
@@ -809,7 +812,7 @@ async fn serve_connection(
         }
     };
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-        serve_http2(stream, ctx, &settings.http2, shutdown).await;
+        Box::pin(serve_http2(stream, ctx, &settings.http2, shutdown)).await;
         return;
     }
     let (read, write) = tokio::io::split(stream);

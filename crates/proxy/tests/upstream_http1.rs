@@ -368,9 +368,17 @@ async fn an_early_answer_is_read_whole_by_a_client_that_goes_on_sending_after_it
 
 #[tokio::test]
 async fn hop_by_hop_response_fields_are_removed_for_http1_and_http2_clients() {
-    // Without `Connection` the fields go to an HTTP/1.1 client as the upstream's lines; with
-    // it (it may name more) and to HTTP/2 clients through a map. All drop the same fields.
-    for connection in ["", "Connection: X-Secret\r\n"] {
+    // Without `Connection`, or with one naming only fixed hop-by-hop fields (nginx's
+    // `keep-alive`), the fields go to an HTTP/1.1 client as the upstream's lines; with one
+    // naming more, and to HTTP/2 clients, through a map. All drop the same fields; `close`
+    // names a `Close` field when there is one.
+    for (connection, secret_named) in [
+        ("", false),
+        ("Connection: X-Secret\r\n", true),
+        ("Connection: keep-alive\r\n", false),
+        ("Connection: close\r\nClose: 1\r\n", false),
+        ("Connection: keep-alive, X-Secret\r\n", true),
+    ] {
         let head = format!(
             "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n\
              TE: trailers\nUpgrade: h2c\r\n{connection}X-Secret: 1\r\nX-Kept:  yes \r\n\
@@ -394,12 +402,13 @@ async fn hop_by_hop_response_fields_are_removed_for_http1_and_http2_clients() {
                 "te",
                 "upgrade",
                 "connection",
+                "close",
             ] {
                 assert!(!h.contains_key(gone), "{version:?}: {gone} passed: {h:?}");
             }
             assert_eq!(
                 h.contains_key("x-secret"),
-                connection.is_empty(),
+                !secret_named,
                 "{version:?}: a field `Connection` names is hop-by-hop, others pass: {h:?}"
             );
             assert_eq!(support::text(resp).await, "ok");

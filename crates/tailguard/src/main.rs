@@ -4,6 +4,7 @@
 //! wired in `run.rs`); `load`, `lab` and `upstream` belong to the lab (`tailguard-lab`),
 //! which shares no code with the gateway it measures.
 
+mod allocator;
 mod apply;
 mod bootstrap;
 mod config_cmd;
@@ -54,7 +55,10 @@ fn main() -> ExitCode {
     tailguard_metrics::use_shared_shard();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => {
+            allocator::give_back_freed_memory();
+            run::run(args)
+        }
         Command::Check(args) => run::check(args),
         Command::Config(args) => config_cmd::config(args),
         Command::Load(args) => tailguard_lab::cli::load(args),

@@ -13,6 +13,9 @@ pub struct RawFields {
     /// The field lines between the status line and the head's empty line, each ending in
     /// CRLF (or a bare LF, which the parser accepts).
     pub(super) lines: Bytes,
+    /// Every line ends in CRLF and none is hop-by-hop (the parser took those out): the lines
+    /// can be written as they are, in one copy.
+    pub(super) crlf: bool,
     /// A `Content-Length` field is among them.
     pub has_length: bool,
     /// It is the one framing field, once, a plain number: the line is what the downstream
@@ -40,6 +43,10 @@ impl RawFields {
     /// response without a body keeps the length it announces).
     pub fn write_to(&self, out: &mut Vec<u8>, keep_length: bool) {
         let bytes = &self.lines[..];
+        if self.crlf && (keep_length || !self.has_length) {
+            out.extend_from_slice(bytes);
+            return;
+        }
         // Start of the lines not yet copied, and of the line looked at.
         let (mut run, mut at) = (0, 0);
         while at < bytes.len() {
@@ -91,6 +98,7 @@ mod tests {
             lines: Bytes::from_static(
                 b"A: 1\r\nKeep-Alive: timeout=5\r\nB: 2\nC:  3 \r\nTRANSFER-ENCODING: chunked\r\n",
             ),
+            crlf: false,
             has_length: false,
             length_exact: false,
             has_date: false,

@@ -5,6 +5,7 @@ use bytes::{Buf, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 
 use super::raw_fields::RawFields;
+use crate::fields;
 use crate::framing::{Chunk, Framing, MAX_HEADERS};
 use crate::recycle;
 
@@ -79,10 +80,14 @@ enum Parse {
 /// one pass over the parsed names (a length test and a case-insensitive compare each).
 #[derive(Debug)]
 struct FramingFields {
-    /// A `Connection` field is present.
-    connection: bool,
+    /// A `Connection` field names a field that must be removed beyond the fixed hop-by-hop
+    /// ones (which the raw writer leaves out anyway): only then does the response need a map.
+    /// `Connection: keep-alive` (nginx sends it on every HTTP/1.1 response) names none.
+    connection_names_more: bool,
     /// `close` is among its tokens.
     close: bool,
+    /// A field named `Close` is present (which a `close` token would name).
+    close_field: bool,
     /// With `Transfer-Encoding`: whether the last coding of the last such field is chunked.
     chunked_last: Option<bool>,
     /// A `Content-Length` field is present.
@@ -99,8 +104,9 @@ struct FramingFields {
 impl FramingFields {
     fn scan<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> FramingFields {
         let mut f = FramingFields {
-            connection: false,
+            connection_names_more: false,
             close: false,
+            close_field: false,
             chunked_last: None,
             content_length: false,
             length_repeated: false,
@@ -128,14 +134,21 @@ impl FramingFields {
                 let last = value.rsplit(|&b| b == b',').next().unwrap_or(&[]);
                 f.chunked_last = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             } else if name.eq_ignore_ascii_case(b"connection") {
-                f.connection = true;
-                f.close |= value
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+                for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        f.close = true;
+                    } else if !token.is_empty() && !fields::is_hop_by_hop_name(token) {
+                        f.connection_names_more = true;
+                    }
+                }
             } else if name.eq_ignore_ascii_case(b"date") {
                 f.date = true;
+            } else if name.eq_ignore_ascii_case(b"close") {
+                f.close_field = true;
             }
         }
+        // `Connection: close` with a `Close` field names that field too.
+        f.connection_names_more |= f.close && f.close_field;
         f
     }
 }
@@ -171,22 +184,55 @@ fn parse_with<const N: usize>(
     let (framing, keep_alive) =
         response_framing(status, version, &found, head_request).map_err(Parse::Invalid)?;
     let base = buf.as_ptr() as usize;
-    if !found.connection && status != StatusCode::SWITCHING_PROTOCOLS {
+    if !found.connection_names_more && status != StatusCode::SWITCHING_PROTOCOLS {
         // The field lines, from the first name to before the head's empty line, kept as
         // they are: no map, no value slices (each a reference count taken and dropped).
         let first = parsed
             .headers
             .first()
             .map_or(len, |h| h.name.as_ptr() as usize - base);
+        // Each line's start (from the first name) and whether it is hop-by-hop, taken while
+        // the parsed names still borrow `buf`.
+        let mut starts = [(0u32, false); N];
+        let count = parsed.headers.len();
+        let mut any_hop = false;
+        for (start, h) in starts.iter_mut().zip(parsed.headers.iter()) {
+            let hop = fields::is_hop_by_hop_name(h.name.as_bytes());
+            any_hop |= hop;
+            *start = ((h.name.as_ptr() as usize - base - first) as u32, hop);
+        }
         let blank = if buf[..len].ends_with(b"\r\n") { 2 } else { 1 };
         let mut lines = buf.split_to(len);
         lines.truncate(len - blank);
         lines.advance(first.min(lines.len()));
+        // The hop-by-hop lines (nginx's `Connection: keep-alive`) are taken out here, once,
+        // by moving the later lines down over them (the lines are contiguous: the parser
+        // refuses obsolete line folding). Then the usual head, every line ending in CRLF,
+        // is written downstream in one copy instead of a scan for lines to leave out.
+        let mut crlf = true;
+        let mut kept = 0;
+        for i in 0..count {
+            let (start, hop) = (starts[i].0 as usize, starts[i].1);
+            let end = starts
+                .get(i + 1)
+                .filter(|_| i + 1 < count)
+                .map_or(lines.len(), |s| s.0 as usize);
+            if hop {
+                continue;
+            }
+            crlf &= lines[..end].ends_with(b"\r\n");
+            if any_hop && kept != start {
+                lines.copy_within(start..end, kept);
+            }
+            kept += end - start;
+        }
+        lines.truncate(kept);
         return Ok(Some(Head {
             status,
             version,
             fields: Fields::Raw(RawFields {
                 lines: lines.freeze(),
+                crlf,
                 has_length: found.content_length,
                 length_exact: found.content_length
                     && !found.length_repeated
@@ -198,7 +244,7 @@ fn parse_with<const N: usize>(
             keep_alive,
         }));
     }
-    // A `Connection` field may name more hop-by-hop fields, and a `101` is looked into by
+    // A `Connection` field that names more hop-by-hop fields, and a `101`, looked into by
     // the gateway: both get a map. Offsets first (the parsed slices borrow `buf`), then the
     // head becomes shared bytes and each value a slice of it: no copy per header value.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
@@ -361,6 +407,57 @@ mod tests {
         assert!(parse_head(&mut partial, false).expect("valid").is_none());
         let mut bad = BytesMut::from(&b"HTTP/1.1 2x0 OK\r\n\r\n"[..]);
         assert!(parse_head(&mut bad, false).is_err());
+    }
+
+    #[test]
+    fn a_connection_field_naming_only_hop_by_hop_fields_keeps_the_lines_raw() {
+        let parse = |head: &str| {
+            parse_head(&mut BytesMut::from(head.as_bytes()), false)
+                .expect("valid")
+                .expect("complete")
+        };
+        // nginx's `Connection: keep-alive` (and a `Keep-Alive` it names): no map, and neither
+        // line is written downstream.
+        let head = parse(
+            "HTTP/1.1 200 OK\r\nServer: nginx\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert!(head.keep_alive);
+        let Fields::Raw(raw) = &head.fields else {
+            panic!("a map for `Connection: keep-alive`");
+        };
+        let mut out = Vec::new();
+        raw.write_to(&mut out, true);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "Server: nginx\r\nContent-Length: 0\r\n"
+        );
+        out.clear();
+        raw.write_to(&mut out, false);
+        assert_eq!(String::from_utf8_lossy(&out), "Server: nginx\r\n");
+        // Bare LF line ends, hop-by-hop lines first, last and in between: the same lines
+        // leave, each with CRLF.
+        let bare = parse(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\nA: 1\nTE: trailers\r\nB:  2 \r\nContent-Length: 0\nKeep-Alive: timeout=5\r\n\r\n",
+        );
+        let Fields::Raw(raw) = &bare.fields else {
+            panic!("a map for `Connection: keep-alive`");
+        };
+        let mut out = Vec::new();
+        raw.write_to(&mut out, true);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "A: 1\r\nB:  2 \r\nContent-Length: 0\r\n"
+        );
+        let closing = parse("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        assert!(!closing.keep_alive);
+        assert!(matches!(closing.fields, Fields::Raw(_)));
+        // A field the `Connection` field names is removed from a map, as before.
+        for named in [
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nClose: 1\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            assert!(matches!(parse(named).fields, Fields::Map(_)), "{named}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::halves::WriteHalf;
 use super::handler::{Handler, Shutdown};
 use super::limits::Limits;
 use crate::error::RequestError;
+use crate::recycle;
 use crate::request::{self, Meta};
 use crate::timer::{LazyTimer, WaitTimeout};
 
@@ -32,7 +33,9 @@ pub(super) struct Connection<'a, H, S> {
     /// `None` while a request body has it.
     pub(super) reader: Option<Box<Reader>>,
     pub(super) writer: WriteHalf,
-    /// The response head (and a small first body frame) being written; reused.
+    /// The response head (and a small first body frame) being written: taken from the
+    /// thread's kept buffers for a response, given back after it (an idle connection holds
+    /// none).
     pub(super) out: Vec<u8>,
     pub(super) limits: Limits,
     pub(super) shutdown: &'a mut S,
@@ -98,6 +101,11 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                         Err(refused) => return Poll::Ready(Next::Refused(refused)),
                     }
                 }
+                // Between requests the connection holds no buffer: one is taken for the read
+                // and given back if nothing came.
+                if reader.buf.capacity() == 0 {
+                    reader.buf = recycle::read_buf();
+                }
                 match reader.poll_fill(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Next::Close),
                     Poll::Ready(Ok(_)) => continue,
@@ -105,6 +113,9 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                 }
             }
             let waiting = reader.buf.is_empty();
+            if waiting {
+                recycle::give_read_buf(std::mem::take(&mut reader.buf));
+            }
             // Idle between requests: a draining server closes the connection at once.
             if waiting && shutdown.poll_draining(cx).is_ready() {
                 return Poll::Ready(Next::Close);

@@ -140,6 +140,9 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
             && status != StatusCode::REQUEST_TIMEOUT
             && !self.shutdown.is_draining();
 
+        if self.out.capacity() == 0 {
+            self.out = recycle::out_buf();
+        }
         let out = &mut self.out;
         out.clear();
         status_line(out, status);
@@ -331,6 +334,9 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
     /// Answers a head refused before the handler saw it (the handler logs it), and closes.
     pub(super) async fn refuse(&mut self, refused: RequestError) {
         let (status, reason) = self.handler.refused(refused);
+        if self.out.capacity() == 0 {
+            self.out = recycle::out_buf();
+        }
         let out = &mut self.out;
         out.clear();
         status_line(out, status);

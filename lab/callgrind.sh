@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Instructions per request of the gateway's serving path, by function: tailguard under
+# callgrind (one serving thread, metrics on, access log off) proxies N requests from
+# `tailguard load` to an nginx origin (a fixed 13-byte body); the counters are zeroed after
+# a warm-up and dumped after the measured requests, so start-up is not counted. Prints the
+# total instructions per request and the top functions (inclusive and self) per request.
+# Instruction counts do not depend on the machine being quiet.
+#   REQUESTS=10000 RATE=500 [TAILGUARD=target/release/tailguard] lab/callgrind.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exe=${TAILGUARD:-target/release/tailguard}
+rate=${RATE:-500}
+requests=${REQUESTS:-10000}
+conns=${CONNECTIONS:-32}
+top=${TOP:-40}
+out=${OUT:-$(mktemp -d /tmp/callgrind.XXXXXX)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+for tool in nginx valgrind callgrind_control callgrind_annotate python3 curl; do
+  command -v "$tool" >/dev/null || { echo "callgrind: $tool is not installed" >&2; exit 1; }
+done
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() {
+  for _ in $(seq 600); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.1; done
+  echo "callgrind: nothing answers on port $1" >&2; exit 1
+}
+up_port=$(free_port); gw_port=$(free_port)
+cat > "$out/origin.conf" <<EOF2
+worker_processes 1;
+daemon off;
+pid $out/origin.pid;
+error_log $out/origin-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
+    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
+    keepalive_requests 1000000;
+    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
+}
+EOF2
+nginx -c "$out/origin.conf" -p "$out" > "$out/origin.log" 2>&1 &
+pids+=($!)
+wait_port "$up_port"
+cat > "$out/gateway.toml" <<EOF2
+[[listeners]]
+address = "127.0.0.1:$gw_port"
+
+[[upstreams]]
+name = "origin"
+endpoints = [{ address = "127.0.0.1:$up_port" }]
+
+[[routes]]
+id = "all"
+upstream = "origin"
+path = { prefix = "/" }
+EOF2
+RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
+  "$exe" run --config "$out/gateway.toml" --threads 1 --metrics-listen 127.0.0.1:0 \
+  > "$out/gateway.log" 2>&1 &
+gw=$!
+pids+=("$gw")
+wait_port "$gw_port"
+"$exe" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration 3s --connections "$conns" --brief > /dev/null
+callgrind_control --zero "$gw" > /dev/null
+secs=$(( (requests + rate - 1) / rate ))
+"$exe" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "${secs}s" --connections "$conns" \
+  --brief --json "$out/load.json" > "$out/load.txt"
+callgrind_control --dump=measured "$gw" > /dev/null
+kill "$gw"; wait "$gw" 2>/dev/null || true
+done_n=$(python3 -c "import json; print(json.load(open('$out/load.json'))['completed'])")
+dump=$(ls -t "$out"/callgrind.out.*.* 2>/dev/null | grep -v '\.0$' | head -1 || true)
+[ -n "$dump" ] || dump=$(ls -t "$out"/callgrind.out.* | head -1)
+total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
+echo "$("$exe" --version): $done_n requests measured; $total instructions; $((total / done_n)) per request"
+echo "dump: $dump"
+echo
+echo "## inclusive, per request"
+callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null | python3 -c "
+import re, sys
+n = $done_n; k = 0
+for line in sys.stdin:
+    m = re.match(r'\s*([\d,]+) \([ \d.]+%\)\s+(.*)', line)
+    if not m or 'PROGRAM TOTALS' in line: continue
+    print(f'{int(m.group(1).replace(\",\", \"\")) / n:10.0f}  {m.group(2)[:160]}')
+    k += 1
+    if k >= $top: break
+sys.stdin.read()  # the rest unread would end callgrind_annotate with SIGPIPE"
+echo
+echo "## self, per request"
+callgrind_annotate --threshold=100 "$dump" 2>/dev/null | python3 -c "
+import re, sys
+n = $done_n; k = 0
+for line in sys.stdin:
+    m = re.match(r'\s*([\d,]+) \([ \d.]+%\)\s+(.*)', line)
+    if not m or 'PROGRAM TOTALS' in line: continue
+    print(f'{int(m.group(1).replace(\",\", \"\")) / n:10.0f}  {m.group(2)[:160]}')
+    k += 1
+    if k >= $top: break
+sys.stdin.read()  # the rest unread would end callgrind_annotate with SIGPIPE"
