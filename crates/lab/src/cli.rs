@@ -144,6 +144,7 @@ impl LoadArgs {
             scrape: self.scrape.as_ref().map(|url| ScrapeConfig {
                 url: url.clone(),
                 every: self.every,
+                gzip: true,
             }),
             progress: std::io::stdout().is_terminal(),
             pin: self.pin.clone(),

@@ -67,6 +67,7 @@ impl Ctx<'_> {
                     config.scrape = Some(ScrapeConfig {
                         url: metrics.clone(),
                         every,
+                        gzip: cond.scrape_gzip,
                     });
                 }
                 if let Some(t) = &self.scenario.timeline {

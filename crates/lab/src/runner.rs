@@ -25,7 +25,8 @@ use crate::procs::which;
 use crate::results::{SeedLine, combine, merge, write_timeline};
 use crate::scenario::{Condition, Scenario, TargetKind};
 use crate::tables::{
-    per_seed_table, render_table, step_lines, stream_notes, stream_table, timeline_section,
+    per_seed_table, ratio_table, render_table, step_lines, stream_notes, stream_table,
+    timeline_section,
 };
 use crate::targets::start_upstream;
 
@@ -202,6 +203,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
                 metrics_url: None,
                 gateway: cap.gateway.clone(),
                 scrape_every: None,
+                scrape_gzip: true,
                 rate_factor: None,
                 rate: Some(probe_rate),
                 max_rate: false,
@@ -465,7 +467,10 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
     }
     let _ = writeln!(summary, "\n{}", timeline_section(&rows));
     if scenario.load.seeds.len() > 1 {
-        let _ = writeln!(summary, "\n{}", per_seed_table(&seed_lines));
+        let per_seed = per_seed_table(&seed_lines);
+        let ratios = ratio_table(&seed_lines);
+        println!("\n{per_seed}\n{ratios}");
+        let _ = writeln!(summary, "\n{per_seed}\n{ratios}");
     }
     std::fs::write(opts.out.join("summary.md"), summary)?;
     println!(

@@ -178,6 +178,10 @@ pub struct QuickSpec {
     /// Scrape interval under `--quick`.
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub scrape_every: Option<Duration>,
+    /// Whether the scraper asks for gzip as Prometheus does (default `true`); `false` fetches
+    /// the whole uncompressed text (123 MB at 1M series), as `curl` would.
+    #[serde(default = "yes")]
+    pub scrape_gzip: bool,
     /// Capacity probe duration under `--quick`.
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub capacity_duration: Option<Duration>,
@@ -283,6 +287,10 @@ pub struct Condition {
     /// Scrape the gateway's exporter this often during the run.
     #[serde(default, deserialize_with = "de_opt_duration")]
     pub scrape_every: Option<Duration>,
+    /// Whether the scraper asks for gzip as Prometheus does (default `true`); `false` fetches
+    /// the whole uncompressed text (123 MB at 1M series), as `curl` would.
+    #[serde(default = "yes")]
+    pub scrape_gzip: bool,
     /// Rate as a multiple of the measured capacity (needs `[capacity]`).
     pub rate_factor: Option<f64>,
     /// Absolute rate for this condition.
@@ -317,6 +325,9 @@ pub struct Condition {
 
 fn one() -> usize {
     1
+}
+fn yes() -> bool {
+    true
 }
 fn one_seed() -> Vec<u64> {
     vec![1]

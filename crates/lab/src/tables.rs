@@ -81,6 +81,46 @@ pub(crate) fn per_seed_table(lines: &[(String, Vec<(u64, SeedLine)>)]) -> String
     out
 }
 
+/// Each round's ratios to the first condition's run with the same seed (P99, P99.9, P100:
+/// the tail a scrape could move) and their medians over the rounds: issue 26's readout.
+pub(crate) fn ratio_table(lines: &[(String, Vec<(u64, SeedLine)>)]) -> String {
+    let mut out = String::from(
+        "Per round (seed), each condition / the first condition's run of the same round, and the median over rounds:\n\n| condition | round | P99 | P99.9 | P100 |\n|---|---|---|---|---|\n",
+    );
+    let base: std::collections::HashMap<u64, SeedLine> = lines
+        .first()
+        .map(|(_, l)| l.iter().copied().collect())
+        .unwrap_or_default();
+    for (name, seeds) in lines.iter().skip(1) {
+        let ratios: Vec<[f64; 3]> = seeds
+            .iter()
+            .filter_map(|(seed, l)| {
+                let b = base.get(seed)?;
+                let r = [l.p99 / b.p99, l.p999 / b.p999, l.p100 / b.p100];
+                let _ = writeln!(
+                    out,
+                    "| {name} | {seed} | {:.2} | {:.2} | {:.2} |",
+                    r[0], r[1], r[2]
+                );
+                Some(r)
+            })
+            .collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        let m = |i: usize| median(ratios.iter().map(|r| r[i]).collect());
+        let _ = writeln!(
+            out,
+            "| {name} | **median of {}** | **{:.2}** | **{:.2}** | **{:.2}** |",
+            ratios.len(),
+            m(0),
+            m(1),
+            m(2)
+        );
+    }
+    out
+}
+
 /// One line about this machine for benchmark summaries.
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -397,6 +437,16 @@ mod tests {
             "{table}"
         );
         assert!(!table.contains("| base | **ratio"), "{table}");
+        let ratios = super::ratio_table(&lines);
+        assert!(
+            ratios.contains("| scraped | 2 | 1.10 | 1.10 | 1.10 |"),
+            "{ratios}"
+        );
+        assert!(
+            ratios.contains("| scraped | **median of 3** | **1.10** | **1.10** | **1.10** |"),
+            "{ratios}"
+        );
+        assert!(!ratios.contains("| base |"), "{ratios}");
         assert_eq!(super::median(vec![3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 }

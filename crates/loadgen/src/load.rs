@@ -399,7 +399,22 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
 
     let scraper = first.scrape.clone().map(|sc| {
         let clock = scrape_clock.clone();
-        std::thread::spawn(move || crate::scrape::run(sc, clock, start, measure_from, window_end))
+        let pin = first.pin.clone();
+        let spawned = std::thread::Builder::new()
+            .name("load-scraper".into())
+            .spawn(move || {
+                // On the generator's cores, like its other threads: left unpinned, the scraper
+                // may land on the target's core and its reading would be counted as the target's
+                // cost (a real Prometheus runs on another machine).
+                if !pin.is_empty()
+                    && let Err(e) = crate::pinning::pin_current_thread(&pin)
+                {
+                    eprintln!("load: cannot pin the scraper to cpu {pin:?}: {e}; running unpinned");
+                }
+                crate::scrape::run(sc, clock, start, measure_from, window_end)
+            });
+        // What `std::thread::spawn` does, with a name the tests can find the thread by.
+        spawned.expect("the OS lets this process start one more thread")
     });
     let watcher = first.watch.clone().map(|wc| {
         std::thread::spawn(move || crate::scrape::watch(wc, start, measure_from, window_end))

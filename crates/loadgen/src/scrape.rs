@@ -24,6 +24,9 @@ pub struct ScrapeConfig {
     pub url: String,
     /// Interval between scrape starts.
     pub every: Duration,
+    /// Ask for gzip, as Prometheus does (`false`: the whole uncompressed text, as `curl`
+    /// fetches it, so the exporter sends every byte of a large exposition).
+    pub gzip: bool,
 }
 
 /// Which metrics to read from the gateway, and how often, for the run's timeline.
@@ -144,8 +147,11 @@ async fn scrape_loop(
         }
         let began = now_ns();
         clock.begin(began);
-        let result =
-            tokio::time::timeout(config.every, scrape_once(&mut sender, &target, None)).await;
+        let result = tokio::time::timeout(
+            config.every,
+            scrape_once(&mut sender, &target, None, config.gzip),
+        )
+        .await;
         let ended = now_ns();
         clock.end(ended);
         let start_s = (began as f64 - measure_from as f64) / 1e9;
@@ -178,12 +184,13 @@ async fn scrape_loop(
     out
 }
 
-/// Fetches the metrics once: as Prometheus does (compressed, OpenMetrics first), or with
-/// `keep` as plain uncompressed text whose body is returned.
+/// Fetches the metrics once: as Prometheus does (OpenMetrics first, compressed when `gzip`),
+/// or with `keep` as plain uncompressed text whose body is returned.
 async fn scrape_once(
     sender: &mut Option<SendRequest<Empty<Bytes>>>,
     target: &crate::target::Target,
     mut keep: Option<&mut Vec<u8>>,
+    gzip: bool,
 ) -> Result<(u16, u64), String> {
     let mut s = match sender.take() {
         Some(s) if !s.is_closed() => s,
@@ -222,10 +229,12 @@ async fn scrape_once(
                 "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1",
             ),
         );
-        h.insert(
-            http::header::ACCEPT_ENCODING,
-            HeaderValue::from_static("gzip"),
-        );
+        if gzip {
+            h.insert(
+                http::header::ACCEPT_ENCODING,
+                HeaderValue::from_static("gzip"),
+            );
+        }
     }
     h.insert(
         "x-prometheus-scrape-timeout-seconds",
@@ -281,7 +290,7 @@ pub(crate) fn watch(
             let mut body = Vec::new();
             let fetched = tokio::time::timeout(
                 config.every,
-                scrape_once(&mut sender, &target, Some(&mut body)),
+                scrape_once(&mut sender, &target, Some(&mut body), false),
             )
             .await;
             match fetched {

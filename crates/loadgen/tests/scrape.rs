@@ -53,6 +53,7 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     config.scrape = Some(ScrapeConfig {
         url: server.url("/metrics"),
         every: Duration::from_secs(1),
+        gzip: true,
     });
     let report = run(&config).unwrap();
     // Scrapes at 0.5 s, 1.5 s and 2.5 s of the run, each ~150 ms, 5000 bytes, status 200.
@@ -86,4 +87,87 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     let printed = report.render();
     assert!(printed.contains("Scrapes: 3 (0 failed)"), "{printed}");
     assert!(printed.contains("Requests that overlapped a scrape:"));
+}
+
+/// The scraper runs on the generator's cores (`pin`), never where the scheduler happens to
+/// put it (the target's core, whose cost it would then inflate), and asks for gzip only when
+/// told to: `gzip: false` fetches the whole text, as `curl` does.
+#[test]
+fn the_scraper_runs_on_the_generators_cores_and_asks_for_gzip_only_when_told() {
+    // /metrics answers 1000 bytes to a client that accepts gzip, 3000 to one that does not.
+    let server = support::start(move |listener| async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let size = if req.headers().contains_key("accept-encoding") {
+                        1000
+                    } else {
+                        3000
+                    };
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(vec![b'#'; size]))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    for (gzip, bytes) in [(false, 3000), (true, 1000)] {
+        let mut config = LoadConfig::new(&server.url("/"), 100.0, Duration::from_secs(2), 2);
+        config.pin = vec![last];
+        config.scrape = Some(ScrapeConfig {
+            url: server.url("/metrics"),
+            every: Duration::from_millis(500),
+            gzip,
+        });
+        // The scraper thread lives as long as the run: read its allowed cores meanwhile.
+        let watcher = std::thread::spawn(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(cpus) = scraper_cpus() {
+                    return Some(cpus);
+                }
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let report = run(&config).unwrap();
+        assert!(!report.scrapes.is_empty());
+        for s in &report.scrapes {
+            assert_eq!((s.status, s.bytes), (200, bytes), "gzip {gzip}");
+        }
+        assert_eq!(watcher.join().unwrap(), Some(last.to_string()));
+    }
+}
+
+/// `Cpus_allowed_list` of this process's `load-scraper` thread, once it is pinned (the thread
+/// pins itself as it starts).
+fn scraper_cpus() -> Option<String> {
+    let all = format!(
+        "0-{}",
+        std::thread::available_parallelism().map_or(1, |n| n.get()) - 1
+    );
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|task| task.path())
+        .filter(|task| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == "load-scraper")
+        })
+        .find_map(|task| {
+            let status = std::fs::read_to_string(task.join("status")).ok()?;
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+                .trim()
+                .to_owned();
+            // Not yet pinned: it still has every core (unless the machine has only one).
+            (cpus != all || all == "0-0").then_some(cpus)
+        })
 }

@@ -19,7 +19,8 @@ use crate::Priority;
 pub struct MetricsConfig {
     /// Exporter address (`IP:PORT`) or `off`; unset means `127.0.0.1:9091`.
     pub listen: Option<String>,
-    /// Exporter thread priority: `normal`, `idle` or `nice:N`; unset means `nice:19`.
+    /// Exporter thread priority: `normal`, `idle` or `nice:N`; unset means `idle`
+    /// (`SCHED_IDLE`).
     pub priority: Option<String>,
     /// Extra synthetic series to register (0: none).
     pub synthetic_series: usize,

@@ -36,30 +36,30 @@ use crate::{MetricsError, Registry};
 
 /// Scheduling priority of the exporter thread.
 ///
-/// The default is nice 19: measured at half the gateway's maximum rate with the exporter
-/// sharing the serving thread's core (`docs/benchmarks/2026-11-22-scrape-half-max/`), a
-/// scrape of 100k or 1M series at normal priority took P99 from ~1.3 ms to 5-20 ms for the
-/// requests it overlapped, while at nice 19 (and at `SCHED_IDLE`) those requests kept P99
-/// ~1.4 ms and P100 ~5.5 ms, under the unscraped run's own tail. Nice 19 rather than
-/// `SCHED_IDLE`: it still gets a small share of a saturated core, so scrapes of a moderate
-/// registry complete (slowly) when the gateway is at 100 % CPU, where `SCHED_IDLE` would
-/// starve them; and it needs no helper process.
+/// The default is `SCHED_IDLE` (issue 26, `docs/benchmarks/2026-11-27-scrape-shared-core/`):
+/// on the serving thread's core, a nice 19 exporter still kept the core for up to 4.2 ms
+/// after the serving thread woke (a `perf sched` trace of a 1M-series scrape), because the
+/// kernel's EEVDF scheduler lets a task it has just picked run out its time slice (1.4 ms
+/// here, noticed at the next tick) before a waking task of any weight may preempt it (run to
+/// parity). A `SCHED_IDLE` task is preempted at once by any waking normal task (130 us at
+/// most in the same trace). The trade:
+/// on a core saturated by serving threads a `SCHED_IDLE` exporter gets ~0.3 % of it (weight 3
+/// against 1024) where nice 19 got ~1.5 %, so a large scrape there is slower; `Nice(19)`
+/// remains available for that case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Priority {
     /// The process's own priority: the exporter competes with serving threads as an equal.
     Normal,
-    /// A nice value (1..=19 lowers the priority; raising it needs privileges). The default
-    /// is `Nice(19)`.
+    /// A nice value (1..=19 lowers the priority; raising it needs privileges).
     Nice(i32),
-    /// `SCHED_IDLE`: runs only when a core has nothing else to run. Set with `chrt` because
-    /// the syscall has no safe wrapper here (`unsafe` is forbidden); falls back to nice 19 if
-    /// `chrt` is missing or refuses.
+    /// `SCHED_IDLE` (the default): runs only when a core has nothing else to run, and gives
+    /// way at once when a serving thread wakes. Falls back to nice 19 if the kernel refuses.
     Idle,
 }
 
 impl Default for Priority {
     fn default() -> Self {
-        Priority::Nice(19)
+        Priority::Idle
     }
 }
 
@@ -87,7 +87,8 @@ pub struct ExporterConfig {
     pub listen: SocketAddr,
     /// Path of the exposition. Default `/metrics`.
     pub path: String,
-    /// Scheduling priority of the exporter thread. Default nice 19 ([`Priority::default`]).
+    /// Scheduling priority of the exporter thread. Default `SCHED_IDLE`
+    /// ([`Priority::default`]).
     pub priority: Priority,
     /// CPUs the exporter thread may run on (empty: wherever the process may). Give it a
     /// core that serves no traffic when there is one: a render of a large registry sweeps
@@ -202,9 +203,11 @@ fn apply_cpus(cpus: &[usize]) {
     }
 }
 
+/// Sets the calling (exporter) thread's priority and logs the one it got: `SCHED_IDLE` falls
+/// back to nice 19 when the kernel refuses it (a seccomp filter, a non-Linux kernel).
 fn apply_priority(priority: Priority) {
     let tid = rustix::thread::gettid();
-    let nice = |value: i32| {
+    let set_nice = |value: i32| {
         // PRIO_PROCESS with a thread id: on Linux the nice value is per thread.
         if let Err(err) = rustix::process::setpriority_process(Some(tid), value) {
             tracing::warn!(%err, value, "metrics exporter: could not set nice value");
@@ -212,17 +215,29 @@ fn apply_priority(priority: Priority) {
     };
     match priority {
         Priority::Normal => {}
-        Priority::Nice(value) => nice(value),
+        Priority::Nice(value) => set_nice(value),
         Priority::Idle => {
-            let status = std::process::Command::new("chrt")
-                .args(["--idle", "--pid", "0", &tid.as_raw_nonzero().to_string()])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                tracing::warn!("metrics exporter: chrt --idle failed; using nice 19");
-                nice(19);
+            use thread_priority::{
+                NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+            };
+            let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+            // The call also sets nice 0, which fails in a process already at a positive nice
+            // after the policy itself was applied: the policy read back is what counts.
+            let result = thread_priority::set_thread_priority_and_policy(
+                thread_priority::thread_native_id(),
+                ThreadPriority::Min,
+                idle,
+            );
+            // Nice 19 either way: the fallback, and what the thread keeps if something moves it
+            // back to SCHED_OTHER.
+            set_nice(19);
+            if thread_priority::thread_schedule_policy().is_ok_and(|policy| policy == idle) {
+                tracing::info!("metrics exporter: running at SCHED_IDLE");
+            } else {
+                tracing::warn!(
+                    ?result,
+                    "metrics exporter: SCHED_IDLE refused; running at nice 19 instead"
+                );
             }
         }
     }

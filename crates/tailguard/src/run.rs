@@ -75,7 +75,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "ADDR|off")]
     metrics_listen: Option<String>,
     /// Scheduling priority of the exporter thread: normal, idle (SCHED_IDLE) or nice:N;
-    /// default nice:19 (overrides `[metrics] priority`).
+    /// default idle (overrides `[metrics] priority`).
     #[arg(long, value_parser = parse_priority)]
     metrics_priority: Option<Priority>,
     /// CPUs the exporter thread may run on, e.g. `0` or `0,2` (overrides `[metrics] cpus`;

@@ -213,3 +213,38 @@ fn rejected_reload_sets_last_reload_successful_to_0_until_one_is_applied() {
         "after a good reload"
     );
 }
+
+/// Issue 26: the gateway's exporter thread runs at SCHED_IDLE unless told otherwise, so on a
+/// core it shares with a serving thread it gives way as soon as that thread wakes (at nice 19
+/// it could keep the core for the rest of its time slice).
+#[test]
+fn exporter_thread_runs_at_sched_idle_by_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("gw.toml");
+    std::fs::write(&config, CONFIG).expect("write config");
+    let config = config.to_str().expect("utf-8 path");
+    let gateway = Gateway::run(&["--config", config, "--metrics-listen", "127.0.0.1:0"]);
+    gateway.wait_for_log(
+        "metrics exporter: running at SCHED_IDLE",
+        Duration::from_secs(20),
+    );
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", gateway.child.id())).expect("tasks");
+    let exporters: Vec<(u32, i32)> = tasks
+        .map(|task| task.expect("task").path())
+        .filter(|task| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == "metrics-exporte")
+        })
+        .map(|task| {
+            let stat = std::fs::read_to_string(task.join("stat")).expect("stat");
+            let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+                .split(' ')
+                .collect();
+            // Policy is field 41 of /proc/<pid>/task/<tid>/stat (SCHED_IDLE = 5), nice 19.
+            (
+                fields[41 - 3].parse().expect("policy"),
+                fields[19 - 3].parse().expect("nice"),
+            )
+        })
+        .collect();
+    assert_eq!(exporters, [(5, 19)], "the gateway's one exporter thread");
+}
