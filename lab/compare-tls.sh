@@ -151,8 +151,9 @@ gateways=(nginx tailguard)
 [ -n "$a" ] && gateways+=(baseline)
 {
   echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-  echo "tailguard: $b ($("$b" --version))"; [ -n "$a" ] && echo "baseline: $a"
-  nginx -v 2>&1; wrk -v 2>&1 | head -1 | cut -d' ' -f1-2; h2load --version | head -1
+  echo "tailguard: $b ($("$b" --version))"
+  if [ -n "$a" ]; then echo "baseline: $a"; fi
+  echo "$(nginx -v 2>&1); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2); $(h2load --version | head -1)"
 } > "$out/machine.txt"
 : > "$out/rounds.txt"
 for r in $(seq "$rounds"); do
