@@ -59,6 +59,8 @@ fn every_shipped_scenario_parses() {
             "scrape",
             "scrape-1m-paired",
             "scrape-half-max",
+            "scrape-shared-core",
+            "scrape-shared-core-100k",
             "shed",
             "shed-remote",
             "shed-remote-io",
@@ -66,6 +68,10 @@ fn every_shipped_scenario_parses() {
             "trace"
         ]
     );
+    // Issue 26's case scrapes the whole uncompressed text; scrapes ask for gzip by default.
+    let (shared, _) = Scenario::load("scrape-shared-core", &scenarios_dir()).unwrap();
+    let gzip: Vec<bool> = shared.conditions.iter().map(|c| c.scrape_gzip).collect();
+    assert_eq!(gzip, [true, false]);
 }
 
 #[test]

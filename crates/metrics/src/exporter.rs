@@ -46,7 +46,7 @@ use crate::{MetricsError, Registry};
 /// on a core saturated by serving threads a `SCHED_IDLE` exporter gets ~0.3 % of it (weight 3
 /// against 1024) where nice 19 got ~1.5 %, so a large scrape there is slower; `Nice(19)`
 /// remains available for that case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Priority {
     /// The process's own priority: the exporter competes with serving threads as an equal.
     Normal,
@@ -54,13 +54,8 @@ pub enum Priority {
     Nice(i32),
     /// `SCHED_IDLE` (the default): runs only when a core has nothing else to run, and gives
     /// way at once when a serving thread wakes. Falls back to nice 19 if the kernel refuses.
+    #[default]
     Idle,
-}
-
-impl Default for Priority {
-    fn default() -> Self {
-        Priority::Idle
-    }
 }
 
 impl FromStr for Priority {
