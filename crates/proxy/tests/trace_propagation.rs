@@ -391,3 +391,47 @@ async fn a_dead_collector_leaves_requests_unaffected_and_counts_the_drops() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_grpc_call_gets_rpc_attributes_and_its_status() {
+    use tailguard_test_support::grpc::{GrpcClient, GrpcUpstream, Msg};
+    let receiver = OtlpReceiver::http().await;
+    let upstream = GrpcUpstream::start().await;
+    let text = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nprotocol = \"h2c\"\n\
+         endpoints = [{{ address = \"{}\" }}]\n\n\
+         [[routes]]\nid = \"grpc\"\nupstream = \"up\"\n\n\
+         [tracing]\nendpoint = \"{}\"\nbatch_interval_ms = 20\n",
+        upstream.addr,
+        receiver.endpoint()
+    );
+    let (server, url) = start(config(&text));
+    let mut client = tokio::time::timeout(WAIT, GrpcClient::connect(&url))
+        .await
+        .expect("connects");
+    let resp = tokio::time::timeout(WAIT, client.unary(Msg::new("hello", 1), None))
+        .await
+        .expect("within the deadline")
+        .expect("the call succeeds");
+    assert_eq!(resp.get_ref(), &Msg::new("hello", 1));
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    let server_span = by_kind(&spans, SERVER)[0];
+    assert_eq!(attr_str(server_span, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(
+        attr_str(server_span, "rpc.service").as_deref(),
+        Some("test.Echo")
+    );
+    assert_eq!(
+        attr_str(server_span, "rpc.method").as_deref(),
+        Some("Unary")
+    );
+    assert_eq!(attr_int(server_span, "rpc.grpc.status_code"), Some(0));
+    assert_eq!(
+        attr_str(server_span, "network.protocol.version").as_deref(),
+        Some("2")
+    );
+    let client_span = by_kind(&spans, CLIENT)[0];
+    assert_eq!(client_span.parent_span_id, server_span.span_id);
+    drop(server);
+}
