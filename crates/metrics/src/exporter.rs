@@ -143,7 +143,7 @@ impl Exporter {
                 // Scrapes record a few self-metrics: not worth a shard a serving thread
                 // could own.
                 crate::use_shared_shard();
-                apply_priority(config.priority);
+                set_thread_priority(config.priority, "metrics exporter");
                 apply_cpus(&config.cpus);
                 runtime.block_on(serve(listener, registry, config, stopped));
             })
@@ -198,14 +198,18 @@ fn apply_cpus(cpus: &[usize]) {
     }
 }
 
-/// Sets the calling (exporter) thread's priority and logs the one it got: `SCHED_IDLE` falls
-/// back to nice 19 when the kernel refuses it (a seccomp filter, a non-Linux kernel).
-fn apply_priority(priority: Priority) {
+/// Sets the calling thread's priority and logs the one it got (`thread`: how the log names
+/// it): `SCHED_IDLE` falls back to nice 19 when the kernel refuses it (a seccomp filter, a
+/// non-Linux kernel). For any off-path thread that may share a core with serving threads
+/// (the metrics exporter, a trace exporter): at `SCHED_IDLE` a serving thread that wakes
+/// takes the core at once, where nice 19 still lets the thread finish its time slice
+/// (issue 26: up to 4.2 ms).
+pub fn set_thread_priority(priority: Priority, thread: &str) {
     let tid = rustix::thread::gettid();
     let set_nice = |value: i32| {
         // PRIO_PROCESS with a thread id: on Linux the nice value is per thread.
         if let Err(err) = rustix::process::setpriority_process(Some(tid), value) {
-            tracing::warn!(%err, value, "metrics exporter: could not set nice value");
+            tracing::warn!(%err, value, "{thread}: could not set nice value");
         }
     };
     match priority {
@@ -227,11 +231,11 @@ fn apply_priority(priority: Priority) {
             // back to SCHED_OTHER.
             set_nice(19);
             if thread_priority::thread_schedule_policy().is_ok_and(|policy| policy == idle) {
-                tracing::info!("metrics exporter: running at SCHED_IDLE");
+                tracing::info!("{thread}: running at SCHED_IDLE");
             } else {
                 tracing::warn!(
                     ?result,
-                    "metrics exporter: SCHED_IDLE refused; running at nice 19 instead"
+                    "{thread}: SCHED_IDLE refused; running at nice 19 instead"
                 );
             }
         }

@@ -91,7 +91,7 @@ mod text;
 
 pub use config::{Listen, MetricsConfig};
 pub use error::MetricsError;
-pub use exporter::{Exporter, ExporterConfig, Priority};
+pub use exporter::{Exporter, ExporterConfig, Priority, set_thread_priority};
 pub use family::{Desc, Family, LATENCY_BUCKETS, OVERFLOW_LABEL_VALUE};
 pub use layer::{
     InFlight, RequestMetrics, RequestMetricsLayer, RequestMetricsService, ResponseFuture,

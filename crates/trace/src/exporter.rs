@@ -63,6 +63,14 @@ impl Exporter {
         let thread = std::thread::Builder::new()
             .name("trace-exporter".to_owned())
             .spawn(move || {
+                // Encoding, gzip and the collector's socket never take a serving thread's
+                // core from it: the exporter runs only when the core is otherwise idle.
+                // A core saturated by serving threads then starves the exporter, its
+                // queue fills and spans are dropped and counted, never the requests slowed.
+                tailguard_metrics::set_thread_priority(
+                    tailguard_metrics::Priority::Idle,
+                    "trace exporter",
+                );
                 let run = Run {
                     config,
                     transport,
