@@ -331,9 +331,15 @@ pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: 
     }
     if failed {
         server.status = Status::Error;
-        match record.error {
-            Some(kind) => server.str("error.type", kind),
-            None => server.bytes("error.type", &status_digits(record.status)),
+        // The OTel conventions: the error's class; for a gRPC call answered with a status,
+        // the status code's name (a failed call usually ends with HTTP 200).
+        match (
+            record.error,
+            record.grpc.then_some(record.grpc_status).flatten(),
+        ) {
+            (Some(kind), _) => server.str("error.type", kind),
+            (None, Some(code)) => server.str("error.type", grpc_code_name(code)),
+            (None, None) => server.bytes("error.type", &status_digits(record.status)),
         }
     }
     t.tracer.record(&server);
@@ -378,6 +384,30 @@ pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: 
 /// DATA_LOSS.
 fn grpc_failed(code: u8) -> bool {
     matches!(code, 2 | 4 | 12 | 13 | 14 | 15)
+}
+
+/// A gRPC status code's name, as the gRPC spec spells it.
+fn grpc_code_name(code: u8) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    NAMES.get(usize::from(code)).copied().unwrap_or("UNKNOWN")
 }
 
 fn status_digits(status: u16) -> [u8; 3] {

@@ -644,6 +644,8 @@ async fn a_failed_grpc_call_over_http2_is_kept_with_its_rpc_attributes() {
     assert_eq!(tag(&server, "rpc.service"), "test.Echo");
     assert_eq!(tag(&server, "rpc.method"), "Unary");
     assert_eq!(tag(&server, "rpc.grpc.status_code"), "14");
+    // A failed call ends with HTTP 200: the error's type is the gRPC status, by name.
+    assert_eq!(tag(&server, "error.type"), "UNAVAILABLE");
     assert_eq!(tag(&server, "network.protocol.version"), "2");
     assert_eq!(tag(&server, "http.route"), "echo");
     assert_eq!(tag(&server, "otel.status_code"), "ERROR");
