@@ -221,19 +221,26 @@ async fn shutdown_exports_what_is_left() {
 /// `/proc/self/task/<tid>/stat` (policy is field 41, nice field 19).
 fn threads_named(name: &str) -> Vec<(u32, i32)> {
     let mut found = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let task = task.unwrap().path();
+    for task in
+        std::fs::read_dir("/proc/self/task").expect("Linux: /proc/self/task lists the threads")
+    {
+        let task = task.expect("a task entry").path();
         let Ok(comm) = std::fs::read_to_string(task.join("comm")) else {
             continue; // the thread ended while we looked
         };
         if comm.trim_end() != name {
             continue;
         }
-        let stat = std::fs::read_to_string(task.join("stat")).unwrap();
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let stat = std::fs::read_to_string(task.join("stat")).expect("the thread's stat");
+        let fields: Vec<&str> = stat[stat
+            .rfind(')')
+            .expect("stat names the command in parentheses")
+            + 2..]
+            .split(' ')
+            .collect();
         found.push((
-            fields[41 - 3].parse().unwrap(),
-            fields[19 - 3].parse().unwrap(),
+            fields[41 - 3].parse().expect("policy is a number"),
+            fields[19 - 3].parse().expect("nice is a number"),
         ));
     }
     found
