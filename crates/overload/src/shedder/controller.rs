@@ -235,7 +235,12 @@ impl Controller {
         if let Some(severe) = self.should_drop(now, class, flying) {
             return Err(self.reject(class, severe));
         }
-        if flying <= self.gate.calm.get() {
+        // No backlog: at or under the calm level and under this class's cap. An admission
+        // let past its cap (a slow rise) found a queue; marking it calm would make the very
+        // next one at the same instant look like a fast rise and be refused (found by
+        // `props::controller_invariants`: one Low admitted, the next Low refused).
+        let cap = self.gate.cap.get() * self.cfg.multipliers[class.index().min(2)];
+        if flying <= self.gate.calm.get().min(cap) {
             self.flight.calm_at.store(as_nanos(now), Ordering::Relaxed);
         }
         self.flight.n.fetch_add(1, Ordering::Relaxed);
