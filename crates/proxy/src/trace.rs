@@ -4,7 +4,8 @@
 //! sampler or the tail rule keeps them.
 //!
 //! Nothing is allocated or recorded while the request runs beyond one box per traced
-//! request (its [`RequestTrace`]); spans are built at the end, only for kept requests, and
+//! request (its [`RequestTrace`]), and the wall clock is not read: moments are `Instant`s
+//! (one per try start and end), placed on the wall clock when a kept request finishes; spans are built at the end, only for kept requests, and
 //! copied into the serving thread's buffer (`tailguard-trace`). Tracing off (no endpoint)
 //! costs one branch: the snapshot's [`Tracer`] is a no-op and no box is made.
 //!
@@ -81,9 +82,9 @@ impl SnapshotTracing {
 #[derive(Debug, Clone, Copy)]
 struct Try {
     span_id: SpanId,
-    start_unix_nanos: u64,
     started: Instant,
-    end_unix_nanos: u64,
+    /// When the try's answer (or failure) came; none while it is open.
+    ended: Option<Instant>,
     addr: SocketAddr,
     number: u32,
     retry_reason: Option<&'static str>,
@@ -100,7 +101,6 @@ pub struct RequestTrace {
     parent: Option<SpanContext>,
     /// A bare `b3` decision.
     hint: Option<bool>,
-    start_unix_nanos: u64,
     tracestate: Option<HeaderValue>,
     host: Option<HeaderValue>,
     tries: [Option<Try>; MAX_TRY_SPANS],
@@ -136,7 +136,6 @@ pub(crate) fn start<B>(t: &SnapshotTracing, req: &Request<B>) -> Option<Box<Requ
         context,
         parent: found.parent,
         hint: found.sampling_hint,
-        start_unix_nanos: unix_nanos(),
         tracestate: found.tracestate,
         host: req
             .headers()
@@ -195,9 +194,8 @@ impl RequestTrace {
         if let Some(slot) = self.tries.get_mut(slot) {
             *slot = Some(Try {
                 span_id,
-                start_unix_nanos: unix_nanos(),
                 started: Instant::now(),
-                end_unix_nanos: 0,
+                ended: None,
                 addr,
                 number: self.tried,
                 retry_reason: self.next_reason.take(),
@@ -226,14 +224,10 @@ fn end_open_try(trace: &mut RequestTrace, status: Option<u16>, error: Option<&'s
     else {
         return;
     };
-    if t.end_unix_nanos != 0 {
+    if t.ended.is_some() {
         return;
     }
-    let elapsed = u64::try_from(t.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    t.end_unix_nanos = t
-        .start_unix_nanos
-        .saturating_add(elapsed)
-        .max(t.start_unix_nanos + 1);
+    t.ended = Some(Instant::now());
     t.status = status;
     t.error = error;
 }
@@ -287,13 +281,18 @@ pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: 
         return;
     }
     end_open_try(&mut trace, record.upstream_status, record.error);
-    let end_unix = trace.start_unix_nanos.saturating_add(duration);
+    // The wall clock is read here, once, and only for a kept request: every moment the
+    // request noted is an `Instant`, placed on the wall clock from this one anchor.
+    let anchor = (Instant::now(), unix_nanos());
+    let unix = |at: Instant| unix_at(anchor, at);
+    let start_unix = unix(record.start);
+    let end_unix = start_unix.saturating_add(duration);
     let mut server = Span::new(
         SpanKind::Server,
         &trace.context,
         trace.parent.map(|p| p.span_id),
     );
-    server.start_unix_nanos = trace.start_unix_nanos;
+    server.start_unix_nanos = start_unix;
     server.end_unix_nanos = end_unix;
     let method = method_name(record.method);
     match route {
@@ -350,12 +349,11 @@ pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: 
             ..trace.context
         };
         let mut client = Span::new(SpanKind::Client, &ctx, Some(trace.context.span_id));
-        client.start_unix_nanos = one.start_unix_nanos;
-        client.end_unix_nanos = if one.end_unix_nanos == 0 {
-            end_unix
-        } else {
-            one.end_unix_nanos
-        };
+        client.start_unix_nanos = unix(one.started);
+        client.end_unix_nanos = one
+            .ended
+            .map_or(end_unix, unix)
+            .max(client.start_unix_nanos + 1);
         client.set_name(method);
         client.str("http.request.method", method);
         let mut ip = [0u8; 39];
@@ -384,6 +382,13 @@ pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: 
 /// DATA_LOSS.
 fn grpc_failed(code: u8) -> bool {
     matches!(code, 2 | 4 | 12 | 13 | 14 | 15)
+}
+
+/// `at` on the wall clock, given one moment read from both clocks (`anchor`).
+fn unix_at((anchor, anchor_unix): (Instant, u64), at: Instant) -> u64 {
+    let before = u64::try_from(anchor.saturating_duration_since(at).as_nanos()).unwrap_or(0);
+    let after = u64::try_from(at.saturating_duration_since(anchor).as_nanos()).unwrap_or(0);
+    anchor_unix.saturating_sub(before).saturating_add(after)
 }
 
 /// A gRPC status code's name, as the gRPC spec spells it.
@@ -422,4 +427,25 @@ fn ip_text(addr: SocketAddr, buf: &mut [u8; 39]) -> &[u8] {
     let _ = write!(cursor, "{}", addr.ip());
     let n = usize::try_from(cursor.position()).unwrap_or(0);
     &buf[..n]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::unix_at;
+
+    #[test]
+    fn moments_before_and_after_the_anchor_land_on_the_wall_clock() {
+        let anchor = Instant::now();
+        let anchor_unix = 1_700_000_000_000_000_000;
+        let before = anchor.checked_sub(Duration::from_micros(250)).unwrap();
+        let after = anchor + Duration::from_micros(40);
+        assert_eq!(unix_at((anchor, anchor_unix), anchor), anchor_unix);
+        assert_eq!(
+            unix_at((anchor, anchor_unix), before),
+            anchor_unix - 250_000
+        );
+        assert_eq!(unix_at((anchor, anchor_unix), after), anchor_unix + 40_000);
+    }
 }
