@@ -32,33 +32,15 @@ done
 for exe in "$a" "$b"; do [ -x "$exe" ] || { echo "compare-builds: $exe is not executable" >&2; exit 1; }; done
 prio=()
 if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# shellcheck source=lab/lib.sh
+. lab/lib.sh
 trap cleanup EXIT
 wait_port() {
   for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
   echo "compare-builds: nothing answers on port $1" >&2; exit 1
 }
 
-up_port=$(free_port)
-cat > "$out/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $out/nginx.pid;
-error_log $out/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
-    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
-}
-EOF
-"${prio[@]}" taskset -c 0 nginx -c "$out/nginx.conf" -p "$out" > "$out/nginx.log" 2>&1 &
-pids+=($!)
-wait_port "$up_port"
+start_origin 0
 
 cat > "$out/gateway.toml" <<EOF
 [[listeners]]

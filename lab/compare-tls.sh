@@ -29,9 +29,8 @@ for tool in nginx wrk h2load openssl taskset python3 curl; do
 done
 prio=()
 if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# shellcheck source=lab/lib.sh
+. lab/lib.sh
 trap cleanup EXIT
 wait_url() {
   for _ in $(seq 200); do curl -kfs -o /dev/null "$1" && return 0; sleep 0.05; done
@@ -40,24 +39,7 @@ wait_url() {
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
   -keyout "$out/key.pem" -out "$out/cert.pem" 2>/dev/null
-up_port=$(free_port)
-cat > "$out/origin.conf" <<EOF2
-worker_processes 1;
-daemon off;
-pid $out/origin.pid;
-error_log $out/origin-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
-    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
-}
-EOF2
-"${prio[@]}" taskset -c 0 nginx -c "$out/origin.conf" -p "$out" > "$out/origin.log" 2>&1 &
-pids+=($!)
-wait_url "http://127.0.0.1:$up_port/"
+start_origin 0
 
 start_gateway() { # name -> gw_pid (whose CPU counts), stop_pid, gw_port
   gw_port=$(free_port)

@@ -58,9 +58,8 @@ if [ "$what" = caddy ] || [ "$what" = all ]; then
 fi
 prio=()
 if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# shellcheck source=lab/lib.sh
+. lab/lib.sh
 trap cleanup EXIT
 wait_http() { # url -> waits until it answers (any status)
   for _ in $(seq 400); do curl -s -o /dev/null "$1" && return 0; sleep 0.05; done
@@ -80,24 +79,7 @@ wait_http() { # url -> waits until it answers (any status)
 export PATH="$PATH:/usr/local/go/bin"
 
 # The upstream: nginx, one worker on core 0, a fixed 13-byte answer.
-up_port=$(free_port)
-cat > "$out/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $out/nginx.pid;
-error_log $out/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
-    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
-}
-EOF
-"${prio[@]}" taskset -c 0 nginx -c "$out/nginx.conf" -p "$out" > "$out/nginx.log" 2>&1 &
-pids+=($!)
-wait_http "http://127.0.0.1:$up_port/"
+start_origin 0
 
 # Jaeger v2 with its all-in-one defaults (memory storage, the batch processor, OTLP over gRPC
 # and HTTP) on free ports, on core 0; its own metrics off (they would take the fixed port

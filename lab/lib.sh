@@ -1,0 +1,36 @@
+# shellcheck shell=bash
+# What the lab's comparison scripts share (sourced, not run): free ports, the children to
+# stop on exit, and the nginx origin they all measure against. Callers set `out` (the output
+# directory) and `prio` (an array prefix, e.g. `nice -n -10`, or empty) before calling.
+
+# A free TCP port on 127.0.0.1 (the kernel's pick; released at once, used right after).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Every child started; `trap cleanup EXIT` stops them all.
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+
+# start_origin CPUS: nginx with one worker answering "hello, world\n" to everything, pinned to
+# CPUS, its access log off; sets `up_port` and returns once it answers.
+start_origin() {
+  up_port=$(free_port)
+  cat > "$out/origin.conf" <<EOF_ORIGIN
+worker_processes 1;
+daemon off;
+pid $out/origin.pid;
+error_log $out/origin-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
+    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
+    keepalive_requests 1000000;
+    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
+}
+EOF_ORIGIN
+  ${prio[@]+"${prio[@]}"} taskset -c "$1" nginx -c "$out/origin.conf" -p "$out" > "$out/origin.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$up_port/" && return 0; sleep 0.05; done
+  echo "$(basename "$0"): the nginx origin does not answer on port $up_port ($out/origin-error.log)" >&2
+  exit 1
+}
