@@ -19,32 +19,15 @@ out=$(cd "$out" && pwd)
 for tool in nginx valgrind callgrind_control callgrind_annotate python3 curl; do
   command -v "$tool" >/dev/null || { echo "callgrind: $tool is not installed" >&2; exit 1; }
 done
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# shellcheck source=lab/lib.sh
+. lab/lib.sh
 trap cleanup EXIT
 wait_port() {
   for _ in $(seq 600); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.1; done
   echo "callgrind: nothing answers on port $1" >&2; exit 1
 }
-up_port=$(free_port); gw_port=$(free_port)
-cat > "$out/origin.conf" <<EOF2
-worker_processes 1;
-daemon off;
-pid $out/origin.pid;
-error_log $out/origin-error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
-    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
-}
-EOF2
-nginx -c "$out/origin.conf" -p "$out" > "$out/origin.log" 2>&1 &
-pids+=($!)
-wait_port "$up_port"
+start_origin "0-$(($(nproc) - 1))"
+gw_port=$(free_port)
 cat > "$out/gateway.toml" <<EOF2
 [[listeners]]
 address = "127.0.0.1:$gw_port"

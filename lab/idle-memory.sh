@@ -30,9 +30,8 @@ for tool in nginx openssl python3 curl; do
   command -v "$tool" >/dev/null || { echo "idle-memory: $tool is not installed" >&2; exit 1; }
 done
 ulimit -n $((n * 2 + 1024))
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# shellcheck source=lab/lib.sh
+. lab/lib.sh
 trap cleanup EXIT
 wait_port() { # port [tls]
   local scheme=http; [ "${2:-}" = tls ] && scheme=https
@@ -44,24 +43,8 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
   -keyout "$out/key.pem" -out "$out/cert.pem" 2>/dev/null
 
-origin_port=$(free_port)
-cat > "$out/origin.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $out/origin.pid;
-error_log $out/origin-error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
-    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$origin_port; location / { return 200 "hello, world\n"; } }
-}
-EOF
-nginx -c "$out/origin.conf" -p "$out" > "$out/origin.log" 2>&1 &
-pids+=($!)
-wait_port "$origin_port"
+start_origin "0-$(($(nproc) - 1))"
+origin_port=$up_port
 
 # The gateways: a plain port (HTTP/1.1 and h2c) and a TLS port (ALPN h2 and http/1.1).
 start_tailguard() { # exe -> sets gw_pid, plain_port, tls_port
