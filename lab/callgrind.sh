@@ -6,6 +6,8 @@
 # total instructions per request and the top functions (inclusive and self) per request.
 # Instruction counts do not depend on the machine being quiet.
 #   REQUESTS=10000 RATE=500 [TAILGUARD=target/release/tailguard] lab/callgrind.sh
+# EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table, to
+# count what a traced request costs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exe=${TAILGUARD:-target/release/tailguard}
@@ -41,6 +43,7 @@ id = "all"
 upstream = "origin"
 path = { prefix = "/" }
 EOF2
+if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG" >> "$out/gateway.toml"; fi
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
   "$exe" run --config "$out/gateway.toml" --threads 1 --metrics-listen 127.0.0.1:0 \
   > "$out/gateway.log" 2>&1 &

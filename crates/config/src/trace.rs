@@ -25,6 +25,9 @@ pub struct TracingConfig {
     /// `"http/protobuf"` (default) or `"grpc"`.
     #[serde(default)]
     pub protocol: Option<Spanned<String>>,
+    /// `"none"` (default, as in the OTLP exporter spec) or `"gzip"`.
+    #[serde(default)]
+    pub compression: Option<Spanned<String>>,
     /// The share of new traces sampled, 0.0 to 1.0 (default 1.0); a request with a caller
     /// follows the caller's `sampled` flag.
     #[serde(default)]
@@ -89,6 +92,8 @@ pub struct Tracing {
     pub traces_url: Option<String>,
     /// Transport.
     pub protocol: OtlpProtocol,
+    /// gzip each export.
+    pub gzip: bool,
     /// Follow the caller's `sampled` flag (false only with `OTEL_TRACES_SAMPLER` =
     /// `always_on`, `always_off` or `traceidratio`).
     pub parent_based: bool,
@@ -189,6 +194,20 @@ impl TracingConfig {
                     .map_err(|m| bad(None, "OTEL_EXPORTER_OTLP_PROTOCOL", m))
                     .ok(),
                 None => Some(OtlpProtocol::HttpProtobuf),
+            },
+        };
+
+        let gzip = match &self.compression {
+            Some(c) => parse_compression(c.get_ref())
+                .map_err(|m| bad(Some(c.span()), "tracing.compression", m))
+                .unwrap_or(false),
+            None => match env("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
+                .or_else(|| env("OTEL_EXPORTER_OTLP_COMPRESSION"))
+            {
+                Some(c) => parse_compression(&c)
+                    .map_err(|m| bad(None, "OTEL_EXPORTER_OTLP_COMPRESSION", m))
+                    .unwrap_or(false),
+                None => false,
             },
         };
 
@@ -351,6 +370,7 @@ impl TracingConfig {
             endpoint,
             traces_url,
             protocol,
+            gzip,
             parent_based,
             sample_ratio,
             slow_ms: self.slow_ms.as_ref().map_or(0, |s| *s.get_ref()),
@@ -387,6 +407,15 @@ fn parse_protocol(p: &str) -> Result<OtlpProtocol, String> {
         other => Err(format!(
             "`{other}` is not one of \"http/protobuf\", \"grpc\""
         )),
+    }
+}
+
+/// Whether `c` asks for gzip.
+fn parse_compression(c: &str) -> Result<bool, String> {
+    match c {
+        "none" => Ok(false),
+        "gzip" => Ok(true),
+        other => Err(format!("`{other}` is not one of \"none\", \"gzip\"")),
     }
 }
 
@@ -588,6 +617,43 @@ service_name = "edge"
         };
         assert_eq!(problems[0].1, "OTEL_TRACES_SAMPLER");
         assert!(problems[0].0.is_none());
+    }
+
+    #[test]
+    fn compression_is_off_unless_the_file_or_the_environment_asks_for_gzip() {
+        let on = |text: &str, vars: &[(&str, &str)]| {
+            parse(text)
+                .resolve(Path::new("."), &env(vars))
+                .map(|t| t.expect("on").gzip)
+        };
+        let endpoint = "endpoint = \"http://127.0.0.1:4318\"\n";
+        assert_eq!(on(endpoint, &[]), Ok(false), "the OTLP spec's default");
+        assert_eq!(
+            on(endpoint, &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+            Ok(true)
+        );
+        assert_eq!(
+            on(
+                endpoint,
+                &[
+                    ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none")
+                ]
+            ),
+            Ok(false),
+            "the signal's own variable first"
+        );
+        let file = format!("{endpoint}compression = \"none\"\n");
+        assert_eq!(
+            on(&file, &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+            Ok(false),
+            "the file wins"
+        );
+        let Err(problems) = on(&format!("{endpoint}compression = \"zstd\"\n"), &[]) else {
+            panic!("an unknown compression")
+        };
+        assert_eq!(problems[0].1, "tracing.compression");
+        assert!(problems[0].0.is_some(), "with its position");
     }
 
     #[test]

@@ -420,20 +420,64 @@ fn status_digits(status: u16) -> [u8; 3] {
     [d(status / 100), d(status / 10), d(status)]
 }
 
-/// The address's IP as text, without allocating.
+/// The address's IP as text, without allocating. IPv4 is written digit by digit: through
+/// `fmt` it was ~1,100 instructions per address, the largest part of a traced request's
+/// cost on its serving thread.
 fn ip_text(addr: SocketAddr, buf: &mut [u8; 39]) -> &[u8] {
-    use std::io::Write as _;
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cursor, "{}", addr.ip());
-    let n = usize::try_from(cursor.position()).unwrap_or(0);
-    &buf[..n]
+    match addr.ip() {
+        std::net::IpAddr::V4(v4) => {
+            let mut n = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[n] = b'.';
+                    n += 1;
+                }
+                if octet >= 100 {
+                    buf[n] = b'0' + octet / 100;
+                    n += 1;
+                }
+                if octet >= 10 {
+                    buf[n] = b'0' + octet / 10 % 10;
+                    n += 1;
+                }
+                buf[n] = b'0' + octet % 10;
+                n += 1;
+            }
+            &buf[..n]
+        }
+        ip @ std::net::IpAddr::V6(_) => {
+            use std::io::Write as _;
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            let _ = write!(cursor, "{ip}");
+            let n = usize::try_from(cursor.position()).unwrap_or(0);
+            &buf[..n]
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::unix_at;
+    use super::{ip_text, unix_at};
+
+    #[test]
+    fn addresses_print_as_std_prints_them() {
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.20.100.255",
+            "192.168.9.99",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+            "::ffff:192.0.2.7",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ] {
+            let addr = std::net::SocketAddr::new(ip.parse().unwrap(), 80);
+            let mut buf = [0u8; 39];
+            assert_eq!(ip_text(addr, &mut buf), addr.ip().to_string().as_bytes());
+        }
+    }
 
     #[test]
     fn moments_before_and_after_the_anchor_land_on_the_wall_clock() {

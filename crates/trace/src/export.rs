@@ -17,10 +17,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message as _;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -59,13 +56,20 @@ impl Transport {
         }
     }
 
-    pub(crate) async fn send(
-        &mut self,
-        request: &ExportTraceServiceRequest,
-    ) -> Result<Rejected, Failure> {
+    /// An encoded export request as this transport sends it, every attempt: gzipped once
+    /// here for OTLP/HTTP when configured (gRPC compresses its own frames).
+    pub(crate) fn body(&self, request: Vec<u8>) -> Bytes {
         match self {
-            Transport::Http(h) => h.send(request).await,
-            Transport::Grpc(g) => g.send(request).await,
+            Transport::Http(h) if h.gzip => Bytes::from(gzip(&request)),
+            _ => Bytes::from(request),
+        }
+    }
+
+    /// One attempt to deliver `body` (from [`Transport::body`]).
+    pub(crate) async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
+        match self {
+            Transport::Http(h) => h.send(body).await,
+            Transport::Grpc(g) => g.send(body).await,
         }
     }
 }
@@ -209,9 +213,7 @@ impl HttpTransport {
         }
     }
 
-    async fn send(&mut self, request: &ExportTraceServiceRequest) -> Result<Rejected, Failure> {
-        let body = request.encode_to_vec();
-        let body = if self.gzip { gzip(&body) } else { body };
+    async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
         let mut sender = match self.conn.take() {
             Some(s) if !s.is_closed() => s,
             _ => self.connect().await.map_err(|reason| Failure::Retryable {
@@ -222,7 +224,7 @@ impl HttpTransport {
         let mut req = Request::post(self.uri.clone())
             .header(HOST, self.authority.clone())
             .header(CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body.clone()))
             .map_err(|e| Failure::Permanent(e.to_string()))?;
         if self.gzip {
             req.headers_mut()
@@ -291,10 +293,62 @@ fn gzip(body: &[u8]) -> Vec<u8> {
         .expect("writing into a Vec cannot fail")
 }
 
-/// OTLP/gRPC.
+/// OTLP/gRPC: tonic's client, sending the request as encoded here.
 pub(crate) struct GrpcTransport {
-    client: TraceServiceClient<Channel>,
+    client: tonic::client::Grpc<Channel>,
     headers: HeaderMap,
+}
+
+/// The gRPC method OTLP exports traces to.
+const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// A tonic codec whose requests are already-encoded protobuf (this crate's encoder) and
+/// whose answers are OTLP's `ExportTraceServiceResponse`.
+#[derive(Debug, Clone, Copy, Default)]
+struct EncodedCodec;
+
+impl tonic::codec::Codec for EncodedCodec {
+    type Encode = Bytes;
+    type Decode = ExportTraceServiceResponse;
+    type Encoder = EncodedCodec;
+    type Decoder = EncodedCodec;
+
+    fn encoder(&mut self) -> EncodedCodec {
+        EncodedCodec
+    }
+
+    fn decoder(&mut self) -> EncodedCodec {
+        EncodedCodec
+    }
+}
+
+impl tonic::codec::Encoder for EncodedCodec {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut as _;
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for EncodedCodec {
+    type Item = ExportTraceServiceResponse;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<ExportTraceServiceResponse>, tonic::Status> {
+        ExportTraceServiceResponse::decode(src)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(format!("a bad ExportTraceServiceResponse: {e}")))
+    }
 }
 
 impl GrpcTransport {
@@ -323,7 +377,7 @@ impl GrpcTransport {
         } else if !url.starts_with("http://") {
             return Err(endpoint_error(&url, "expected http:// or https://"));
         }
-        let mut client = TraceServiceClient::new(endpoint.connect_lazy());
+        let mut client = tonic::client::Grpc::new(endpoint.connect_lazy());
         if config.gzip {
             client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
         }
@@ -333,8 +387,8 @@ impl GrpcTransport {
         })
     }
 
-    async fn send(&mut self, request: &ExportTraceServiceRequest) -> Result<Rejected, Failure> {
-        let mut req = tonic::Request::new(request.clone());
+    async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
+        let mut req = tonic::Request::new(body.clone());
         for (name, value) in &self.headers {
             if let Ok(v) = tonic::metadata::MetadataValue::try_from(value.as_bytes())
                 && let Ok(k) = tonic::metadata::MetadataKey::from_bytes(name.as_str().as_bytes())
@@ -342,7 +396,14 @@ impl GrpcTransport {
                 req.metadata_mut().append(k, v);
             }
         }
-        match self.client.export(req).await {
+        if let Err(e) = self.client.ready().await {
+            return Err(Failure::Retryable {
+                after: None,
+                reason: format!("gRPC channel: {e}"),
+            });
+        }
+        let path = http::uri::PathAndQuery::from_static(EXPORT_PATH);
+        match self.client.unary(req, path, EncodedCodec).await {
             Ok(resp) => Ok(resp
                 .into_inner()
                 .partial_success

@@ -6,17 +6,17 @@
 //! While an export waits (a slow or dead collector), the queue is not read: the pool runs
 //! out and serving threads drop new spans (`queue_full`) instead of memory growing. A batch
 //! whose retries run out is dropped (`export_failed`). Memory is therefore the pool
-//! (`queue_max_spans`) plus one batch being encoded.
+//! (`queue_max_spans`) plus the spans taken from it and not yet exported, encoded (a third
+//! of a recorded span's size), which the queue bound counts too.
 
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::trace::v1 as proto;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::ExportConfig;
-use crate::encode;
+use crate::encode::Encoder;
 use crate::error::Error;
 use crate::export::{Failure, Transport};
 use crate::metrics::{DropReason, TraceMetrics};
@@ -72,10 +72,12 @@ impl Exporter {
                     "trace exporter",
                 );
                 let run = Run {
+                    encoder: Encoder::new(&config.resource),
                     config,
                     transport,
                     receiver,
                     pending: Vec::new(),
+                    pending_ends: std::collections::VecDeque::new(),
                 };
                 runtime.block_on(run.main(control_rx, stop_rx));
             })
@@ -154,7 +156,11 @@ struct Run {
     config: ExportConfig,
     transport: Transport,
     receiver: Receiver,
-    pending: Vec<proto::Span>,
+    encoder: Encoder,
+    /// Spans taken from the queue and not yet exported, encoded back to back.
+    pending: Vec<u8>,
+    /// Where each pending span's bytes end in `pending`.
+    pending_ends: std::collections::VecDeque<usize>,
 }
 
 impl Run {
@@ -173,7 +179,7 @@ impl Run {
             tokio::select! {
                 Some(buf) = self.receiver.queue.recv() => {
                     self.take(buf);
-                    while self.pending.len() >= self.config.batch_max_spans {
+                    while self.pending_ends.len() >= self.config.batch_max_spans {
                         self.export_one().await;
                     }
                 }
@@ -196,9 +202,10 @@ impl Run {
             .await
             .is_err()
         {
-            let n = self.pending.len() as u64;
+            let n = self.pending_ends.len() as u64;
             self.dropped(DropReason::Shutdown, n);
             self.pending.clear();
+            self.pending_ends.clear();
         }
     }
 
@@ -214,21 +221,36 @@ impl Run {
 
     /// A buffer's spans into `pending`; the buffer back to the pool.
     fn take(&mut self, buf: Vec<Span>) {
-        self.pending.extend(buf.iter().map(encode::span));
+        for span in &buf {
+            self.encoder.span(span, &mut self.pending);
+            self.pending_ends.push_back(self.pending.len());
+        }
         self.receiver.shared.give(buf);
     }
 
     async fn export_all(&mut self) {
-        while !self.pending.is_empty() {
+        while !self.pending_ends.is_empty() {
             self.export_one().await;
         }
     }
 
     /// Exports up to `batch_max_spans` of `pending`, retrying as the config says.
     async fn export_one(&mut self) {
-        let n = self.pending.len().min(self.config.batch_max_spans.max(1));
-        let spans: Vec<proto::Span> = self.pending.drain(..n).collect();
-        let request = encode::request(&self.config.resource, spans);
+        let n = self
+            .pending_ends
+            .len()
+            .min(self.config.batch_max_spans.max(1));
+        let Some(&cut) = n.checked_sub(1).and_then(|i| self.pending_ends.get(i)) else {
+            return;
+        };
+        let request = self
+            .transport
+            .body(self.encoder.request(&self.pending[..cut]));
+        self.pending.drain(..cut);
+        self.pending_ends.drain(..n);
+        for end in &mut self.pending_ends {
+            *end -= cut;
+        }
         let count = n as u64;
         let retry = self.config.retry;
         let mut backoff = retry.initial_backoff;
