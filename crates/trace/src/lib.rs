@@ -18,8 +18,8 @@
 //!   arena). [`Tracer::record`] copies it into the calling thread's buffer.
 //! - The [`Exporter`] runs on its own OS thread and current-thread runtime: full buffers
 //!   arrive through a queue, idle ones are collected every `batch_interval`, batches are
-//!   encoded with `opentelemetry-proto`, gzipped, and sent over OTLP/HTTP (protobuf) or
-//!   OTLP/gRPC, with TLS and extra headers, retried with backoff and jitter on the statuses
+//!   encoded as OTLP protobuf straight from the fixed-size spans (gzipped when asked), and
+//!   sent over OTLP/HTTP (protobuf) or OTLP/gRPC, with TLS and extra headers, retried with backoff and jitter on the statuses
 //!   the OTLP spec calls retryable. A dead, failing or stalled collector drops spans and
 //!   counts them; memory never exceeds `queue_max_spans` spans plus one batch.
 //! - [`TraceLayer`] gives any tower/axum service a SERVER span per request, with the
