@@ -1,6 +1,7 @@
 //! Traces through the real gateway: the `traceparent` each upstream try receives, the spans
 //! a real OTLP receiver gets (server span, one client span per try, their parents), the
-//! tail rule, malformed incoming context, `tracing = false`, a dead collector, a reload.
+//! tail rule, malformed incoming context, `tracing = false`, a dead collector, a reload, a
+//! collector over TLS.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -10,8 +11,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tailguard_test_support::http1_client;
 use tailguard_test_support::otlp::{OtlpReceiver, OtlpSpan, attr_int, attr_str};
+use tailguard_test_support::{TestCa, http1_client};
 
 use crate::support::{config, metrics_text, start};
 
@@ -434,4 +435,63 @@ async fn a_grpc_call_gets_rpc_attributes_and_its_status() {
     let client_span = by_kind(&spans, CLIENT)[0];
     assert_eq!(client_span.parent_span_id, server_span.span_id);
     drop(server);
+}
+
+/// Sends one request through a gateway whose `[tracing]` exports to a TLS collector over
+/// `protocol`, trusting it through `tls = { ca = ... }`: the request's spans arrive.
+async fn spans_reach_a_tls_collector(protocol: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("collector ca");
+    let ca_path = dir.path().join("collector-ca.pem");
+    ca.write(&ca_path);
+    let server_tls = ca.issue(&["127.0.0.1"]).server_config(None);
+    let receiver = match protocol {
+        "grpc" => OtlpReceiver::grpc_tls(server_tls).await,
+        _ => OtlpReceiver::http_tls(server_tls).await,
+    };
+    let collector = receiver.endpoint();
+    assert!(collector.starts_with("https://"), "{collector}");
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        &format!(
+            "protocol = \"{protocol}\"\ntls = {{ ca = \"{}\" }}",
+            ca_path.display()
+        ),
+        &collector,
+    )));
+    let incoming = format!("00-{TRACE}-{PARENT_SPAN}-01");
+    assert_eq!(send(&url, Some(&incoming)).await, 200);
+
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    let server_span = by_kind(&spans, SERVER)[0];
+    assert_eq!(hex(&server_span.trace_id), TRACE);
+    assert_eq!(server_span.name, "GET api");
+    assert_eq!(
+        attr_str(server_span, "tailguard.outcome").as_deref(),
+        Some("forwarded")
+    );
+    assert_eq!(by_kind(&spans, CLIENT).len(), 1);
+    assert_eq!(receiver.tls_failures(), 0);
+    // The exporter counts an export once the collector's answer is read: after the flush.
+    server.gateway().flush_traces().await;
+    let text = metrics_text(&server);
+    for line in [
+        "tailguard_trace_spans_exported_total 2",
+        "tailguard_trace_export_errors_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    drop(server);
+}
+
+#[tokio::test]
+async fn spans_reach_an_https_collector_trusted_through_tracing_tls_ca() {
+    spans_reach_a_tls_collector("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn spans_reach_a_grpc_collector_over_tls_trusted_through_tracing_tls_ca() {
+    spans_reach_a_tls_collector("grpc").await;
 }
