@@ -109,6 +109,9 @@ pub(crate) async fn serve(
     let mut admitted = match admission::admit(&held.snapshot().overload, route) {
         Ok(guard) => guard,
         Err(refused) => {
+            // Only a routed request is refused: its metrics, log line and span name the
+            // route it was shed from, as a rate-limited request's do.
+            record.route = route;
             record.grpc = crate::grpc::is_grpc(req.headers());
             return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
         }

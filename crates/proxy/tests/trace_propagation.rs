@@ -1,8 +1,10 @@
 //! Traces through the real gateway: the `traceparent` each upstream try receives, the spans
 //! a real OTLP receiver gets (server span, one client span per try, their parents), the
-//! tail rule, malformed incoming context, `tracing = false`, a dead collector, a reload.
+//! tail rule, malformed incoming context, `tracing = false`, a dead collector, a reload, a
+//! collector over TLS, a shed request.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,8 +12,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tailguard_test_support::http1_client;
 use tailguard_test_support::otlp::{OtlpReceiver, OtlpSpan, attr_int, attr_str};
+use tailguard_test_support::{TestCa, http1_client};
 
 use crate::support::{config, metrics_text, start};
 
@@ -433,5 +435,225 @@ async fn a_grpc_call_gets_rpc_attributes_and_its_status() {
     );
     let client_span = by_kind(&spans, CLIENT)[0];
     assert_eq!(client_span.parent_span_id, server_span.span_id);
+    drop(server);
+}
+
+/// Sends one request through a gateway whose `[tracing]` exports to a TLS collector over
+/// `protocol`, trusting it through `tls = { ca = ... }`: the request's spans arrive.
+async fn spans_reach_a_tls_collector(protocol: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("collector ca");
+    let ca_path = dir.path().join("collector-ca.pem");
+    ca.write(&ca_path);
+    let server_tls = ca.issue(&["127.0.0.1"]).server_config(None);
+    let receiver = match protocol {
+        "grpc" => OtlpReceiver::grpc_tls(server_tls).await,
+        _ => OtlpReceiver::http_tls(server_tls).await,
+    };
+    let collector = receiver.endpoint();
+    assert!(collector.starts_with("https://"), "{collector}");
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        &format!(
+            "protocol = \"{protocol}\"\ntls = {{ ca = \"{}\" }}",
+            ca_path.display()
+        ),
+        &collector,
+    )));
+    let incoming = format!("00-{TRACE}-{PARENT_SPAN}-01");
+    assert_eq!(send(&url, Some(&incoming)).await, 200);
+
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    let server_span = by_kind(&spans, SERVER)[0];
+    assert_eq!(hex(&server_span.trace_id), TRACE);
+    assert_eq!(server_span.name, "GET api");
+    assert_eq!(
+        attr_str(server_span, "tailguard.outcome").as_deref(),
+        Some("forwarded")
+    );
+    assert_eq!(by_kind(&spans, CLIENT).len(), 1);
+    assert_eq!(receiver.tls_failures(), 0);
+    // The exporter counts an export once the collector's answer is read: after the flush.
+    server.gateway().flush_traces().await;
+    let text = metrics_text(&server);
+    for line in [
+        "tailguard_trace_spans_exported_total 2",
+        "tailguard_trace_export_errors_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    drop(server);
+}
+
+#[tokio::test]
+async fn spans_reach_an_https_collector_trusted_through_tracing_tls_ca() {
+    spans_reach_a_tls_collector("http/protobuf").await;
+}
+
+#[tokio::test]
+async fn spans_reach_a_grpc_collector_over_tls_trusted_through_tracing_tls_ca() {
+    spans_reach_a_tls_collector("grpc").await;
+}
+
+/// An upstream that holds every request until [`Held::release`], counting arrivals.
+struct Held {
+    addr: SocketAddr,
+    arrived: Arc<AtomicUsize>,
+    arrival: Arc<tokio::sync::Notify>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+async fn held() -> Held {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let arrival = Arc::new(tokio::sync::Notify::new());
+    let (release, released) = tokio::sync::watch::channel(false);
+    let (a, n) = (Arc::clone(&arrived), Arc::clone(&arrival));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (a, n, released) = (Arc::clone(&a), Arc::clone(&n), released.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    n.notify_waiters();
+                    let mut released = released.clone();
+                    async move {
+                        let _ = released.wait_for(|r| *r).await;
+                        Ok::<_, hyper::Error>(hyper::Response::new(Full::new(Bytes::from_static(
+                            b"ok",
+                        ))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    Held {
+        addr,
+        arrived,
+        arrival,
+        release,
+    }
+}
+
+impl Held {
+    fn arrived(&self) -> usize {
+        self.arrived.load(Ordering::SeqCst)
+    }
+
+    fn release(&self) {
+        let _ = self.release.send(true);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shed_request_gets_a_server_span_that_says_why() {
+    let receiver = OtlpReceiver::http().await;
+    let up = held().await;
+    // The route group's shedder alone (no CPU trigger, no upstream limit, no breaker), the
+    // route in the low class (half the cap): it sheds once in-flight passes its cap, at the
+    // latest past twice the cap, whatever the timing. Nothing is sampled at the head.
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        "sample_ratio = 0.0\n\n\
+         [overload]\nmode = \"adaptive\"\ncpu_trigger = false\nupstream_limit = false\n\
+         breaker = false\n\n[overload.classes]\napi = \"low\"",
+        &receiver.endpoint(),
+    )));
+    let snapshot = server.gateway().snapshot();
+    let shedder = snapshot.overload.shedder().expect("shedding is on");
+    let group = shedder.group("api");
+    // Until the sampler's first ticks the cap is infinite; with no history then C = 10.
+    let until = tokio::time::Instant::now() + WAIT;
+    while group.snapshot(Duration::ZERO).capacity != 10.0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the shedder never ticked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // At the latest past twice the low class's cap (`hard_cap·C + cores`, halved).
+    let capacity = group.snapshot(Duration::ZERO).capacity;
+    let cfg = shedder.config();
+    let low_cap = (cfg.hard_cap * capacity + shedder.cores()) * cfg.multipliers[0];
+    let bound = (2.0 * low_cap) as usize + 2;
+
+    // One request at a time, each held by the upstream once admitted, until one is shed.
+    let mut admitted = Vec::new();
+    let shed_at = 'sending: loop {
+        assert!(
+            admitted.len() < bound,
+            "{bound} requests in flight and none shed"
+        );
+        let url = url.clone();
+        let mut request = tokio::spawn(async move { send(&url, None).await });
+        let until = tokio::time::Instant::now() + WAIT;
+        loop {
+            let arrival = up.arrival.notified();
+            if up.arrived() > admitted.len() {
+                admitted.push(request);
+                break;
+            }
+            tokio::select! {
+                status = &mut request => {
+                    assert_eq!(status.expect("the request task"), 503, "refused by the shedder");
+                    break 'sending admitted.len();
+                }
+                () = arrival => {}
+                () = tokio::time::sleep_until(until) => {
+                    panic!("request {} neither arrived nor was answered", admitted.len());
+                }
+            }
+        }
+    };
+    assert_eq!(
+        up.arrived(),
+        shed_at,
+        "the shed request never reached the upstream"
+    );
+    up.release();
+    for r in admitted {
+        assert_eq!(r.await.expect("the request task"), 200);
+    }
+
+    server.gateway().flush_traces().await;
+    let spans = receiver.wait_for(WAIT, |s| !s.is_empty()).await;
+    assert_eq!(
+        spans.len(),
+        1,
+        "only the shed request, kept by the tail rule: {spans:#?}"
+    );
+    let span = &spans[0];
+    assert_eq!(span.kind, SERVER);
+    assert_eq!(span.name, "GET api");
+    assert_eq!(attr_str(span, "http.route").as_deref(), Some("api"));
+    assert_eq!(attr_str(span, "tailguard.outcome").as_deref(), Some("shed"));
+    assert_eq!(attr_int(span, "http.response.status_code"), Some(503));
+    assert_eq!(
+        span.status.as_ref().map(|s| s.code),
+        Some(2),
+        "status Error"
+    );
+    assert_eq!(attr_str(span, "error.type").as_deref(), Some("overloaded"));
+    assert_eq!(attr_int(span, "tailguard.tries"), None, "no upstream try");
+    let text = metrics_text(&server);
+    for line in [
+        "tailguard_overload_shed_total{group=\"api\",class=\"low\"} 1.0",
+        // Counted under the route it was shed from, not as a request that matched none.
+        "tailguard_requests_total{route=\"api\",method=\"GET\",status=\"503\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
     drop(server);
 }

@@ -1,6 +1,6 @@
 //! `[tracing]` through the binary: `tailguard check` names each error with its position
-//! (and an `OTEL_*` variable's error by the variable), and a clean stop (SIGTERM) exports
-//! the spans still waiting in the queue.
+//! (a TLS file that is not there included, and an `OTEL_*` variable's error by the
+//! variable), and a clean stop (SIGTERM) exports the spans still waiting in the queue.
 
 use std::process::Command;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use tailguard_test_support::otlp::OtlpReceiver;
 use tailguard_test_support::{Upstream, http1_client};
 
-use crate::support::{Gateway, proxy_config};
+use crate::support::{Gateway, check, proxy_config};
 
 #[test]
 fn check_reports_tracing_errors_with_positions() {
@@ -61,6 +61,49 @@ fn check_reports_tracing_errors_with_positions() {
     assert!(
         stderr.contains("environment: OTEL_TRACES_SAMPLER: `sometimes` is not one of"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn check_reports_each_tracing_error_with_its_position_tls_files_included() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("gw.toml");
+    // The client certificate is there; the CA file is not, and `key` is missing.
+    std::fs::write(dir.path().join("client.pem"), "not checked by `check`").expect("write");
+    let text = proxy_config(
+        &["127.0.0.1:9".parse().expect("addr")],
+        "[tracing]\n\
+         endpoint = \"https://127.0.0.1:4318\"\n\
+         protocol = \"zipkin\"\n\
+         sample_ratio = 1.5\n\
+         tls = { ca = \"missing-ca.pem\", cert = \"client.pem\" }\n",
+    );
+    std::fs::write(&cfg, &text).expect("write");
+    let (code, _, stderr) = check(&cfg);
+    assert_eq!(code, 64, "{stderr}");
+    let file = cfg.display();
+    let missing = dir.path().join("missing-ca.pem");
+    // Lines 14-16 of the file: the [tracing] table follows the proxy config's 12 lines.
+    let expected = [
+        format!(
+            "{file}:14:12: tracing.protocol: `zipkin` is not one of \"http/protobuf\", \"grpc\""
+        ),
+        format!("{file}:15:16: tracing.sample_ratio: 1.5 is not between 0.0 and 1.0"),
+        format!(
+            "{file}:16:14: tracing.tls.ca: cannot read `{}`",
+            missing.display()
+        ),
+        format!("{file}:16:7: tracing.tls: `cert` and `key` go together"),
+    ];
+    for line in &expected {
+        assert!(
+            stderr.lines().any(|l| l == line),
+            "missing {line:?} in:\n{stderr}"
+        );
+    }
+    assert!(
+        !stderr.contains("tracing.tls.cert"),
+        "the certificate file is there: {stderr}"
     );
 }
 

@@ -2,7 +2,9 @@
 //! protobuf, gzip or not) and OTLP/gRPC, decoding every request with `opentelemetry-proto`
 //! and keeping the spans. Its answer can be switched while a test runs: accept, a status
 //! (503 with `Retry-After`, 400 ...), or a stall (never answer), to test a failing or
-//! stalled collector.
+//! stalled collector. Either transport can be served over TLS (a [`rustls::ServerConfig`],
+//! e.g. from [`crate::IssuedCert::server_config`]), counting failed handshakes and client
+//! certificates, to test TLS to the collector.
 
 use std::io::Read as _;
 use std::net::SocketAddr;
@@ -44,6 +46,11 @@ struct Shared {
     requests: Mutex<Vec<Received>>,
     answer: AtomicU16,
     attempts: AtomicUsize,
+    /// TLS handshakes that failed (a client that does not trust the certificate, or sent
+    /// none where one is required).
+    tls_failed: AtomicUsize,
+    /// TLS handshakes in which the client presented a certificate (verified).
+    client_certs: AtomicUsize,
     changed: Notify,
 }
 
@@ -60,6 +67,7 @@ pub struct Received {
 pub struct OtlpReceiver {
     /// Where it listens.
     pub addr: SocketAddr,
+    tls: bool,
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -106,7 +114,85 @@ impl OtlpReceiver {
                 });
             }
         });
-        OtlpReceiver { addr, shared, task }
+        OtlpReceiver {
+            addr,
+            tls: false,
+            shared,
+            task,
+        }
+    }
+
+    /// OTLP/HTTP over TLS on 127.0.0.1:0, presenting `config`'s certificate (its ALPN is
+    /// set to `http/1.1` here).
+    pub async fn http_tls(config: rustls::ServerConfig) -> OtlpReceiver {
+        let acceptor = tls_acceptor(config, b"http/1.1");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shared = Arc::new(Shared::default());
+        let s = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (s, acceptor) = (Arc::clone(&s), acceptor.clone());
+                tokio::spawn(async move {
+                    let Some(tls) = accept_tls(&acceptor, tcp, &s).await else {
+                        return;
+                    };
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let s = Arc::clone(&s);
+                        async move { Ok::<_, hyper::Error>(answer_http(&s, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        OtlpReceiver {
+            addr,
+            tls: true,
+            shared,
+            task,
+        }
+    }
+
+    /// OTLP/gRPC over TLS on 127.0.0.1:0, presenting `config`'s certificate (its ALPN is
+    /// set to `h2` here).
+    pub async fn grpc_tls(config: rustls::ServerConfig) -> OtlpReceiver {
+        let acceptor = tls_acceptor(config, b"h2");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shared = Arc::new(Shared::default());
+        let service = TraceServiceServer::new(Grpc(Arc::clone(&shared)))
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let s = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (s, acceptor) = (Arc::clone(&s), acceptor.clone());
+                let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                tokio::spawn(async move {
+                    let Some(tls) = accept_tls(&acceptor, tcp, &s).await else {
+                        return;
+                    };
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+                });
+            }
+        });
+        OtlpReceiver {
+            addr,
+            tls: true,
+            shared,
+            task,
+        }
     }
 
     /// OTLP/gRPC on 127.0.0.1:0.
@@ -123,12 +209,45 @@ impl OtlpReceiver {
                 .serve_with_incoming(incoming)
                 .await;
         });
-        OtlpReceiver { addr, shared, task }
+        OtlpReceiver {
+            addr,
+            tls: false,
+            shared,
+            task,
+        }
     }
 
-    /// `http://{addr}`.
+    /// `http://{addr}`, or `https://{addr}` for a receiver over TLS.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// TLS handshakes that failed so far.
+    pub fn tls_failures(&self) -> usize {
+        self.shared.tls_failed.load(Ordering::SeqCst)
+    }
+
+    /// TLS handshakes so far in which the client presented a (verified) certificate.
+    pub fn client_certs(&self) -> usize {
+        self.shared.client_certs.load(Ordering::SeqCst)
+    }
+
+    /// Waits (up to `deadline`) until at least `n` TLS handshakes failed.
+    pub async fn wait_for_tls_failures(&self, n: usize, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let changed = self.shared.changed.notified();
+            if self.tls_failures() >= n {
+                return;
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                panic!(
+                    "OTLP receiver: {} failed TLS handshakes, not {n}, within {deadline:?}",
+                    self.tls_failures()
+                );
+            }
+        }
     }
 
     /// From now on, answer this way.
@@ -218,6 +337,33 @@ pub fn attr_int(span: &OtlpSpan, key: &str) -> Option<i64> {
             any_value::Value::IntValue(i) => Some(*i),
             _ => None,
         })
+}
+
+fn tls_acceptor(mut config: rustls::ServerConfig, alpn: &[u8]) -> tokio_rustls::TlsAcceptor {
+    config.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// The server side of a handshake, counted: a failure (told to waiters), or a stream and
+/// whether the client presented a certificate.
+async fn accept_tls(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    shared: &Shared,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match acceptor.accept(tcp).await {
+        Ok(tls) => {
+            if tls.get_ref().1.peer_certificates().is_some() {
+                shared.client_certs.fetch_add(1, Ordering::SeqCst);
+            }
+            Some(tls)
+        }
+        Err(_) => {
+            shared.tls_failed.fetch_add(1, Ordering::SeqCst);
+            shared.changed.notify_waiters();
+            None
+        }
+    }
 }
 
 fn record(shared: &Shared, request: ExportTraceServiceRequest, headers: Vec<(String, String)>) {

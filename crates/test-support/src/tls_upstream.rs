@@ -106,6 +106,32 @@ impl IssuedCert {
         (cert, key)
     }
 
+    /// A rustls server config presenting this certificate (no ALPN set), requiring a
+    /// client certificate issued by `client_ca` when one is given (mTLS).
+    pub fn server_config(&self, client_ca: Option<&TestCa>) -> rustls::ServerConfig {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions");
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add(ca.cert_der.clone()).expect("client ca");
+                let verifier = WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    Arc::clone(&provider),
+                )
+                .build()
+                .expect("client verifier");
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        builder
+            .with_single_cert(self.chain(), self.key())
+            .expect("server certificate")
+    }
+
     fn chain(&self) -> Vec<CertificateDer<'static>> {
         CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
             .collect::<Result<_, _>>()
