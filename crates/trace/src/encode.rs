@@ -371,7 +371,17 @@ mod tests {
 
     #[test]
     fn varint_lengths_match_what_is_written() {
-        for v in [0usize, 1, 127, 128, 16_383, 16_384, 1 << 21, 1 << 28, usize::MAX] {
+        for v in [
+            0usize,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            1 << 21,
+            1 << 28,
+            usize::MAX,
+        ] {
             let mut out = Vec::new();
             varint(&mut out, v as u64);
             assert_eq!(out.len(), varint_len(v), "{v}");

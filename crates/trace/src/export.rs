@@ -196,30 +196,37 @@ impl HttpTransport {
         })
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, Failure> {
+        let retryable = |reason: String| Failure::Retryable {
+            after: None,
+            reason,
+        };
         let tcp = TcpStream::connect((self.host.as_str(), self.port))
             .await
-            .map_err(|e| format!("connect {}:{}: {e}", self.host, self.port))?;
+            .map_err(|e| retryable(format!("connect {}:{}: {e}", self.host, self.port)))?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             Some((connector, name)) => {
-                let stream = connector
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map_err(|e| format!("TLS handshake: {e}"))?;
-                handshake(stream).await
+                let stream = connector.connect(name.clone(), tcp).await.map_err(|e| {
+                    let reason = format!("TLS handshake: {e}");
+                    // A certificate either side refuses will be refused again in a moment:
+                    // this batch is dropped; the next one tries afresh.
+                    if certificate_refused(&e) {
+                        Failure::Permanent(reason)
+                    } else {
+                        retryable(reason)
+                    }
+                })?;
+                handshake(stream).await.map_err(retryable)
             }
-            None => handshake(tcp).await,
+            None => handshake(tcp).await.map_err(retryable),
         }
     }
 
     async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
         let mut sender = match self.conn.take() {
             Some(s) if !s.is_closed() => s,
-            _ => self.connect().await.map_err(|reason| Failure::Retryable {
-                after: None,
-                reason,
-            })?,
+            _ => self.connect().await?,
         };
         let mut req = Request::post(self.uri.clone())
             .header(HOST, self.authority.clone())
@@ -266,6 +273,29 @@ impl HttpTransport {
             _ => Err(Failure::Permanent(reason)),
         }
     }
+}
+
+/// Whether a failed TLS handshake failed on a certificate: ours refusing the collector's,
+/// or the collector refusing ours (or its absence).
+fn certificate_refused(e: &std::io::Error) -> bool {
+    use rustls::AlertDescription as Alert;
+    let Some(tls) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
+        return false;
+    };
+    matches!(
+        tls,
+        rustls::Error::InvalidCertificate(_)
+            | rustls::Error::NoCertificatesPresented
+            | rustls::Error::AlertReceived(
+                Alert::BadCertificate
+                    | Alert::UnsupportedCertificate
+                    | Alert::CertificateRevoked
+                    | Alert::CertificateExpired
+                    | Alert::CertificateUnknown
+                    | Alert::UnknownCA
+                    | Alert::CertificateRequired
+            )
+    )
 }
 
 async fn handshake<I>(io: I) -> Result<SendRequest<Full<Bytes>>, String>

@@ -205,6 +205,10 @@ async fn http_export_to_a_collector_of_another_ca_is_refused_and_counted() {
         ..TlsFiles::default()
     };
     let errors = refused(&receiver, config(&receiver, Protocol::HttpProtobuf, tls)).await;
+    assert_eq!(
+        errors, 2,
+        "a certificate the exporter refuses is not retried: one attempt per batch"
+    );
     // Each attempt was one connection whose handshake the exporter broke off.
     let errors = usize::try_from(errors).expect("a small count");
     receiver.wait_for_tls_failures(errors, WAIT).await;
