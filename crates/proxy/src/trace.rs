@@ -20,7 +20,7 @@ use http::{HeaderMap, HeaderValue, Request};
 use tailguard_config::{Config, RouteTracing};
 use tailguard_trace::{
     Sampler, Span, SpanContext, SpanId, SpanKind, Status, TailRule, TraceId, Tracer, extract,
-    inject, method_name, protocol_version, unix_nanos,
+    inject_known, method_name, protocol_version, unix_nanos,
 };
 
 use crate::route::Router;
@@ -102,6 +102,8 @@ pub struct RequestTrace {
     /// A bare `b3` decision.
     hint: Option<bool>,
     tracestate: Option<HeaderValue>,
+    /// The request came with `tracestate` or `b3`, to be replaced or removed upstream.
+    carried_tracestate_or_b3: bool,
     host: Option<HeaderValue>,
     tries: [Option<Try>; MAX_TRY_SPANS],
     /// Tries made, kept or not.
@@ -137,6 +139,7 @@ pub(crate) fn start<B>(t: &SnapshotTracing, req: &Request<B>) -> Option<Box<Requ
         parent: found.parent,
         hint: found.sampling_hint,
         tracestate: found.tracestate,
+        carried_tracestate_or_b3: found.carried_tracestate_or_b3,
         host: req
             .headers()
             .get(http::header::HOST)
@@ -188,7 +191,12 @@ impl RequestTrace {
             span_id,
             ..self.context
         };
-        inject(headers, &ctx, self.tracestate.as_ref());
+        inject_known(
+            headers,
+            &ctx,
+            self.tracestate.as_ref(),
+            self.carried_tracestate_or_b3,
+        );
         self.tried += 1;
         let slot = usize::try_from(self.tried - 1).unwrap_or(usize::MAX);
         if let Some(slot) = self.tries.get_mut(slot) {

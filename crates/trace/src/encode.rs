@@ -79,7 +79,7 @@ impl Encoder {
             ("service.instance.id", &resource.instance_id),
             ("host.name", &resource.host_name),
         ] {
-            key_value(&mut attrs, 1, key, Value::Str(value.as_bytes()));
+            key_value(&mut attrs, 1, key, Value::Str(value.as_bytes()), true);
         }
         let mut resource_field = Vec::new();
         message(&mut resource_field, 1, &attrs);
@@ -107,7 +107,12 @@ impl Encoder {
         if s.parent_span_id.is_valid() {
             bytes(b, 4, &s.parent_span_id.0);
         }
-        string(b, 5, s.name());
+        let (name, known_utf8) = s.name_for_encoding();
+        if known_utf8 {
+            bytes(b, 5, name);
+        } else {
+            string(b, 5, name);
+        }
         let kind = match s.kind {
             SpanKind::Internal => 1,
             SpanKind::Server => 2,
@@ -119,8 +124,8 @@ impl Encoder {
         b.extend_from_slice(&s.start_unix_nanos.to_le_bytes());
         tag(b, 8, FIXED64);
         b.extend_from_slice(&s.end_unix_nanos.max(s.start_unix_nanos).to_le_bytes());
-        for (key, value) in s.attributes() {
-            key_value(b, 9, key, value);
+        for (key, value, known_utf8) in s.attributes_for_encoding() {
+            key_value(b, 9, key, value, known_utf8);
         }
         if s.dropped_attributes() > 0 {
             tag(b, 10, VARINT);
@@ -165,13 +170,18 @@ impl Encoder {
 }
 
 /// `KeyValue { key (1), value (2): AnyValue }` as field `field` of `out`.
-fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Value<'_>) {
+/// `known_utf8`: a string value needs no check (a `&'static str`).
+fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Value<'_>, known_utf8: bool) {
     // AnyValue: string_value (1), bool_value (2), int_value (3). A oneof member is written
     // even when it holds its type's default.
     let mut scalar = [0u8; 11];
     let (text, any_len) = match value {
         Value::Str(v) => {
-            let t = utf8(v);
+            let t = if known_utf8 {
+                std::borrow::Cow::Borrowed(v)
+            } else {
+                utf8(v)
+            };
             let n = 1 + varint_len(t.len()) + t.len();
             (Some(t), n)
         }

@@ -103,7 +103,8 @@ pub use layer::{
 pub use metrics::{DropReason, TraceMetrics};
 pub use propagation::{
     B3, B3Value, ContextHeader, Extracted, TRACEPARENT, TRACESTATE, TRACESTATE_MAX_BYTES,
-    TRACESTATE_MAX_MEMBERS, extract, inject, parse_b3, parse_traceparent, traceparent_value,
+    TRACESTATE_MAX_MEMBERS, extract, inject, inject_known, parse_b3, parse_traceparent,
+    traceparent_value,
 };
 pub use recorder::Tracer;
 pub use sampler::{Sampler, TailRule, ratio_decision};

@@ -67,6 +67,9 @@ pub struct Extracted {
     pub tracestate: Option<HeaderValue>,
     /// Headers present but malformed, each flagged once.
     pub malformed: [bool; 3],
+    /// A `tracestate` or `b3` header came (valid or not): [`inject_known`] then has
+    /// something to remove.
+    pub carried_tracestate_or_b3: bool,
 }
 
 impl Extracted {
@@ -86,6 +89,22 @@ impl Extracted {
 /// Reads `traceparent`, `tracestate` and `b3`.
 pub fn extract(headers: &HeaderMap) -> Extracted {
     let mut out = Extracted::default();
+    // One pass over the names first: most requests carry none of the three, and comparing
+    // a handful of names costs less than hashing three for lookups that find nothing.
+    let (mut parent_seen, mut b3_seen) = (false, false);
+    for name in headers.keys() {
+        if *name == TRACEPARENT {
+            parent_seen = true;
+        } else if *name == TRACESTATE {
+            out.carried_tracestate_or_b3 = true;
+        } else if *name == B3 {
+            out.carried_tracestate_or_b3 = true;
+            b3_seen = true;
+        }
+    }
+    if !parent_seen && !b3_seen {
+        return out;
+    }
     let mut parents = headers.get_all(&TRACEPARENT).iter();
     if let Some(first) = parents.next() {
         // Two `traceparent` fields cannot be combined into one: invalid (§3.2).
@@ -114,12 +133,26 @@ pub fn extract(headers: &HeaderMap) -> Extracted {
 /// Writes `traceparent` naming `ctx` (version 00) and `tracestate` as received; removes a
 /// `b3` header.
 pub fn inject(headers: &mut HeaderMap, ctx: &SpanContext, tracestate: Option<&HeaderValue>) {
+    inject_known(headers, ctx, tracestate, true);
+}
+
+/// [`inject`] into the headers of the request [`extract`] read, knowing from
+/// [`Extracted::carried_tracestate_or_b3`] whether there is anything to remove: when not,
+/// two lookups are saved.
+pub fn inject_known(
+    headers: &mut HeaderMap,
+    ctx: &SpanContext,
+    tracestate: Option<&HeaderValue>,
+    carried_tracestate_or_b3: bool,
+) {
     headers.insert(TRACEPARENT.clone(), traceparent_value(ctx));
-    headers.remove(&TRACESTATE);
+    if carried_tracestate_or_b3 {
+        headers.remove(&TRACESTATE);
+        headers.remove(&B3);
+    }
     if let Some(state) = tracestate {
         headers.insert(TRACESTATE.clone(), state.clone());
     }
-    headers.remove(&B3);
 }
 
 /// `00-{trace-id}-{parent-id}-{flags}`.
@@ -487,6 +520,49 @@ mod tests {
         assert_eq!(parse_traceparent(h[&TRACEPARENT].as_bytes()), Some(ctx));
         assert_eq!(h[&TRACESTATE], state);
         assert!(h.get(&B3).is_none());
+    }
+
+    #[test]
+    fn what_extract_saw_decides_what_inject_known_removes() {
+        let ctx = SpanContext {
+            trace_id: TraceId::random(),
+            span_id: SpanId::random(),
+            sampled: true,
+        };
+        for incoming in [
+            &[("b3", "1")][..],
+            &[("tracestate", "orphan=1")],
+            &[
+                ("traceparent", "garbage"),
+                ("tracestate", "a=1"),
+                ("b3", "0"),
+            ],
+            &[("traceparent", SPEC), ("tracestate", "a=1")],
+        ] {
+            let mut h = headers(incoming);
+            let found = extract(&h);
+            assert!(found.carried_tracestate_or_b3, "{incoming:?}");
+            inject_known(
+                &mut h,
+                &ctx,
+                found.tracestate.as_ref(),
+                found.carried_tracestate_or_b3,
+            );
+            assert_eq!(
+                parse_traceparent(h[&TRACEPARENT].as_bytes()),
+                Some(ctx),
+                "{incoming:?}"
+            );
+            assert!(h.get(&B3).is_none(), "{incoming:?}");
+            assert_eq!(
+                h.get(&TRACESTATE),
+                found.tracestate.as_ref(),
+                "only a valid context's tracestate goes on: {incoming:?}"
+            );
+        }
+        for incoming in [&[][..], &[("traceparent", SPEC)], &[("x-b3", "1")]] {
+            assert!(!extract(&headers(incoming)).carried_tracestate_or_b3);
+        }
     }
 
     mod prop {

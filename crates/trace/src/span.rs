@@ -184,6 +184,26 @@ impl Span {
         })
     }
 
+    /// The attributes for the encoder, saying which strings are `&'static str` (UTF-8
+    /// already, so not checked again).
+    pub(crate) fn attributes_for_encoding(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, Value<'_>, bool)> {
+        self.attrs[..usize::from(self.len)]
+            .iter()
+            .map(|a| match a.value {
+                Stored::Int(i) => (a.key, Value::Int(i), true),
+                Stored::Bool(b) => (a.key, Value::Bool(b), true),
+                Stored::Static(s) => (a.key, Value::Str(s.as_bytes()), true),
+                arena @ Stored::Arena { .. } => (a.key, Value::Str(self.read(arena)), false),
+            })
+    }
+
+    /// The name for the encoder, and whether it is a `&'static str`.
+    pub(crate) fn name_for_encoding(&self) -> (&[u8], bool) {
+        (self.read(self.name), matches!(self.name, Stored::Static(_)))
+    }
+
     /// Attributes that did not fit.
     pub fn dropped_attributes(&self) -> u32 {
         u32::from(self.dropped)
