@@ -4,7 +4,10 @@
 # stime, conditions interleaved round by round, a fresh server process for every run.
 #
 #   lab/compare-trace.sh cpu       gateway CPU/request at $CPU_RATE (15000) req/s: tracing
-#                                  off, on (100 % sampled), on at 1 %; $ROUNDS rounds
+#                                  off, on (100 % sampled), on at 1 %, and off beside a
+#                                  Jaeger fed the same spans/s by another client (`fed`,
+#                                  the control for what Jaeger's work on core 0 does to
+#                                  the gateway's kernel time); $ROUNDS rounds
 #   lab/compare-trace.sh caddy     Caddy's CPU/request at $CADDY_RATE (5000) req/s: its
 #                                  `tracing` directive off vs on (every request sampled,
 #                                  OTLP/gRPC to the same Jaeger); $ROUNDS rounds
@@ -179,6 +182,12 @@ start_server() { # kind(gateway-off|gateway-on|...|caddy-off|caddy-on) -> srv_pi
   srv_port=$(free_port)
   srv_metrics=""
   case "$1" in
+    gateway-fed)
+      srv_metrics=$(free_port)
+      "${prio[@]}" taskset -c 1 "$tg" run --config "$out/gw-off.toml" --threads 1 \
+        --listen "127.0.0.1:$srv_port" --metrics-listen "127.0.0.1:$srv_metrics" \
+        >> "$out/gateway-fed.log" 2>&1 &
+      ;;
     gateway-*)
       check_config "${1#gateway-}"
       srv_metrics=$(free_port)
@@ -199,8 +208,86 @@ start_server() { # kind(gateway-off|gateway-on|...|caddy-off|caddy-on) -> srv_pi
   srv_pid=$!
   pids+=("$srv_pid")
   wait_http "http://127.0.0.1:$srv_port/"
+  if [ "$1" = gateway-fed ]; then start_feeder $((2 * cpu_rate)); fi
 }
-stop_server() { kill "$srv_pid" 2>/dev/null || true; wait "$srv_pid" 2>/dev/null || true; }
+stop_server() {
+  kill "$srv_pid" 2>/dev/null || true; wait "$srv_pid" 2>/dev/null || true
+  if [ -n "${feeder_pid:-}" ]; then
+    kill "$feeder_pid" 2>/dev/null || true; wait "$feeder_pid" 2>/dev/null || true
+    feeder_pid=""
+  fi
+}
+
+# The `fed` control: one export request the traced gateway really sent (captured once),
+# replayed to Jaeger with fresh trace and span ids at the span rate the traced gateway
+# exports at $CPU_RATE (two spans per request), from core 0, while an untraced gateway
+# serves. Jaeger then ingests as much on core 0 as beside the traced gateway.
+capture_batch() {
+  local cap_port cap_pid
+  cap_port=$(free_port)
+  python3 - "$cap_port" "$out/batch.bin" > "$out/capture.log" 2>&1 <<'PY' &
+import http.server, sys
+port, path = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        try:
+            best = len(open(path, "rb").read())
+        except OSError:
+            best = 0
+        if len(body) > best:
+            open(path, "wb").write(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+PY
+  cap_pid=$!
+  pids+=("$cap_pid")
+  wait_http "http://127.0.0.1:$cap_port/"
+  { base_config; tracing_table "http://127.0.0.1:$cap_port" 1.0; printf 'batch_interval_ms = 100\n'; } > "$out/gw-capture.toml"
+  start_server gateway-capture
+  load 5000 2s > /dev/null 2>&1
+  sleep 0.5
+  stop_server
+  kill "$cap_pid" 2>/dev/null || true; wait "$cap_pid" 2>/dev/null || true
+  [ -s "$out/batch.bin" ] || { echo "compare-trace: captured no export request" >&2; exit 1; }
+}
+start_feeder() { # spans/s -> feeder_pid
+  "${prio[@]}" taskset -c 0 python3 - "$out/batch.bin" "127.0.0.1:$j_http" "$1" \
+    >> "$out/feeder.log" 2>&1 <<'PY' &
+import http.client, os, re, sys, time
+body = open(sys.argv[1], "rb").read()
+host, port = sys.argv[2].split(":")
+per_s = float(sys.argv[3])
+# Each span opens with its trace id (field 1, 16 bytes) then its span id (field 2, 8 bytes).
+offs = [m.start() + 2 for m in re.finditer(rb"\x0a\x10(?=.{16}\x12\x08)", body, re.S)]
+assert offs, "no spans found in the captured request"
+every = len(offs) / per_s
+print(f"replaying {len(offs)} spans per request, every {every * 1000:.1f} ms", flush=True)
+conn = http.client.HTTPConnection(host, int(port))
+sent, start = 0, time.monotonic()
+while True:
+    b = bytearray(body)
+    rnd = os.urandom(24 * len(offs))
+    for i, o in enumerate(offs):
+        b[o:o + 16] = rnd[24 * i:24 * i + 16]
+        b[o + 18:o + 26] = rnd[24 * i + 16:24 * i + 24]
+    conn.request("POST", "/v1/traces", bytes(b), {"Content-Type": "application/x-protobuf"})
+    conn.getresponse().read()
+    sent += 1
+    wait = start + sent * every - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+PY
+  feeder_pid=$!
+  pids+=("$feeder_pid")
+}
 load() { # rate duration json hgrm -> the load report
   "${prio[@]}" "$tg" load "http://127.0.0.1:$srv_port/" --rate "$1" --duration "$2" \
     --connections "$conns" --pin 0 --brief ${3:+--json "$3"} ${4:+--hgrm "$4"}
@@ -244,7 +331,8 @@ interleaved() { # rate kind... : $rounds rounds, the order rotating each round
 
 : > "$out/cpu.txt"
 if [ "$what" = cpu ] || [ "$what" = all ]; then
-  interleaved "$cpu_rate" gateway-off gateway-on gateway-on1
+  capture_batch
+  interleaved "$cpu_rate" gateway-off gateway-on gateway-on1 gateway-fed
 fi
 if [ "$what" = caddy ] || [ "$what" = all ]; then
   interleaved "$caddy_rate" caddy-off caddy-on
@@ -314,6 +402,7 @@ def table(base, others, title):
         print(f"- median {k} / {base}: **{statistics.median(ratios[k]):.3f}** (rounds: {', '.join(f'{x:.3f}' for x in ratios[k])})")
     print()
 table("gateway-off", ["gateway-on", "gateway-on1"], "Gateway: tracing off vs on (100 %) vs on (1 %)")
+table("gateway-fed", ["gateway-on"], "Gateway: tracing on (100 %) vs off beside a Jaeger fed the same spans/s (the control)")
 table("caddy-off", ["caddy-on"], "Caddy: tracing off vs on (every request, OTLP/gRPC)")
 
 def hgrm(path):

@@ -394,9 +394,11 @@ fn grpc_failed(code: u8) -> bool {
 
 /// `at` on the wall clock, given one moment read from both clocks (`anchor`).
 fn unix_at((anchor, anchor_unix): (Instant, u64), at: Instant) -> u64 {
-    let before = u64::try_from(anchor.saturating_duration_since(at).as_nanos()).unwrap_or(0);
-    let after = u64::try_from(at.saturating_duration_since(anchor).as_nanos()).unwrap_or(0);
-    anchor_unix.saturating_sub(before).saturating_add(after)
+    let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    match at.checked_duration_since(anchor) {
+        Some(after) => anchor_unix.saturating_add(nanos(after)),
+        None => anchor_unix.saturating_sub(nanos(anchor.duration_since(at))),
+    }
 }
 
 /// A gRPC status code's name, as the gRPC spec spells it.

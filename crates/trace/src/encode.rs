@@ -197,6 +197,7 @@ fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Value<'_>, known_u
         }
     };
     let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
+    out.reserve(kv_len + 4);
     tag(out, field, LEN);
     varint(out, kv_len as u64);
     bytes(out, 1, key.as_bytes());
@@ -216,6 +217,10 @@ fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Value<'_>, known_u
 /// records; checked with `from_utf8`, which is fast on ASCII), else with each bad sequence
 /// replaced, as `String::from_utf8_lossy` does.
 fn utf8(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    // ASCII (paths, addresses, route ids) is checked a word at a time, cheaper still.
+    if bytes.is_ascii() {
+        return std::borrow::Cow::Borrowed(bytes);
+    }
     match std::str::from_utf8(bytes) {
         Ok(_) => std::borrow::Cow::Borrowed(bytes),
         Err(_) => std::borrow::Cow::Owned(String::from_utf8_lossy(bytes).into_owned().into_bytes()),
