@@ -1,0 +1,1 @@
+/work/main/target/release/tailguard-axum-bench --listen 127.0.0.1:44543 --middleware axum-prometheus --synthetic-series 1000000
