@@ -93,42 +93,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl OtlpReceiver {
     /// OTLP/HTTP on 127.0.0.1:0.
     pub async fn http() -> OtlpReceiver {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let shared = Arc::new(Shared::default());
-        let s = Arc::clone(&shared);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let s = Arc::clone(&s);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let s = Arc::clone(&s);
-                        async move { Ok::<_, hyper::Error>(answer_http(&s, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
-                });
-            }
-        });
-        OtlpReceiver {
-            addr,
-            tls: false,
-            shared,
-            task,
-        }
+        Self::serve_http(None).await
     }
 
     /// OTLP/HTTP over TLS on 127.0.0.1:0, presenting `config`'s certificate (its ALPN is
     /// set to `http/1.1` here).
     pub async fn http_tls(config: rustls::ServerConfig) -> OtlpReceiver {
-        let acceptor = tls_acceptor(config, b"http/1.1");
+        Self::serve_http(Some(tls_acceptor(config, b"http/1.1"))).await
+    }
+
+    /// OTLP/HTTP on 127.0.0.1:0, over TLS when given an acceptor.
+    async fn serve_http(acceptor: Option<tokio_rustls::TlsAcceptor>) -> OtlpReceiver {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let shared = Arc::new(Shared::default());
+        let tls = acceptor.is_some();
         let s = Arc::clone(&shared);
         let task = tokio::spawn(async move {
             loop {
@@ -137,22 +116,20 @@ impl OtlpReceiver {
                 };
                 let (s, acceptor) = (Arc::clone(&s), acceptor.clone());
                 tokio::spawn(async move {
-                    let Some(tls) = accept_tls(&acceptor, tcp, &s).await else {
-                        return;
-                    };
-                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let s = Arc::clone(&s);
-                        async move { Ok::<_, hyper::Error>(answer_http(&s, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
+                    match acceptor {
+                        None => serve_http_connection(tcp, s).await,
+                        Some(acceptor) => {
+                            if let Some(tls) = accept_tls(&acceptor, tcp, &s).await {
+                                serve_http_connection(tls, s).await;
+                            }
+                        }
+                    }
                 });
             }
         });
         OtlpReceiver {
             addr,
-            tls: true,
+            tls,
             shared,
             task,
         }
@@ -337,6 +314,20 @@ pub fn attr_int(span: &OtlpSpan, key: &str) -> Option<i64> {
             any_value::Value::IntValue(i) => Some(*i),
             _ => None,
         })
+}
+
+/// Serves one OTLP/HTTP connection until the exporter closes it.
+async fn serve_http_connection<I>(io: I, s: Arc<Shared>)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let s = Arc::clone(&s);
+        async move { Ok::<_, hyper::Error>(answer_http(&s, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
 }
 
 fn tls_acceptor(mut config: rustls::ServerConfig, alpn: &[u8]) -> tokio_rustls::TlsAcceptor {

@@ -82,12 +82,12 @@ impl Encoder {
             key_value(&mut attrs, 1, key, Value::Str(value.as_bytes()), true);
         }
         let mut resource_field = Vec::new();
-        message(&mut resource_field, 1, &attrs);
+        bytes(&mut resource_field, 1, &attrs);
         let mut scope = Vec::new();
         string(&mut scope, 1, b"tailguard-trace");
         string(&mut scope, 2, env!("CARGO_PKG_VERSION").as_bytes());
         let mut scope_field = Vec::new();
-        message(&mut scope_field, 1, &scope);
+        bytes(&mut scope_field, 1, &scope);
         Encoder {
             resource_field,
             scope_field,
@@ -147,14 +147,14 @@ impl Encoder {
             varint(b, code);
         }
         out.reserve(b.len() + 4);
-        message(out, 2, b);
+        bytes(out, 2, b);
     }
 
     /// The export request for `spans` (fields written by [`Encoder::span`]).
     pub(crate) fn request(&self, spans: &[u8]) -> Vec<u8> {
         let scope_spans_len = self.scope_field.len() + spans.len();
         let resource_spans_len =
-            self.resource_field.len() + 1 + varint_len(scope_spans_len) + scope_spans_len;
+            self.resource_field.len() + 1 + varint_len(scope_spans_len as u64) + scope_spans_len;
         let mut out = Vec::with_capacity(resource_spans_len + 16);
         // ExportTraceServiceRequest.resource_spans (1): ResourceSpans.
         tag(&mut out, 1, LEN);
@@ -173,44 +173,46 @@ impl Encoder {
 /// `known_utf8`: a string value needs no check (a `&'static str`).
 fn key_value(out: &mut Vec<u8>, field: u32, key: &str, value: Value<'_>, known_utf8: bool) {
     // AnyValue: string_value (1), bool_value (2), int_value (3). A oneof member is written
-    // even when it holds its type's default.
-    let mut scalar = [0u8; 11];
-    let (text, any_len) = match value {
-        Value::Str(v) => {
-            let t = if known_utf8 {
-                std::borrow::Cow::Borrowed(v)
-            } else {
-                utf8(v)
-            };
-            let n = 1 + varint_len(t.len()) + t.len();
-            (Some(t), n)
-        }
-        Value::Bool(v) => {
-            scalar[0] = (2 << 3) | VARINT;
-            scalar[1] = u8::from(v);
-            (None, 2)
-        }
-        Value::Int(v) => {
-            scalar[0] = (3 << 3) | VARINT;
-            // int64 is the value's two's complement as a varint.
-            (None, 1 + write_varint(&mut scalar[1..], v as u64))
-        }
+    // even when it holds its type's default. int64 is the value's two's complement as a
+    // varint.
+    let any = match value {
+        Value::Str(v) if known_utf8 => Any::Text(std::borrow::Cow::Borrowed(v)),
+        Value::Str(v) => Any::Text(utf8(v)),
+        Value::Int(v) => Any::Int(v as u64),
+        Value::Bool(v) => Any::Bool(v),
     };
-    let kv_len = 1 + varint_len(key.len()) + key.len() + 1 + varint_len(any_len) + any_len;
+    let any_len = match &any {
+        Any::Text(t) => 1 + varint_len(t.len() as u64) + t.len(),
+        Any::Int(v) => 1 + varint_len(*v),
+        Any::Bool(_) => 2,
+    };
+    let kv_len =
+        1 + varint_len(key.len() as u64) + key.len() + 1 + varint_len(any_len as u64) + any_len;
     out.reserve(kv_len + 4);
     tag(out, field, LEN);
     varint(out, kv_len as u64);
     bytes(out, 1, key.as_bytes());
     tag(out, 2, LEN);
     varint(out, any_len as u64);
-    match text {
-        Some(t) => bytes(out, 1, &t),
-        None => {
-            for &b in &scalar[..any_len] {
-                out.push(b);
-            }
+    match any {
+        Any::Text(t) => bytes(out, 1, &t),
+        Any::Bool(v) => {
+            tag(out, 2, VARINT);
+            out.push(u8::from(v));
+        }
+        Any::Int(v) => {
+            tag(out, 3, VARINT);
+            varint(out, v);
         }
     }
+}
+
+/// An attribute's value as `AnyValue` carries it.
+enum Any<'a> {
+    Text(std::borrow::Cow<'a, [u8]>),
+    /// An int64's two's complement.
+    Int(u64),
+    Bool(bool),
 }
 
 /// `bytes` as protobuf `string` content: as is when UTF-8 (always, for what the gateway
@@ -248,10 +250,6 @@ fn string(out: &mut Vec<u8>, field: u32, value: &[u8]) {
     bytes(out, field, &value);
 }
 
-fn message(out: &mut Vec<u8>, field: u32, body: &[u8]) {
-    bytes(out, field, body);
-}
-
 #[inline]
 fn varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -261,20 +259,8 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// Writes `v` as a varint at the start of `buf` (room for 10 bytes); returns its length.
-fn write_varint(buf: &mut [u8], mut v: u64) -> usize {
-    let mut i = 0;
-    while v >= 0x80 {
-        buf[i] = (v as u8) | 0x80;
-        v >>= 7;
-        i += 1;
-    }
-    buf[i] = v as u8;
-    i + 1
-}
-
-fn varint_len(v: usize) -> usize {
-    let bits = usize::BITS - (v | 1).leading_zeros();
+fn varint_len(v: u64) -> usize {
+    let bits = u64::BITS - (v | 1).leading_zeros();
     bits.div_ceil(7) as usize
 }
 
@@ -397,9 +383,10 @@ mod tests {
             1 << 28,
             usize::MAX,
         ] {
+            // usize::MAX as u64 is also a negative int64's 10-byte varint.
             let mut out = Vec::new();
             varint(&mut out, v as u64);
-            assert_eq!(out.len(), varint_len(v), "{v}");
+            assert_eq!(out.len(), varint_len(v as u64), "{v}");
         }
     }
 }

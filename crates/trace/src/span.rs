@@ -174,14 +174,8 @@ impl Span {
 
     /// The attributes, in the order they were set.
     pub fn attributes(&self) -> impl Iterator<Item = (&'static str, Value<'_>)> {
-        self.attrs[..usize::from(self.len)].iter().map(|a| {
-            let v = match a.value {
-                Stored::Int(i) => Value::Int(i),
-                Stored::Bool(b) => Value::Bool(b),
-                other => Value::Str(self.read(other)),
-            };
-            (a.key, v)
-        })
+        self.attributes_for_encoding()
+            .map(|(key, value, _)| (key, value))
     }
 
     /// The attributes for the encoder, saying which strings are `&'static str` (UTF-8
