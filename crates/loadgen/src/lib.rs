@@ -21,6 +21,10 @@
 //!   503s, errors, admitted latency, and gauges the scraper read from the gateway.
 //! - [`report::Report`] holds the result: printed in wrk2's layout, saved as JSON, as `.hgrm`
 //!   ([`hgrm`]) and as an SVG percentile plot ([`plot`]).
+//! - [`slowest`] keeps each run's 32 slowest requests (`Report::slowest`): each one's
+//!   intended time in the window, latency, status or error, connection, and where it fell
+//!   relative to the scrapes (during one, or how long after the last one ended), so a P100
+//!   can be traced to a moment of the run.
 //!
 //! ```
 //! use tailguard_loadgen::latency::Latency;
@@ -56,6 +60,7 @@ pub mod plot;
 pub mod report;
 pub mod schedule;
 pub mod scrape;
+pub mod slowest;
 mod target;
 pub mod timeline;
 mod timer;

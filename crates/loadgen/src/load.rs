@@ -32,6 +32,7 @@ use crate::latency::Latency;
 use crate::report::{Report, Scrape};
 use crate::schedule::{Phase, Schedule};
 use crate::scrape::{ScrapeClock, ScrapeConfig, WatchConfig};
+use crate::slowest::{Kept, Outcome, ScrapeSpan, Slowest};
 use crate::target::{Target, parse_target};
 use crate::timeline::Timeline;
 use crate::timer::register_timer;
@@ -147,6 +148,7 @@ struct ThreadStats {
     queued: u64,
     max_queue: u64,
     timeline: Timeline,
+    slowest: Slowest,
 }
 
 /// The FIFO between the dispatcher and the connections of one thread.
@@ -202,11 +204,18 @@ impl Shared {
         }
     }
 
-    fn error(&self, intended: u64, kind: &str) {
+    fn error(&self, intended: u64, kind: &'static str, connection: usize) {
         if intended >= self.measure_from {
+            let now = now_ns();
             let mut s = self.stats.borrow_mut();
             *s.errors.entry(kind.to_string()).or_default() += 1;
-            s.timeline.error(now_ns().saturating_sub(self.measure_from));
+            s.timeline.error(now.saturating_sub(self.measure_from));
+            s.slowest.offer(Kept {
+                latency_ns: now.saturating_sub(intended),
+                intended_ns: intended - self.measure_from,
+                connection,
+                outcome: Outcome::Error(kind),
+            });
         }
     }
 }
@@ -308,9 +317,12 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
             );
         }
         let mut stream_handles = Vec::new();
+        let mut first_connection = 0;
         for lane in 0..threads {
             let connections =
                 config.connections / threads + usize::from(lane < config.connections % threads);
+            let lane_first_connection = first_connection;
+            first_connection += connections;
             let schedule = if config.poisson {
                 Schedule::stepped_poisson(&phases, lane as u64, threads as u64, config.seed)
             } else {
@@ -365,6 +377,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
                     local.block_on(&rt, async move {
                         let setup = ThreadSetup {
                             connections,
+                            first_connection: lane_first_connection,
                             schedule,
                             template,
                             target,
@@ -443,6 +456,8 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
         Some(h) => h.join().unwrap_or_default(),
         None => Vec::new(),
     };
+    // Every stream's slowest requests are placed against the one scraper's scrapes: one clock.
+    let scrape_spans: Vec<ScrapeSpan> = scrapes.iter().map(Scrape::span).collect();
     let mut reports = Vec::new();
     for (config, stream_handles) in configs.iter().zip(handles) {
         let threads = stream_handles.len();
@@ -472,6 +487,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
             total.queued += stats.queued;
             total.max_queue = total.max_queue.max(stats.max_queue);
             total.timeline.add(&stats.timeline);
+            total.slowest.add(stats.slowest);
         }
         if reports.is_empty() {
             total.timeline.set_gauges(&readings);
@@ -500,6 +516,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
             latency_from_release: total.from_release,
             latency_during_scrape: total.during_scrape,
             scrapes: std::mem::take(&mut scrapes),
+            slowest: total.slowest.report(&scrape_spans),
             timeline: total.timeline,
         });
     }
@@ -528,6 +545,8 @@ fn print_progress(p: &Progress, elapsed_ns: u64, rate: f64) {
 
 struct ThreadSetup {
     connections: usize,
+    /// The number of this thread's first connection in its stream (each thread has a slice).
+    first_connection: usize,
     schedule: Schedule,
     template: Template,
     target: Target,
@@ -590,8 +609,13 @@ async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LoadError> {
             .insert("connect (setup)".to_string(), connect_errors);
     }
     let mut tasks = Vec::new();
-    for sender in senders {
-        tasks.push(tokio::task::spawn_local(connection(shared.clone(), sender)));
+    for (i, sender) in senders.into_iter().enumerate() {
+        let number = setup.first_connection + i;
+        tasks.push(tokio::task::spawn_local(connection(
+            shared.clone(),
+            sender,
+            number,
+        )));
     }
     dispatch(&shared, setup.schedule, start, window_end).await?;
     shared.closed.set(true);
@@ -691,9 +715,14 @@ fn error_kind(e: &hyper::Error) -> &'static str {
     }
 }
 
-/// One keep-alive connection: takes the oldest waiting request, sends it, reads the whole
-/// response, records the latency from the intended time; reconnects after any failure.
-async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Bytes>>>) {
+/// One keep-alive connection (`number` in its stream): takes the oldest waiting request,
+/// sends it, reads the whole response, records the latency from the intended time;
+/// reconnects after any failure.
+async fn connection(
+    shared: Rc<Shared>,
+    mut sender: Option<SendRequest<Full<Bytes>>>,
+    number: usize,
+) {
     while let Some((intended, released)) = shared.pop().await {
         if intended >= shared.measure_from {
             // How late the generator itself was: timer wake-up, scheduling, and the wait for
@@ -706,7 +735,7 @@ async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Byte
             _ => match connect(shared.target.addr).await {
                 Ok(s) => s,
                 Err(_) => {
-                    shared.error(intended, "connect");
+                    shared.error(intended, "connect", number);
                     continue;
                 }
             },
@@ -754,6 +783,13 @@ async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Byte
                 if shared.scrape_clock.overlaps(intended) {
                     st.during_scrape.record_ns(latency);
                 }
+                // One compare unless it is among this thread's slowest so far.
+                st.slowest.offer(Kept {
+                    latency_ns: latency,
+                    intended_ns: intended - shared.measure_from,
+                    connection: number,
+                    outcome: Outcome::Status(status),
+                });
                 *st.status.entry(status).or_default() += 1;
                 st.completed += 1;
                 if done <= shared.window_end {
@@ -761,9 +797,9 @@ async fn connection(shared: Rc<Shared>, mut sender: Option<SendRequest<Full<Byte
                 }
                 st.bytes += bytes;
             }
-            Ok(Err(e)) => shared.error(intended, error_kind(&e)),
+            Ok(Err(e)) => shared.error(intended, error_kind(&e), number),
             // HTTP/1.1 cannot cancel a request in flight: the connection is dropped.
-            Err(_) => shared.error(intended, "timeout"),
+            Err(_) => shared.error(intended, "timeout", number),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The report of one load run: what was asked, what was achieved, the latency distributions
-//! (all requests and those that overlapped a scrape), statuses, errors and scrapes; printed in
-//! wrk2's layout and saved as JSON.
+//! (all requests and those that overlapped a scrape), statuses, errors, scrapes and the
+//! slowest requests; printed in wrk2's layout and saved as JSON.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::latency::{Latency, WRK2_PERCENTILES, format_us};
+use crate::slowest::{ScrapeSpan, SlowRequest};
 
 /// One scrape of a metrics endpoint made during the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +23,18 @@ pub struct Scrape {
     pub status: u16,
     /// Why it failed, when it did.
     pub error: Option<String>,
+}
+
+impl Scrape {
+    /// The scrape's lifetime in nanoseconds from the start of the measured window, as the
+    /// slowest requests are placed against it.
+    pub fn span(&self) -> ScrapeSpan {
+        let start_ns = (self.start_s * 1e9).round() as i64;
+        ScrapeSpan {
+            start_ns,
+            end_ns: start_ns + (self.duration_ms * 1e6).round() as i64,
+        }
+    }
 }
 
 /// Everything one run of the generator measured.
@@ -77,6 +90,12 @@ pub struct Report {
     pub latency_during_scrape: Latency,
     /// Scrapes made during the run.
     pub scrapes: Vec<Scrape>,
+    /// The run's slowest requests (at most [`KEPT`](crate::slowest::KEPT)), slowest first, each with its intended
+    /// time and where it fell relative to the scrapes: when the tail happened. Only requests
+    /// intended inside the measured window, as in `latency`; failed ones too, timed to their
+    /// failure. Absent from reports written before it existed.
+    #[serde(default)]
+    pub slowest: Vec<SlowRequest>,
     /// Every second and phase of the measured window (absent from reports written before
     /// the lab had timelines).
     #[serde(default)]
@@ -238,7 +257,51 @@ impl Report {
             );
             render_distribution(&mut o, &self.latency_during_scrape);
         }
+        if !self.slowest.is_empty() {
+            let shown = self.slowest.len().min(5);
+            let _ = writeln!(
+                o,
+                "Slowest requests ({shown} of the {} kept; time of the intended send in the measured window):",
+                self.slowest.len()
+            );
+            for r in &self.slowest[..shown] {
+                let _ = writeln!(o, "  {}", slow_line(r, !self.scrapes.is_empty()));
+            }
+        }
         o
+    }
+}
+
+/// `5.12 ms at 23.417 s, connection 3, status 200 (1.42 s after a scrape ended)`.
+fn slow_line(r: &SlowRequest, had_scrapes: bool) -> String {
+    let outcome = match &r.error {
+        Some(kind) => kind.clone(),
+        None => format!("status {}", r.status),
+    };
+    let placement = if !had_scrapes {
+        String::new()
+    } else if r.overlaps_scrape {
+        " (during a scrape)".to_string()
+    } else {
+        match r.since_scrape_end_ns {
+            Some(ns) => format!(" ({} after a scrape ended)", gap(ns)),
+            None => " (before the first scrape ended)".to_string(),
+        }
+    };
+    format!(
+        "{:.2} ms at {:.3} s, connection {}, {outcome}{placement}",
+        r.latency_ns as f64 / 1e6,
+        r.intended_ns as f64 / 1e9,
+        r.connection
+    )
+}
+
+/// A time since a scrape: `420 ms` under a second, else `1.42 s`.
+pub fn gap(ns: u64) -> String {
+    if ns < 1_000_000_000 {
+        format!("{:.0} ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.2} s", ns as f64 / 1e9)
     }
 }
 
@@ -276,4 +339,64 @@ fn bytes(b: u64) -> String {
 
 fn none_if_empty(s: &str) -> &str {
     if s.is_empty() { "none" } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_request_says_where_it_fell_relative_to_the_scrapes() {
+        let r = SlowRequest {
+            intended_ns: 23_417_000_000,
+            latency_ns: 5_120_000,
+            status: 200,
+            error: None,
+            connection: 3,
+            since_scrape_end_ns: Some(1_420_000_000),
+            overlaps_scrape: false,
+        };
+        assert_eq!(
+            slow_line(&r, true),
+            "5.12 ms at 23.417 s, connection 3, status 200 (1.42 s after a scrape ended)"
+        );
+        assert_eq!(
+            slow_line(&r, false),
+            "5.12 ms at 23.417 s, connection 3, status 200"
+        );
+        let during = SlowRequest {
+            overlaps_scrape: true,
+            ..r.clone()
+        };
+        assert!(slow_line(&during, true).ends_with(" (during a scrape)"));
+        let early = SlowRequest {
+            since_scrape_end_ns: None,
+            status: 0,
+            error: Some("timeout".into()),
+            ..r.clone()
+        };
+        assert_eq!(
+            slow_line(&early, true),
+            "5.12 ms at 23.417 s, connection 3, timeout (before the first scrape ended)"
+        );
+        assert_eq!(gap(180_400_000), "180 ms");
+    }
+
+    #[test]
+    fn a_scrape_spans_its_start_and_duration_in_window_nanoseconds() {
+        let s = Scrape {
+            start_s: -0.25,
+            duration_ms: 1.5,
+            bytes: 0,
+            status: 200,
+            error: None,
+        };
+        assert_eq!(
+            s.span(),
+            ScrapeSpan {
+                start_ns: -250_000_000,
+                end_ns: -248_500_000
+            }
+        );
+    }
 }

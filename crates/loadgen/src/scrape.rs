@@ -71,8 +71,31 @@ impl ScrapeClock {
     }
 }
 
-/// Scrapes from `start + every/2` every `every` until `end`; returns every scrape made, with
-/// starts relative to `measure_from`.
+/// When the first scrape is due, from the start of the run (warmup included): half an
+/// interval in, so the scrapes fall between the run's edges rather than on them.
+fn first_scrape_ns(every_ns: u64) -> u64 {
+    every_ns / 2
+}
+
+/// The starts the scraper aims at, nanoseconds from the start of the measured window (negative
+/// during the warmup): the first half an interval into the run, then one every `every`, while
+/// before the window's end. Its actual starts are these plus its timer's lateness; the lab
+/// places an unscraped run's slowest requests against this schedule, as a control.
+pub fn planned_starts_ns(every: Duration, warmup: Duration, duration: Duration) -> Vec<i64> {
+    let every = every.as_nanos().max(1) as i64;
+    let warmup = warmup.as_nanos() as i64;
+    let end = duration.as_nanos() as i64;
+    let mut at = first_scrape_ns(every as u64) as i64 - warmup;
+    let mut out = Vec::new();
+    while at < end {
+        out.push(at);
+        at += every;
+    }
+    out
+}
+
+/// Scrapes from `start + every/2` every `every` until `end` (see [`planned_starts_ns`]);
+/// returns every scrape made, with starts relative to `measure_from`.
 pub(crate) fn run(
     config: ScrapeConfig,
     clock: std::sync::Arc<ScrapeClock>,
@@ -124,7 +147,7 @@ async fn scrape_loop(
             Err(e) => return vec![failed(0.0, e.to_string())],
         };
     let mut sender: Option<SendRequest<Empty<Bytes>>> = None;
-    let mut at = start + every / 2;
+    let mut at = start + first_scrape_ns(every);
     let mut buf = [0u8; 8];
     while at < end {
         let spec = Itimerspec {
@@ -376,5 +399,23 @@ fn parse_value(v: &str) -> Option<f64> {
         "+Inf" => Some(f64::INFINITY),
         "-Inf" => Some(f64::NEG_INFINITY),
         _ => v.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn planned_starts_are_half_an_interval_into_the_run_then_one_every_interval() {
+        let s = |ms| Duration::from_millis(ms);
+        // 5 s interval, 5 s warmup, 20 s window: at 2.5 s of the run (-2.5 s in the window),
+        // then 2.5, 7.5, 12.5 and 17.5 s.
+        assert_eq!(
+            super::planned_starts_ns(s(5_000), s(5_000), s(20_000)),
+            [-2_500, 2_500, 7_500, 12_500, 17_500].map(|ms: i64| ms * 1_000_000)
+        );
+        // No warmup, a window shorter than half an interval: none.
+        assert!(super::planned_starts_ns(s(5_000), s(0), s(2_000)).is_empty());
     }
 }

@@ -7,5 +7,6 @@ mod coordinated_omission;
 mod report;
 mod schedule;
 mod scrape;
+mod slowest;
 mod support;
 mod timeline;

@@ -84,6 +84,10 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     );
     assert!(ms(&report.latency, 100.0) >= 140.0);
     assert!(ms(&report.latency, 50.0) < 50.0);
+    // The slowest request is one a stall held, and it says so.
+    let slowest = &report.slowest[0];
+    assert!(slowest.latency_ns >= 140_000_000, "{slowest:?}");
+    assert!(slowest.overlaps_scrape, "{slowest:?}");
     let printed = report.render();
     assert!(printed.contains("Scrapes: 3 (0 failed)"), "{printed}");
     assert!(printed.contains("Requests that overlapped a scrape:"));
