@@ -54,6 +54,7 @@ pub mod procs;
 mod results;
 pub mod runner;
 pub mod scenario;
+mod slowest;
 mod tables;
 mod targets;
 pub mod upstream;

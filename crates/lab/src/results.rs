@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use tailguard_loadgen::report::Report;
+use tailguard_loadgen::slowest::keep_slowest;
 use tailguard_loadgen::timeline::Timeline;
 
 use crate::LabError;
@@ -67,6 +68,7 @@ pub(crate) fn combine(parts: &[Report]) -> Report {
         total.queued += p.queued;
         total.max_queue = total.max_queue.max(p.max_queue);
         total.scrapes.extend(p.scrapes.iter().cloned());
+        keep_slowest(&mut total.slowest, &p.slowest);
         total.timeline.add_stream(&p.timeline);
     }
     total
@@ -148,5 +150,7 @@ pub(crate) fn merge(mut a: Report, b: &Report) -> Report {
     a.queued += b.queued;
     a.max_queue = a.max_queue.max(b.max_queue);
     a.scrapes.extend(b.scrapes.iter().cloned());
+    // Each request keeps its own run's intended time and placement.
+    keep_slowest(&mut a.slowest, &b.slowest);
     a
 }

@@ -5,8 +5,9 @@
 //! [`run`] ties together the modules below it, each with one job: `context` (what every
 //! condition of a run shares), `health` (the `/healthz` prober), `plan` (each condition's
 //! streams and rates), `targets` (the child processes a load goes to), `conditions` (one
-//! condition's run), `results` (reports merged over seeds and streams, timelines) and
-//! `tables` (what is printed and written to `summary.md`).
+//! condition's run), `results` (reports merged over seeds and streams, timelines),
+//! `tables` (what is printed and written to `summary.md`) and `slowest` (where each run's
+//! slowest requests fell relative to the scrapes).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -24,6 +25,7 @@ use crate::plan::{Plan, plan};
 use crate::procs::which;
 use crate::results::{SeedLine, combine, merge, write_timeline};
 use crate::scenario::{Condition, Scenario, TargetKind};
+use crate::slowest::SlowRun;
 use crate::tables::{
     per_seed_table, ratio_table, render_table, step_lines, stream_notes, stream_table,
     timeline_section,
@@ -268,6 +270,8 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
             .flat_map(|c| scenario.load.seeds.iter().map(move |&seed| (c, seed)))
             .collect()
     };
+    // Each run's slowest requests and scrapes, for where the tail fell relative to them.
+    let mut slow_runs: Vec<SlowRun> = Vec::new();
     for (c, seed) in order {
         let (cond, acc) = (&scenario.conditions[c], &mut runs[c]);
         let Ok(plan) = &plans[c] else { continue };
@@ -292,6 +296,7 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
                 let stem = format!("{}-seed{seed}", slug(&cond.name));
                 let r = combine(&reports);
                 std::fs::write(opts.out.join(format!("{stem}.json")), r.to_json())?;
+                slow_runs.push(SlowRun::of(c, &cond.name, seed, cond.scrape_every, &r));
                 let named: Vec<(String, &Timeline)> = plan
                     .streams
                     .iter()
@@ -471,6 +476,10 @@ pub fn run(opts: &RunOptions) -> Result<Outcome, LabError> {
         let ratios = ratio_table(&seed_lines);
         println!("\n{per_seed}\n{ratios}");
         let _ = writeln!(summary, "\n{per_seed}\n{ratios}");
+    }
+    if let Some(slowest) = crate::slowest::section(&slow_runs) {
+        println!("\n{slowest}");
+        let _ = writeln!(summary, "\n{slowest}");
     }
     std::fs::write(opts.out.join("summary.md"), summary)?;
     println!(
