@@ -424,6 +424,11 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
                 {
                     eprintln!("load: cannot pin the scraper to cpu {pin:?}: {e}; running unpinned");
                 }
+                // And it takes the generator's cores only when they are idle: a Prometheus
+                // runs on another machine, so its reading must not delay a send here.
+                if !crate::pinning::idle_current_thread() {
+                    eprintln!("load: the scraper could not run at SCHED_IDLE; it shares the generator's cores at its nice");
+                }
                 crate::scrape::run(sc, clock, start, measure_from, window_end)
             });
         // What `std::thread::spawn` does, with a name the tests can find the thread by.
