@@ -33,6 +33,20 @@ pub fn host_of<B>(req: &http::Request<B>) -> &str {
                 .and_then(|h| h.to_str().ok())
         })
         .unwrap_or("");
+    without_port(raw)
+}
+
+/// [`host_of`] for a caller that looked up the `Host` field already (one lookup for two
+/// readers).
+pub fn host_from<'a>(uri: &'a http::Uri, host_field: Option<&'a HeaderValue>) -> &'a str {
+    let raw = uri
+        .host()
+        .or_else(|| host_field.and_then(|h| h.to_str().ok()))
+        .unwrap_or("");
+    without_port(raw)
+}
+
+fn without_port(raw: &str) -> &str {
     if let Some(rest) = raw.strip_prefix('[') {
         return rest.split(']').next().unwrap_or("");
     }

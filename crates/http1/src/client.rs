@@ -95,10 +95,16 @@ pub type Sent<B> = (Response<UpstreamBody<B>>, Option<Box<Request<B>>>);
 /// connection served a request before (only then is a closed connection [`SendError::Stale`]).
 /// The response body streams from the connection and gives it back at its end
 /// ([`UpstreamBody::take_reusable`]).
+///
+/// `extra_fields` are whole field lines (`name: value\r\n` each) written into the head after
+/// the request's own fields, as given: the caller's own fields, valid by construction (the
+/// gateway's `traceparent`), added without a header-map insert, a value to validate and a
+/// drop (~400 instructions a request). Usually empty.
 pub async fn send<B>(
     mut conn: Box<Connection>,
     req: Box<Request<B>>,
     reused: bool,
+    extra_fields: &[u8],
 ) -> Result<Sent<B>, SendError<B>>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -115,7 +121,7 @@ where
     } else {
         RequestFraming::None
     };
-    let upgrade = write_head(&mut conn.head_buf, &req, framing);
+    let upgrade = write_head(&mut conn.head_buf, &req, framing, extra_fields);
     let head_request = req.method() == Method::HEAD;
 
     // A bodiless request is kept whole until an answer starts, for a resend on a stale

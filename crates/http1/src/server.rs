@@ -161,8 +161,15 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
             }
             // Boxed: the handler's and the response's state (a few KiB) exists only while a
             // request is served, so a connection waiting for its next request holds only the
-            // small state of that wait.
-            let written = Box::pin(self.serve_request(req, meta, upgrade, lent)).await;
+            // small state of that wait. Written into a box allocated first: the compiler
+            // then builds the future in place, where `Box::pin(future)` built it on the stack
+            // and copied all ~2.7 KB of it (~300 instructions of `memcpy` a request, in
+            // callgrind), though a new future holds only its ~70 bytes of arguments.
+            let turn = Box::write(
+                Box::new_uninit(),
+                self.serve_request(req, meta, upgrade, lent),
+            );
+            let written = Box::into_pin(turn).await;
             crate::recycle::give_out_buf(std::mem::take(&mut self.out));
             match written {
                 Ok(Written::KeepAlive) => {}

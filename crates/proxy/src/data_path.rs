@@ -66,9 +66,17 @@ pub(crate) async fn serve(
         !held.access_log().is_off(),
     );
     held.snapshot().metrics.gateway.request_started();
+    // One `Host` lookup for routing and the trace; none when the URI names the host
+    // (HTTP/2's `:authority`, an absolute form) and the request is not traced.
+    let tracing = &held.snapshot().tracing;
+    let host_field = if req.uri().host().is_none() || tracing.tracer().is_enabled() {
+        req.headers().get(http::header::HOST)
+    } else {
+        None
+    };
     // Trace: the incoming context read, the request's SERVER span started (one branch when
     // tracing is off).
-    record.start_trace(&held.snapshot().tracing, &req);
+    record.start_trace(tracing, &req, host_field);
     // Rate limit: the listener's limit covers everything it serves, checked before routing.
     if let Some(limit) = &conn.rate_limit
         && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
@@ -82,10 +90,12 @@ pub(crate) async fn serve(
         "*" => "/",
         path => path,
     };
-    let route =
-        held.snapshot()
-            .router
-            .find(headers::host_of(&req), path, req.method(), req.headers());
+    let route = held.snapshot().router.find(
+        headers::host_from(req.uri(), host_field),
+        path,
+        req.method(),
+        req.headers(),
+    );
     if let Some(r) = route {
         record.trace_routed(&held.snapshot().tracing, r);
     }
@@ -123,8 +133,13 @@ pub(crate) async fn serve(
         Some(r) => {
             let snapshot = held.snapshot();
             if snapshot.upstreams[snapshot.router.get(r).upstream].protocol != Protocol::Http1 {
-                let h2 = serve_h2(conn, held, req, r, record, admitted);
-                return Ok(Box::pin(h2).await);
+                // Allocated before the future is made, so it is built in the box, not copied
+                // into it (see `tailguard_http1::server`'s request turn).
+                let h2 = Box::write(
+                    Box::new_uninit(),
+                    serve_h2(conn, held, req, r, record, admitted),
+                );
+                return Ok(Box::into_pin(h2).await);
             }
         }
         None => record.grpc = crate::grpc::is_grpc(req.headers()),
@@ -171,7 +186,7 @@ async fn serve_h2(
     held: Held,
     req: Box<Request<RequestBody>>,
     route: usize,
-    mut record: RequestRecord,
+    mut record: Box<RequestRecord>,
     mut admitted: AdmitGuard,
 ) -> Response<ResponseBody> {
     record.grpc = grpc::is_grpc(req.headers());
@@ -218,7 +233,7 @@ fn answer_locally(
     held: Held,
     mut req: Box<Request<RequestBody>>,
     route_index: usize,
-    mut record: RequestRecord,
+    mut record: Box<RequestRecord>,
 ) -> Response<ResponseBody> {
     record.route = Some(route_index);
     record.trace_answered_locally();

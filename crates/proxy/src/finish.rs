@@ -14,7 +14,7 @@ use crate::snapshot::Snapshot;
 /// Carried by a response body; when the body ends or is dropped, the request is finished.
 #[derive(Debug)]
 pub struct Finish {
-    pub(crate) record: RequestRecord,
+    pub(crate) record: Box<RequestRecord>,
     pub(crate) held: Held,
     /// The upstream connection the response came on: back to its pool if the body was read
     /// to the end, else closed.

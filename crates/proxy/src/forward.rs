@@ -176,34 +176,41 @@ pub(crate) async fn forward(
     // would keep its ~2 KB slot in this future's state beside the `Timeout` holding it.
     // The third value is when the last try started (a route's `retry` may make several).
     let (result, endpoint_index, last_try) = match (&route.tries.retry, request_timeout) {
-        // Boxed: the plain exchange's future does not grow by the retry loop.
+        // Boxed: the plain exchange's future does not grow by the retry loop. (Allocated
+        // first, so the future is built in the box rather than copied into it.)
         (Some(policy), _) => {
-            Box::pin(crate::retry::exchange_http1(
-                snap,
-                route,
-                policy,
-                endpoint_index,
-                request,
-                dispatched,
-                timer,
-                record,
-                request_timeout,
-                connect_timeout,
-            ))
-            .await
+            let retried = Box::write(
+                Box::new_uninit(),
+                crate::retry::exchange_http1(
+                    snap,
+                    route,
+                    policy,
+                    endpoint_index,
+                    request,
+                    dispatched,
+                    timer,
+                    record,
+                    request_timeout,
+                    connect_timeout,
+                ),
+            );
+            Box::into_pin(retried).await
         }
         (None, Some(limit)) => {
             let deadline = tokio::time::Instant::from_std(dispatched + limit);
-            let sent = exchange(
-                snap,
-                route,
-                endpoint_index,
-                request,
-                dispatched,
-                connect_timeout,
-                record,
-            );
-            match timer.limit(deadline, sent).await {
+            let limited = {
+                let sent = std::pin::pin!(exchange(
+                    snap,
+                    route,
+                    endpoint_index,
+                    request,
+                    dispatched,
+                    connect_timeout,
+                    record,
+                ));
+                timer.limit(deadline, sent).await
+            };
+            match limited {
                 Some((r, e)) => (r, e, dispatched),
                 None => (
                     // A client still sending its body is the slow one (408), not the
@@ -243,9 +250,11 @@ pub(crate) async fn forward(
     let elapsed = dispatched.elapsed();
     drop(waiting);
     record.upstream_time = Some(elapsed);
+    // The try's span ends at the moment just read (one clock read for both).
+    let answered = dispatched + elapsed;
     match &result {
-        Ok(r) => record.trace_try_ended(Some(r.status().as_u16()), None),
-        Err(e) => record.trace_try_ended(None, Some(e.kind())),
+        Ok(r) => record.trace_try_ended(Some(r.status().as_u16()), None, answered),
+        Err(e) => record.trace_try_ended(None, Some(e.kind()), answered),
     }
     let outcome = match &result {
         Ok(r) => Outcome::Status(r.status().as_u16()),
@@ -366,7 +375,7 @@ async fn exchange(
     let upstream = &snap.upstreams[upstream_index];
     let pool = &upstream.endpoints[first].pool;
     let mut req = req;
-    record.trace_try_started(req.headers_mut(), pool.addr());
+    let traceparent = record.trace_try_started_h1(req.headers_mut(), pool.addr(), now);
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
@@ -375,9 +384,14 @@ async fn exchange(
             let Some(next) = retry_on else {
                 return (Err(e), first);
             };
-            record.trace_try_ended(None, Some(e.kind()));
+            let failed = Instant::now();
+            record.trace_try_ended(None, Some(e.kind()), failed);
             crate::retry::note_connect_retry(snap, route, first, &e, record);
-            record.trace_try_started(req.headers_mut(), upstream.endpoints[next].addr);
+            let traceparent = record.trace_try_started_h1(
+                req.headers_mut(),
+                upstream.endpoints[next].addr,
+                failed,
+            );
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());
@@ -392,30 +406,49 @@ async fn exchange(
             let next_pool = &upstream.endpoints[next].pool;
             let sent = async {
                 let (conn, reused) = next_pool.checkout_within(now, connect).await?;
-                send_once(conn, req, reused, next_pool, connect).await
+                send_once(
+                    conn,
+                    req,
+                    reused,
+                    next_pool,
+                    connect,
+                    field_lines(&traceparent),
+                )
+                .await
             };
             return (Box::pin(sent).await, next);
         }
     };
-    (send_once(conn, req, reused, pool, connect).await, first)
+    let extra = field_lines(&traceparent);
+    (
+        send_once(conn, req, reused, pool, connect, extra).await,
+        first,
+    )
 }
 
-/// Sends `req` on `conn` and waits for the response head; if `conn` was an idle connection
-/// the upstream had closed, sends it once more on a new connection.
+/// The field lines a try adds to the request head: its `traceparent`, when traced.
+pub(crate) fn field_lines<const N: usize>(traceparent: &Option<[u8; N]>) -> &[u8] {
+    traceparent.as_ref().map_or(&[], |line| &line[..])
+}
+
+/// Sends `req` on `conn` (with the `extra` field lines) and waits for the response head; if
+/// `conn` was an idle connection the upstream had closed, sends it once more on a new
+/// connection.
 async fn send_once(
     conn: Box<client::Connection>,
     req: Box<Request<RequestBody>>,
     reused: bool,
     pool: &EndpointPool,
     connect: Option<Duration>,
+    extra: &[u8],
 ) -> Result<Response<UpstreamBody>, Error> {
-    match client::send(conn, req, reused).await {
+    match client::send(conn, req, reused, extra).await {
         Ok(sent) => Ok(answered(sent)),
         Err(SendError::Failed(e)) => Err(e.into()),
         Err(SendError::Stale(req)) => {
             let resend = async {
                 let conn = pool.connect_within(connect).await?;
-                match client::send(conn, req, false).await {
+                match client::send(conn, req, false, extra).await {
                     Ok(sent) => Ok(answered(sent)),
                     Err(SendError::Failed(e)) => Err(e.into()),
                     Err(SendError::Stale(_)) => Err(Error::UpstreamBroken {

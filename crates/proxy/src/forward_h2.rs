@@ -131,23 +131,31 @@ pub(crate) async fn forward(
     // deadline all of them. Boxed, as on HTTP/1.1.
     let mut last_try = dispatched;
     let result = if let Some(policy) = &route.tries.retry {
-        let retried = Box::pin(crate::retry::exchange_h2(
-            snap,
-            route,
-            policy,
-            endpoint_index,
-            *req,
-            dispatched,
-            record,
-            request_timeout,
-            grpc_timeout.map(|t| dispatched + t),
-        ));
+        let retried = Box::write(
+            Box::new_uninit(),
+            crate::retry::exchange_h2(
+                snap,
+                route,
+                policy,
+                endpoint_index,
+                *req,
+                dispatched,
+                record,
+                request_timeout,
+                grpc_timeout.map(|t| dispatched + t),
+            ),
+        );
+        let retried = Box::into_pin(retried);
         let (result, endpoint, started) = retried.await;
         endpoint_index = endpoint;
         last_try = started;
         result
     } else {
-        record.trace_try_started(req.headers_mut(), upstream.endpoints[endpoint_index].addr);
+        record.trace_try_started(
+            req.headers_mut(),
+            upstream.endpoints[endpoint_index].addr,
+            dispatched,
+        );
         let exchange = async {
             let mut pool = upstream.endpoints[endpoint_index]
                 .h2
@@ -162,9 +170,14 @@ pub(crate) async fn forward(
                     else {
                         return Err(e);
                     };
-                    record.trace_try_ended(None, Some(e.kind()));
+                    let failed = Instant::now();
+                    record.trace_try_ended(None, Some(e.kind()), failed);
                     crate::retry::note_connect_retry(snap, route, endpoint_index, &e, record);
-                    record.trace_try_started(req.headers_mut(), upstream.endpoints[next].addr);
+                    record.trace_try_started(
+                        req.headers_mut(),
+                        upstream.endpoints[next].addr,
+                        failed,
+                    );
                     upstream.balance.complete(
                         endpoint_index,
                         Outcome::ConnectFailed,
@@ -212,9 +225,10 @@ pub(crate) async fn forward(
     let elapsed = dispatched.elapsed();
     drop(waiting);
     record.upstream_time = Some(elapsed);
+    let answered = dispatched + elapsed;
     match &result {
-        Ok((r, _)) => record.trace_try_ended(Some(r.status().as_u16()), None),
-        Err(e) => record.trace_try_ended(None, Some(e.kind())),
+        Ok((r, _)) => record.trace_try_ended(Some(r.status().as_u16()), None, answered),
+        Err(e) => record.trace_try_ended(None, Some(e.kind()), answered),
     }
     let outcome = match &result {
         Ok((r, _)) => Outcome::Status(r.status().as_u16()),

@@ -38,7 +38,7 @@ pub(crate) fn local_response(
 /// `RateLimit-Policy`.
 pub(crate) fn rate_limited(
     limited: Limited,
-    record: RequestRecord,
+    record: Box<RequestRecord>,
     held: Held,
 ) -> Response<ResponseBody> {
     let mut resp = error_response(limited.error(), record, held, None);
@@ -50,7 +50,7 @@ pub(crate) fn rate_limited(
 /// writes the request's one structured log line saying who was at fault.
 pub(crate) fn error_response(
     err: Error,
-    mut record: RequestRecord,
+    mut record: Box<RequestRecord>,
     held: Held,
     admitted: Option<AdmitGuard>,
 ) -> Response<ResponseBody> {

@@ -335,19 +335,20 @@ type TryResult = Result<
 >;
 
 /// One try on an HTTP/1.1 endpoint: a pooled or new connection (connect within `connect`),
-/// the request, the response head; a connection the upstream had closed as it was taken
+/// the request (with the `extra` field lines), the response head; a connection the upstream had closed as it was taken
 /// gets the request once more on a new one, as in the plain exchange.
 async fn send_try(
     pool: &EndpointPool,
     now: Instant,
     connect: Option<Duration>,
     req: Box<Request<RequestBody>>,
+    extra: &[u8],
 ) -> TryResult {
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(c) => c,
         Err(e) => return Err((e.into(), Some(req))),
     };
-    match client::send(conn, req, reused).await {
+    match client::send(conn, req, reused, extra).await {
         Ok(sent) => Ok(sent),
         Err(SendError::Failed(e)) => Err((e.into(), None)),
         Err(SendError::Stale(req)) => {
@@ -355,7 +356,7 @@ async fn send_try(
                 Ok(c) => c,
                 Err(e) => return Err((e.into(), Some(req))),
             };
-            match client::send(conn, req, false).await {
+            match client::send(conn, req, false, extra).await {
                 Ok(sent) => Ok(sent),
                 Err(SendError::Failed(e)) => Err((e.into(), None)),
                 Err(SendError::Stale(_)) => Err((
@@ -424,8 +425,9 @@ pub(crate) async fn exchange_http1(
         // Cut by its timeout, a try drops the request with it; sent with a body, it keeps it.
         let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
-        record.trace_try_started(req.headers_mut(), pool.addr());
-        let sent = send_try(pool, started, connect, req);
+        let traceparent = record.trace_try_started_h1(req.headers_mut(), pool.addr(), started);
+        let extra = crate::forward::field_lines(&traceparent);
+        let sent = std::pin::pin!(send_try(pool, started, connect, req, extra));
         let result = match request {
             Some(limit) => {
                 let deadline = tokio::time::Instant::from_std(started + limit);
@@ -440,9 +442,10 @@ pub(crate) async fn exchange_http1(
             Ok((resp, back)) => (Ended::Answer(resp), back),
             Err((e, back)) => (Ended::Failed(e), back),
         };
+        let at = Instant::now();
         match &ended {
-            Ended::Answer(resp) => record.trace_try_ended(Some(resp.status().as_u16()), None),
-            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind())),
+            Ended::Answer(resp) => record.trace_try_ended(Some(resp.status().as_u16()), None, at),
+            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind()), at),
         }
         let reason = match &ended {
             _ if !more => None,
@@ -585,7 +588,7 @@ pub(crate) async fn exchange_h2(
             .as_ref()
             .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
         let connect = route.tries.h2_connect();
-        record.trace_try_started(req.headers_mut(), pool.addr());
+        record.trace_try_started(req.headers_mut(), pool.addr(), Instant::now());
         let sent = async {
             // A failed connect sent nothing: the request comes back.
             let (send, stream) = match h2_stream(pool, connect).await {
@@ -613,11 +616,12 @@ pub(crate) async fn exchange_h2(
             Ok(answer) => Ended::Answer(answer),
             Err(e) => Ended::Failed(e),
         };
+        let at = Instant::now();
         match &ended {
             Ended::Answer((resp, _)) => {
-                record.trace_try_ended(Some(resp.status().as_u16()), None);
+                record.trace_try_ended(Some(resp.status().as_u16()), None, at);
             }
-            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind())),
+            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind()), at),
         }
         let reason = match &ended {
             _ if last => None,

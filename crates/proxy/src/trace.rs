@@ -21,8 +21,9 @@ use std::time::Instant;
 use http::{HeaderMap, HeaderValue, Request};
 use tailguard_config::{Config, RouteTracing};
 use tailguard_trace::{
-    Sampler, Span, SpanContext, SpanId, SpanKind, Status, TailRule, TraceId, Tracer, extract,
-    inject_known, method_name, protocol_version, unix_nanos,
+    Sampler, Span, SpanContext, SpanId, SpanKind, Status, TRACEPARENT_LINE_LEN, TailRule, TraceId,
+    Tracer, extract, inject_beside_line, inject_known, method_name, protocol_version,
+    traceparent_line, unix_nanos,
 };
 
 use crate::route::Router;
@@ -106,6 +107,8 @@ pub struct RequestTrace {
     tracestate: Option<HeaderValue>,
     /// The request came with `tracestate` or `b3`, to be replaced or removed upstream.
     carried_tracestate_or_b3: bool,
+    /// The request came with `traceparent`, to be replaced upstream.
+    carried_traceparent: bool,
     host: Option<HeaderValue>,
     tries: [Option<Try>; MAX_TRY_SPANS],
     /// Tries made, kept or not.
@@ -143,6 +146,7 @@ fn trace_box() -> Box<RequestTrace> {
             hint: None,
             tracestate: None,
             carried_tracestate_or_b3: false,
+            carried_traceparent: false,
             host: None,
             tries: [None; MAX_TRY_SPANS],
             tried: 0,
@@ -165,7 +169,12 @@ fn give_back(mut trace: Box<RequestTrace>) {
 }
 
 /// Reads the incoming context and starts the request's trace; none when tracing is off.
-pub(crate) fn start<B>(t: &SnapshotTracing, req: &Request<B>) -> Option<Box<RequestTrace>> {
+/// `host_field` is the request's `Host` field, which the caller looked up for routing.
+pub(crate) fn start<B>(
+    t: &SnapshotTracing,
+    req: &Request<B>,
+    host_field: Option<&HeaderValue>,
+) -> Option<Box<RequestTrace>> {
     if !t.tracer.is_enabled() {
         return None;
     }
@@ -190,9 +199,8 @@ pub(crate) fn start<B>(t: &SnapshotTracing, req: &Request<B>) -> Option<Box<Requ
     trace.hint = found.sampling_hint;
     trace.tracestate = found.tracestate;
     trace.carried_tracestate_or_b3 = found.carried_tracestate_or_b3;
-    trace.host = req
-        .headers()
-        .get(http::header::HOST)
+    trace.carried_traceparent = found.carried_traceparent;
+    trace.host = host_field
         .cloned()
         .or_else(|| req.uri().host().and_then(|h| HeaderValue::from_str(h).ok()));
     trace.tried = 0;
@@ -237,25 +245,50 @@ impl RequestTrace {
 
     /// A try to `addr` is about to be sent: a new CLIENT span, named in the `traceparent`
     /// the upstream receives.
-    pub(crate) fn try_started(&mut self, headers: &mut HeaderMap, addr: SocketAddr) {
-        end_open_try(self, None, Some("_OTHER"));
-        let span_id = SpanId::random();
-        let ctx = SpanContext {
-            span_id,
-            ..self.context
-        };
+    pub(crate) fn try_started(&mut self, headers: &mut HeaderMap, addr: SocketAddr, at: Instant) {
+        let ctx = self.open_try(addr, at);
         inject_known(
             headers,
             &ctx,
             self.tracestate.as_ref(),
             self.carried_tracestate_or_b3,
         );
+    }
+
+    /// [`RequestTrace::try_started`] for a try the gateway's HTTP/1.1 client sends: the
+    /// `traceparent` comes back as the field line the client writes into the head, and
+    /// `headers` is touched only to remove or replace context fields that came.
+    pub(crate) fn try_started_h1(
+        &mut self,
+        headers: &mut HeaderMap,
+        addr: SocketAddr,
+        at: Instant,
+    ) -> [u8; TRACEPARENT_LINE_LEN] {
+        let ctx = self.open_try(addr, at);
+        inject_beside_line(
+            headers,
+            self.tracestate.as_ref(),
+            self.carried_traceparent,
+            self.carried_tracestate_or_b3,
+        );
+        traceparent_line(&ctx)
+    }
+
+    /// Ends the open try and opens a new CLIENT span, both `at` (a moment the caller read
+    /// already: the dispatch's); its context is what the upstream is told.
+    fn open_try(&mut self, addr: SocketAddr, at: Instant) -> SpanContext {
+        end_open_try(self, None, Some("_OTHER"), at);
+        let span_id = SpanId::random();
+        let ctx = SpanContext {
+            span_id,
+            ..self.context
+        };
         self.tried += 1;
         let slot = usize::try_from(self.tried - 1).unwrap_or(usize::MAX);
         if let Some(slot) = self.tries.get_mut(slot) {
             *slot = Some(Try {
                 span_id,
-                started: Instant::now(),
+                started: at,
                 ended: None,
                 addr,
                 number: self.tried,
@@ -264,11 +297,17 @@ impl RequestTrace {
                 error: None,
             });
         }
+        ctx
     }
 
-    /// The open try ended with the upstream's `status`, or an `error` (its kind).
-    pub(crate) fn try_ended(&mut self, status: Option<u16>, error: Option<&'static str>) {
-        end_open_try(self, status, error);
+    /// The open try ended `at`, with the upstream's `status`, or an `error` (its kind).
+    pub(crate) fn try_ended(
+        &mut self,
+        status: Option<u16>,
+        error: Option<&'static str>,
+        at: Instant,
+    ) {
+        end_open_try(self, status, error, at);
     }
 
     /// A retry was decided, for `reason`: the next try says so.
@@ -277,7 +316,12 @@ impl RequestTrace {
     }
 }
 
-fn end_open_try(trace: &mut RequestTrace, status: Option<u16>, error: Option<&'static str>) {
+fn end_open_try(
+    trace: &mut RequestTrace,
+    status: Option<u16>,
+    error: Option<&'static str>,
+    at: Instant,
+) {
     let Some(Some(t)) = usize::try_from(trace.tried)
         .ok()
         .and_then(|n| n.checked_sub(1))
@@ -288,7 +332,7 @@ fn end_open_try(trace: &mut RequestTrace, status: Option<u16>, error: Option<&'s
     if t.ended.is_some() {
         return;
     }
-    t.ended = Some(Instant::now());
+    t.ended = Some(at);
     t.status = status;
     t.error = error;
 }
@@ -346,7 +390,8 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
     if !t.tail.keep(trace.context.sampled, failed, duration) {
         return;
     }
-    end_open_try(trace, record.upstream_status, record.error);
+    // A try still open (its body was streaming) ends with the request.
+    end_open_try(trace, record.upstream_status, record.error, record.end);
     // The wall clock is read here, once, and only for a kept request: every moment the
     // request noted is an `Instant`, placed on the wall clock from this one anchor.
     let anchor = (Instant::now(), unix_nanos());

@@ -30,6 +30,7 @@ const WAIT: Duration = Duration::from_secs(10);
 struct Recorder {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Option<String>>>>,
+    heads: Arc<Mutex<Vec<hyper::HeaderMap>>>,
 }
 
 async fn recorder(status: u16) -> Recorder {
@@ -38,19 +39,26 @@ async fn recorder(status: u16) -> Recorder {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = Arc::clone(&seen);
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let (s, h) = (Arc::clone(&seen), Arc::clone(&heads));
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let s = Arc::clone(&s);
+            let (s, h) = (Arc::clone(&s), Arc::clone(&h));
             tokio::spawn(async move {
                 let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let tp = req
+                    h.lock().expect("lock").push(req.headers().clone());
+                    // Every `traceparent` line, joined: a second one (the caller's left
+                    // beside the gateway's) fails the tests' parse of the value.
+                    let lines: Vec<&str> = req
                         .headers()
-                        .get("traceparent")
-                        .map(|v| v.to_str().expect("ascii").to_owned());
+                        .get_all("traceparent")
+                        .iter()
+                        .map(|v| v.to_str().expect("ascii"))
+                        .collect();
+                    let tp = (!lines.is_empty()).then(|| lines.join(", "));
                     s.lock().expect("lock").push(tp);
                     async move {
                         let mut r = hyper::Response::new(Full::new(Bytes::from_static(b"ok")));
@@ -64,12 +72,16 @@ async fn recorder(status: u16) -> Recorder {
             });
         }
     });
-    Recorder { addr, seen }
+    Recorder { addr, seen, heads }
 }
 
 impl Recorder {
     fn seen(&self) -> Vec<Option<String>> {
         self.seen.lock().expect("lock").clone()
+    }
+
+    fn heads(&self) -> Vec<hyper::HeaderMap> {
+        self.heads.lock().expect("lock").clone()
     }
 }
 
@@ -262,6 +274,47 @@ async fn each_try_gets_its_own_client_span_and_traceparent() {
         Some("503")
     );
     assert_eq!(attr_int(server_span, "tailguard.tries"), Some(2));
+    drop(server);
+}
+
+#[tokio::test]
+async fn the_upstream_gets_one_traceparent_the_callers_tracestate_and_no_b3() {
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        "",
+        &receiver.endpoint(),
+    )));
+    let incoming = format!("00-{TRACE}-{PARENT_SPAN}-01");
+    let req = http::Request::get(format!("{url}/x"))
+        .header("host", "api.example.com")
+        .header("traceparent", &incoming)
+        .header("tracestate", "vendor=opaque,other=1")
+        .header("b3", format!("{TRACE}-{PARENT_SPAN}-1"))
+        .body(crate::support::empty())
+        .expect("request");
+    let resp = http1_client().request(req).await.expect("a response");
+    assert_eq!(resp.status(), 200);
+    let _ = crate::support::text(resp).await;
+
+    let heads = up.heads();
+    let head = &heads[0];
+    let parents: Vec<_> = head.get_all("traceparent").iter().collect();
+    assert_eq!(parents.len(), 1, "exactly one traceparent: {parents:?}");
+    let (trace, parent, _) = parts(parents[0].to_str().expect("ascii"));
+    assert_eq!(trace, TRACE);
+    assert_ne!(parent, PARENT_SPAN, "the caller's own line does not go on");
+    assert_eq!(
+        head.get_all("tracestate").iter().collect::<Vec<_>>(),
+        ["vendor=opaque,other=1"],
+        "tracestate passes through as received"
+    );
+    assert!(
+        head.get("b3").is_none(),
+        "b3 would name a span the upstream never saw"
+    );
     drop(server);
 }
 

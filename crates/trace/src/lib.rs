@@ -102,9 +102,9 @@ pub use layer::{
 };
 pub use metrics::{DropReason, TraceMetrics};
 pub use propagation::{
-    B3, B3Value, ContextHeader, Extracted, TRACEPARENT, TRACESTATE, TRACESTATE_MAX_BYTES,
-    TRACESTATE_MAX_MEMBERS, extract, inject, inject_known, parse_b3, parse_traceparent,
-    traceparent_value,
+    B3, B3Value, ContextHeader, Extracted, TRACEPARENT, TRACEPARENT_LINE_LEN, TRACESTATE,
+    TRACESTATE_MAX_BYTES, TRACESTATE_MAX_MEMBERS, extract, inject, inject_beside_line,
+    inject_known, parse_b3, parse_traceparent, traceparent_line, traceparent_value,
 };
 pub use recorder::Tracer;
 pub use sampler::{Sampler, TailRule, ratio_decision};

@@ -70,6 +70,9 @@ pub struct Extracted {
     /// A `tracestate` or `b3` header came (valid or not): [`inject_known`] then has
     /// something to remove.
     pub carried_tracestate_or_b3: bool,
+    /// A `traceparent` header came (valid or not): [`inject_beside_line`] then has it to
+    /// remove.
+    pub carried_traceparent: bool,
 }
 
 impl Extracted {
@@ -95,6 +98,7 @@ pub fn extract(headers: &HeaderMap) -> Extracted {
     for name in headers.keys() {
         if *name == TRACEPARENT {
             parent_seen = true;
+            out.carried_traceparent = true;
         } else if *name == TRACESTATE {
             out.carried_tracestate_or_b3 = true;
         } else if *name == B3 {
@@ -155,15 +159,56 @@ pub fn inject_known(
     }
 }
 
+/// [`inject_known`] for a request whose head is written by the gateway's own HTTP/1.1
+/// client, which takes `traceparent` as a ready field line ([`traceparent_line`]) instead
+/// of a map entry: removes a `traceparent` that came (`carried_traceparent`), and does the
+/// rest as [`inject_known`] does. The usual request, which came with none of the three,
+/// touches the map not at all.
+pub fn inject_beside_line(
+    headers: &mut HeaderMap,
+    tracestate: Option<&HeaderValue>,
+    carried_traceparent: bool,
+    carried_tracestate_or_b3: bool,
+) {
+    if carried_traceparent {
+        headers.remove(&TRACEPARENT);
+    }
+    if carried_tracestate_or_b3 {
+        headers.remove(&TRACESTATE);
+        headers.remove(&B3);
+    }
+    if let Some(state) = tracestate {
+        headers.insert(TRACESTATE.clone(), state.clone());
+    }
+}
+
+/// Bytes of a [`traceparent_line`].
+pub const TRACEPARENT_LINE_LEN: usize = 70;
+
+/// `traceparent: 00-{trace-id}-{parent-id}-{flags}\r\n`, the whole field line for an
+/// HTTP/1.1 head.
+pub fn traceparent_line(ctx: &SpanContext) -> [u8; TRACEPARENT_LINE_LEN] {
+    let mut line = [0u8; TRACEPARENT_LINE_LEN];
+    line[..13].copy_from_slice(b"traceparent: ");
+    line[13..68].copy_from_slice(&traceparent_bytes(ctx));
+    line[68..].copy_from_slice(b"\r\n");
+    line
+}
+
 /// `00-{trace-id}-{parent-id}-{flags}`.
 pub fn traceparent_value(ctx: &SpanContext) -> HeaderValue {
+    HeaderValue::from_bytes(&traceparent_bytes(ctx))
+        .expect("hex digits and dashes are a valid header value")
+}
+
+fn traceparent_bytes(ctx: &SpanContext) -> [u8; 55] {
     let mut buf = *b"00-00000000000000000000000000000000-0000000000000000-00";
     buf[3..35].copy_from_slice(&ctx.trace_id.to_hex());
     buf[36..52].copy_from_slice(&ctx.span_id.to_hex());
     if ctx.sampled {
         buf[54] = b'1';
     }
-    HeaderValue::from_bytes(&buf).expect("hex digits and dashes are a valid header value")
+    buf
 }
 
 /// Parses one `traceparent` value (W3C Trace Context Level 1 §3.2.2, and §4.3's rules for
@@ -562,6 +607,51 @@ mod tests {
         }
         for incoming in [&[][..], &[("traceparent", SPEC)], &[("x-b3", "1")]] {
             assert!(!extract(&headers(incoming)).carried_tracestate_or_b3);
+        }
+    }
+
+    #[test]
+    fn the_line_and_what_is_left_in_the_map_say_what_inject_known_says() {
+        let ctx = SpanContext {
+            trace_id: TraceId::random(),
+            span_id: SpanId::random(),
+            sampled: true,
+        };
+        for incoming in [
+            &[][..],
+            &[("x-other", "1")],
+            &[("traceparent", "garbage")],
+            &[("traceparent", SPEC), ("tracestate", "a=1")],
+            &[("tracestate", "orphan=1"), ("b3", "1")],
+        ] {
+            let mut by_map = headers(incoming);
+            let found = extract(&by_map);
+            inject_known(
+                &mut by_map,
+                &ctx,
+                found.tracestate.as_ref(),
+                found.carried_tracestate_or_b3,
+            );
+            let mut by_line = headers(incoming);
+            inject_beside_line(
+                &mut by_line,
+                found.tracestate.as_ref(),
+                found.carried_traceparent,
+                found.carried_tracestate_or_b3,
+            );
+            let line = traceparent_line(&ctx);
+            let (name, value) = line
+                .strip_suffix(b"\r\n")
+                .and_then(|l| l.split_at_checked(13))
+                .expect("a field line");
+            assert_eq!(name, b"traceparent: ", "{incoming:?}");
+            assert_eq!(value, by_map[&TRACEPARENT].as_bytes(), "{incoming:?}");
+            // The map plus the line carry exactly the fields the map alone does.
+            by_line.insert(
+                TRACEPARENT.clone(),
+                HeaderValue::from_bytes(value).expect("value"),
+            );
+            assert_eq!(by_line, by_map, "{incoming:?}");
         }
     }
 

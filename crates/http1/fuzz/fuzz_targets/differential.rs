@@ -140,7 +140,7 @@ impl Handler for &Forwarder {
             return answer;
         };
         let conn = Connection::new(stream, self.upstream, Box::new(()));
-        match client::send(conn, req, false).await {
+        match client::send(conn, req, false, &[]).await {
             Ok((resp, _)) => {
                 let mut body = resp.into_body();
                 while let Some(Ok(_)) =

@@ -27,9 +27,15 @@ pub(super) enum RequestFraming {
 /// The request head on the wire, built from the parsed message by one rule: origin form,
 /// HTTP/1.1, the fields as the gateway left them less every hop-by-hop and framing field
 /// (whatever a peer sent of those never crosses), then exactly one framing field chosen from
-/// the body, and `Upgrade` only for a WebSocket the gateway tunnels (never `h2c`). Says
-/// whether the request asks for that upgrade.
-pub(super) fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: RequestFraming) -> bool {
+/// the body, and `Upgrade` only for a WebSocket the gateway tunnels (never `h2c`). The
+/// caller's `extra` field lines follow the request's fields as given. Says whether the
+/// request asks for that upgrade.
+pub(super) fn write_head<B>(
+    buf: &mut Vec<u8>,
+    req: &Request<B>,
+    framing: RequestFraming,
+    extra: &[u8],
+) -> bool {
     buf.clear();
     buf.extend_from_slice(req.method().as_str().as_bytes());
     buf.push(b' ');
@@ -51,6 +57,11 @@ pub(super) fn write_head<B>(buf: &mut Vec<u8>, req: &Request<B>, framing: Reques
         }
         framing::push_field(buf, name, value);
     }
+    debug_assert!(
+        extra.is_empty() || extra.ends_with(b"\r\n"),
+        "extra field lines end with CRLF"
+    );
+    buf.extend_from_slice(extra);
     if websocket {
         buf.extend_from_slice(b"connection: upgrade\r\nupgrade: websocket\r\n");
     }
@@ -80,12 +91,12 @@ mod tests {
             .body(())
             .expect("request");
         let mut buf = Vec::new();
-        write_head(&mut buf, &req, RequestFraming::Chunked);
+        write_head(&mut buf, &req, RequestFraming::Chunked, &[]);
         assert_eq!(
             buf,
             b"POST /a?b=1 HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
         );
-        write_head(&mut buf, &req, RequestFraming::Length(0));
+        write_head(&mut buf, &req, RequestFraming::Length(0), &[]);
         assert!(buf.ends_with(b"content-length: 0\r\n\r\n"));
     }
 
@@ -99,7 +110,7 @@ mod tests {
         ] {
             let req = Request::builder().uri(uri).body(()).expect("request");
             let mut buf = Vec::new();
-            write_head(&mut buf, &req, RequestFraming::None);
+            write_head(&mut buf, &req, RequestFraming::None, &[]);
             assert!(
                 buf.starts_with(line),
                 "{uri}: {}",
@@ -123,7 +134,7 @@ mod tests {
             .body(())
             .expect("request");
         let mut buf = Vec::new();
-        let upgrade = write_head(&mut buf, &req, RequestFraming::Length(5));
+        let upgrade = write_head(&mut buf, &req, RequestFraming::Length(5), &[]);
         assert!(!upgrade);
         assert_eq!(
             String::from_utf8_lossy(&buf),
@@ -136,10 +147,33 @@ mod tests {
             .header("connection", "upgrade")
             .body(())
             .expect("request");
-        assert!(write_head(&mut buf, &ws, RequestFraming::None));
+        assert!(write_head(&mut buf, &ws, RequestFraming::None, &[]));
         assert_eq!(
             String::from_utf8_lossy(&buf),
             "GET /chat HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn extra_field_lines_follow_the_requests_fields_before_the_framing_field() {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/")
+            .header("host", "x")
+            .body(())
+            .expect("request");
+        let mut buf = Vec::new();
+        write_head(
+            &mut buf,
+            &req,
+            RequestFraming::Length(2),
+            b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n",
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&buf),
+            "POST / HTTP/1.1\r\nhost: x\r\n\
+             traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\
+             content-length: 2\r\n\r\n"
         );
     }
 }

@@ -229,7 +229,9 @@ mod tests {
     /// to be that `hello`. The upstream's socket is returned, to keep the connection open.
     async fn hello_with_read_timeout(wire: &'static [u8]) -> (UpstreamBody<Empty>, TcpStream) {
         let (conn, server) = answered(wire).await;
-        let (resp, _) = within(send(conn, get(), false)).await.expect("response");
+        let (resp, _) = within(send(conn, get(), false, &[]))
+            .await
+            .expect("response");
         let mut body = resp.into_body();
         body.set_read_timeout(Some(Duration::from_millis(50)));
         let frame = within(http_body_util::BodyExt::frame(&mut body)).await;
