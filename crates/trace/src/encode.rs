@@ -1,5 +1,6 @@
 //! Spans into OTLP protobuf bytes (`ExportTraceServiceRequest`), written directly from the
-//! fixed-size [`Span`] into one reused buffer.
+//! fixed-size [`Span`] into the buffer of its batch, whose front is kept for the request's
+//! header so that the request needs no copy.
 //!
 //! Written by hand rather than through `opentelemetry-proto`'s prost types because those
 //! own every string and list: one span became ~20 allocations (a `String` per attribute
@@ -8,6 +9,8 @@
 //! which shares the machine with the serving threads. The wire format used here is six
 //! messages of OTLP's `trace.proto`; the tests decode what is written with
 //! `opentelemetry-proto` and compare it field by field, so the two cannot drift apart.
+
+use bytes::Bytes;
 
 use crate::span::{Span, SpanKind, Status, Value};
 
@@ -150,22 +153,42 @@ impl Encoder {
         bytes(out, 2, b);
     }
 
-    /// The export request for `spans` (fields written by [`Encoder::span`]).
-    pub(crate) fn request(&self, spans: &[u8]) -> Vec<u8> {
-        let scope_spans_len = self.scope_field.len() + spans.len();
+    /// Bytes kept free at the front of a batch buffer for the request's header: the most
+    /// its two length varints and the fixed resource and scope fields can take.
+    fn header_room(&self) -> usize {
+        2 * (1 + 10) + self.resource_field.len() + self.scope_field.len()
+    }
+
+    /// An empty batch buffer: [`Encoder::header_room`] bytes, then room for `spans_bytes`
+    /// of spans ([`Encoder::span`] appends them), so that a batch of the expected size never
+    /// grows its buffer (each growth copies it).
+    pub(crate) fn batch_buffer(&self, spans_bytes: usize) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(self.header_room() + spans_bytes);
+        buf.resize(self.header_room(), 0);
+        buf
+    }
+
+    /// The export request for a batch buffer (from [`Encoder::batch_buffer`], spans
+    /// appended): the header is written into the room before the spans, and the request is
+    /// the buffer from the header's first byte, without a copy.
+    pub(crate) fn request(&self, mut batch: Vec<u8>) -> Bytes {
+        let room = self.header_room();
+        let spans_len = batch.len().saturating_sub(room);
+        let scope_spans_len = self.scope_field.len() + spans_len;
         let resource_spans_len =
             self.resource_field.len() + 1 + varint_len(scope_spans_len as u64) + scope_spans_len;
-        let mut out = Vec::with_capacity(resource_spans_len + 16);
+        let mut header = Vec::with_capacity(room);
         // ExportTraceServiceRequest.resource_spans (1): ResourceSpans.
-        tag(&mut out, 1, LEN);
-        varint(&mut out, resource_spans_len as u64);
-        out.extend_from_slice(&self.resource_field);
-        // ResourceSpans.scope_spans (2): ScopeSpans.
-        tag(&mut out, 2, LEN);
-        varint(&mut out, scope_spans_len as u64);
-        out.extend_from_slice(&self.scope_field);
-        out.extend_from_slice(spans);
-        out
+        tag(&mut header, 1, LEN);
+        varint(&mut header, resource_spans_len as u64);
+        header.extend_from_slice(&self.resource_field);
+        // ResourceSpans.scope_spans (2): ScopeSpans; its spans follow in the buffer.
+        tag(&mut header, 2, LEN);
+        varint(&mut header, scope_spans_len as u64);
+        header.extend_from_slice(&self.scope_field);
+        let start = room - header.len();
+        batch[start..room].copy_from_slice(&header);
+        Bytes::from(batch).slice(start..)
     }
 }
 
@@ -275,12 +298,12 @@ mod tests {
     use prost::Message as _;
 
     fn decode(encoder: &mut Encoder, spans: &[Span]) -> ExportTraceServiceRequest {
-        let mut fields = Vec::new();
+        let mut batch = encoder.batch_buffer(0);
         for s in spans {
-            encoder.span(s, &mut fields);
+            encoder.span(s, &mut batch);
         }
-        let body = encoder.request(&fields);
-        ExportTraceServiceRequest::decode(body.as_slice()).expect("decodes as OTLP")
+        let body = encoder.request(batch);
+        ExportTraceServiceRequest::decode(body).expect("decodes as OTLP")
     }
 
     fn value(kv: &opentelemetry_proto::tonic::common::v1::KeyValue) -> Option<Any> {

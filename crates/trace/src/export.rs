@@ -58,10 +58,10 @@ impl Transport {
 
     /// An encoded export request as this transport sends it, every attempt: gzipped once
     /// here for OTLP/HTTP when configured (gRPC compresses its own frames).
-    pub(crate) fn body(&self, request: Vec<u8>) -> Bytes {
+    pub(crate) fn body(&self, request: Bytes) -> Bytes {
         match self {
             Transport::Http(h) if h.gzip => Bytes::from(gzip(&request)),
-            _ => Bytes::from(request),
+            _ => request,
         }
     }
 

@@ -76,8 +76,9 @@ impl Exporter {
                     config,
                     transport,
                     receiver,
-                    pending: Vec::new(),
-                    pending_ends: std::collections::VecDeque::new(),
+                    batches: std::collections::VecDeque::new(),
+                    pending_spans: 0,
+                    span_bytes: 512,
                 };
                 runtime.block_on(run.main(control_rx, stop_rx));
             })
@@ -157,10 +158,24 @@ struct Run {
     transport: Transport,
     receiver: Receiver,
     encoder: Encoder,
-    /// Spans taken from the queue and not yet exported, encoded back to back.
-    pending: Vec<u8>,
-    /// Where each pending span's bytes end in `pending`.
-    pending_ends: std::collections::VecDeque<usize>,
+    /// Spans taken from the queue and not yet exported, encoded, in batches of at most
+    /// `batch_max_spans` (oldest first; only the last is still filling). Each batch's buffer
+    /// starts with room for the export request's header, so the request is the buffer
+    /// itself: no batch is copied into a request, and none is moved within a buffer when
+    /// another goes (both were ~500 instructions per request at 100 % sampling).
+    batches: std::collections::VecDeque<Batch>,
+    /// Spans in `batches`.
+    pending_spans: usize,
+    /// The most bytes an encoded span has taken on average in a batch so far: a new batch's
+    /// buffer is sized for `batch_max_spans` of them.
+    span_bytes: usize,
+}
+
+/// Encoded spans exported in one request.
+struct Batch {
+    /// [`Encoder::header_room`] bytes, then the spans.
+    buf: Vec<u8>,
+    spans: usize,
 }
 
 impl Run {
@@ -179,7 +194,7 @@ impl Run {
             tokio::select! {
                 Some(buf) = self.receiver.queue.recv() => {
                     self.take(buf);
-                    while self.pending_ends.len() >= self.config.batch_max_spans {
+                    while self.batches.len() > 1 {
                         self.export_one().await;
                     }
                 }
@@ -202,14 +217,14 @@ impl Run {
             .await
             .is_err()
         {
-            let n = self.pending_ends.len() as u64;
+            let n = self.pending_spans as u64;
             self.dropped(DropReason::Shutdown, n);
-            self.pending.clear();
-            self.pending_ends.clear();
+            self.batches.clear();
+            self.pending_spans = 0;
         }
     }
 
-    /// Every queued buffer and every thread's open buffer into `pending`.
+    /// Every queued buffer and every thread's open buffer into `batches`.
     fn collect_all(&mut self) {
         while let Ok(buf) = self.receiver.queue.try_recv() {
             self.take(buf);
@@ -219,39 +234,53 @@ impl Run {
         }
     }
 
-    /// A buffer's spans into `pending`; the buffer back to the pool.
+    /// A buffer's spans into `batches` (a new batch when the last is full); the buffer back
+    /// to the pool.
     fn take(&mut self, buf: Vec<Span>) {
+        let max = self.config.batch_max_spans.max(1);
         for span in &buf {
-            self.encoder.span(span, &mut self.pending);
-            self.pending_ends.push_back(self.pending.len());
+            let batch = match self.batches.back_mut() {
+                Some(open) if open.spans < max => open,
+                _ => {
+                    if let Some(full) = self.batches.back() {
+                        let used = full.buf.len() / full.spans.max(1);
+                        self.span_bytes = self.span_bytes.max(used + 1);
+                    }
+                    self.batches.push_back(Batch {
+                        buf: self
+                            .encoder
+                            .batch_buffer(max.saturating_mul(self.span_bytes)),
+                        spans: 0,
+                    });
+                    self.batches
+                        .back_mut()
+                        .expect("a batch was pushed just above")
+                }
+            };
+            self.encoder.span(span, &mut batch.buf);
+            batch.spans += 1;
+            self.pending_spans += 1;
         }
         self.receiver.shared.give(buf);
     }
 
     async fn export_all(&mut self) {
-        while !self.pending_ends.is_empty() {
+        while !self.batches.is_empty() {
             self.export_one().await;
         }
     }
 
-    /// Exports up to `batch_max_spans` of `pending`, retrying as the config says.
+    /// Exports the oldest batch, retrying as the config says.
     async fn export_one(&mut self) {
-        let n = self
-            .pending_ends
-            .len()
-            .min(self.config.batch_max_spans.max(1));
-        let Some(&cut) = n.checked_sub(1).and_then(|i| self.pending_ends.get(i)) else {
+        let Some(batch) = self.batches.pop_front() else {
             return;
         };
-        let request = self
-            .transport
-            .body(self.encoder.request(&self.pending[..cut]));
-        self.pending.drain(..cut);
-        self.pending_ends.drain(..n);
-        for end in &mut self.pending_ends {
-            *end -= cut;
+        self.pending_spans -= batch.spans;
+        if batch.spans == 0 {
+            return;
         }
-        let count = n as u64;
+        let request = self.transport.body(self.encoder.request(batch.buf));
+        let count = batch.spans as u64;
         let retry = self.config.retry;
         let mut backoff = retry.initial_backoff;
         for attempt in 0..=retry.max_retries {

@@ -102,6 +102,45 @@ async fn grpc_export_reaches_a_real_receiver() {
 }
 
 #[tokio::test]
+async fn batches_hold_at_most_batch_max_spans_and_every_span_arrives_once_in_order() {
+    let receiver = OtlpReceiver::http().await;
+    let mut c = config(receiver.endpoint());
+    c.batch_max_spans = 7;
+    c.buffer_spans = 4;
+    // Only the size bound and the flush cut batches here.
+    c.batch_interval = Duration::from_secs(3600);
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(c, metrics.clone()).expect("starts");
+    let tracer = exporter.tracer();
+    for i in 0..100 {
+        tracer.record(&span(i));
+    }
+    exporter.flush().await;
+    receiver.wait_for(WAIT, |s| s.len() == 100).await;
+    let requests = receiver.received();
+    let mut seen = Vec::new();
+    for r in &requests {
+        let spans: Vec<_> = r.request.resource_spans[0].scope_spans[0]
+            .spans
+            .iter()
+            .map(|s| attr_int(s, "n").expect("every span has n"))
+            .collect();
+        assert!(
+            (1..=7).contains(&spans.len()),
+            "a request of {} spans",
+            spans.len()
+        );
+        seen.extend(spans);
+    }
+    // One recording thread: its spans reach the collector in the order recorded.
+    assert_eq!(seen, (0..100).collect::<Vec<_>>());
+    assert!(requests.len() >= 100usize.div_ceil(7), "{} requests", requests.len());
+    assert_eq!(metrics.exported_total(), 100);
+    assert_eq!(metrics.queued(), 0);
+    exporter.shutdown();
+}
+
+#[tokio::test]
 async fn a_503_collector_is_retried_then_the_batch_is_dropped_and_counted() {
     let receiver = OtlpReceiver::http().await;
     receiver.set_answer(Answer::Status(503));
