@@ -91,6 +91,9 @@ pub struct Client {
     pub trusted: bool,
     /// Reached over TLS.
     pub tls: bool,
+    /// `X-Forwarded-For`, `X-Real-IP` and `X-Forwarded-Proto` as field lines, for a head
+    /// written by the gateway's own HTTP/1.1 client ([`ForwardingLines`]).
+    pub lines: Bytes,
 }
 
 impl Client {
@@ -101,13 +104,102 @@ impl Client {
             IpAddr::V4(v4) => format!("for={v4};proto={proto}"),
             IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto={proto}"),
         };
+        let ip_value = client_address(ip);
+        let mut lines = Vec::with_capacity(128);
+        for name in ["x-forwarded-for: ", "x-real-ip: "] {
+            lines.extend_from_slice(name.as_bytes());
+            lines.extend_from_slice(ip_value.as_bytes());
+            lines.extend_from_slice(b"\r\n");
+        }
+        lines.extend_from_slice(b"x-forwarded-proto: ");
+        lines.extend_from_slice(proto.as_bytes());
+        lines.extend_from_slice(b"\r\n");
         Client {
-            ip: client_address(ip),
+            ip: ip_value,
             forwarded: HeaderValue::from_str(&forwarded)
                 .expect("an address and a scheme are a valid header value"),
             trusted,
             tls,
+            lines: Bytes::from(lines),
         }
+    }
+}
+
+/// The gateway's own fields for a request whose head its HTTP/1.1 client writes, as field
+/// lines: what [`add_forwarding`] and [`request_id`] would put into the header map, written
+/// into the head instead. Taken by a request that came with none of the fields they replace
+/// or keep (`X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `Forwarded`) from a peer
+/// that is not a trusted proxy, on a route without header operations that could read them;
+/// any other request takes the map. Saves five hashed inserts and the writing of five map
+/// entries (~1,800 instructions a request in callgrind).
+#[derive(Debug)]
+pub struct ForwardingLines {
+    /// `X-Request-Id`, when the gateway made it (`x-request-id: <32 hex>\r\n`).
+    request_id: Option<[u8; REQUEST_ID_LINE]>,
+    via: &'static [u8],
+}
+
+const REQUEST_ID_PREFIX: &[u8] = b"x-request-id: ";
+const REQUEST_ID_LINE: usize = REQUEST_ID_PREFIX.len() + ID_LEN + 2;
+
+impl ForwardingLines {
+    /// The lines for a request of `version` whose fields are `headers`, if it may take them
+    /// (see the type); `None`: add the fields to the map ([`add_forwarding`],
+    /// [`request_id`]).
+    pub fn for_request(
+        headers: &HeaderMap,
+        client: &Client,
+        version: Version,
+    ) -> Option<ForwardingLines> {
+        if client.trusted {
+            return None;
+        }
+        // One pass over the names: a request usually carries none of them.
+        let mut id_came = false;
+        for name in headers.keys() {
+            if name == FORWARDED
+                || *name == X_FORWARDED_FOR
+                || *name == X_REAL_IP
+                || *name == X_FORWARDED_PROTO
+            {
+                return None;
+            }
+            id_came |= *name == X_REQUEST_ID;
+        }
+        let request_id = (!id_came).then(|| {
+            let mut line = [0u8; REQUEST_ID_LINE];
+            line[..REQUEST_ID_PREFIX.len()].copy_from_slice(REQUEST_ID_PREFIX);
+            line[REQUEST_ID_PREFIX.len()..REQUEST_ID_PREFIX.len() + ID_LEN]
+                .copy_from_slice(&new_id_hex());
+            line[REQUEST_ID_LINE - 2..].copy_from_slice(b"\r\n");
+            line
+        });
+        let via: &'static [u8] = match version {
+            Version::HTTP_2 => b"via: 2 tailguard\r\n",
+            Version::HTTP_10 => b"via: 1.0 tailguard\r\n",
+            _ => b"via: 1.1 tailguard\r\n",
+        };
+        Some(ForwardingLines { request_id, via })
+    }
+
+    /// The request's id: the one the gateway made, or the client's from `headers`.
+    pub fn request_id(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+        match &self.request_id {
+            Some(line) => Some(id_value(
+                &line[REQUEST_ID_PREFIX.len()..REQUEST_ID_PREFIX.len() + ID_LEN],
+            )),
+            None => headers.get(&X_REQUEST_ID).cloned(),
+        }
+    }
+
+    /// The lines, in the order they go after the request's own fields (the connection's
+    /// forwarding lines from [`Client::lines`] first).
+    pub fn parts<'a>(&'a self, client: &'a Client) -> [&'a [u8]; 3] {
+        [
+            &client.lines,
+            self.via,
+            self.request_id.as_ref().map_or(&[][..], |l| &l[..]),
+        ]
     }
 }
 
@@ -182,30 +274,126 @@ pub fn request_id(headers: &mut HeaderMap) -> &HeaderValue {
         Entry::Occupied(id) => return id.into_mut(),
         Entry::Vacant(slot) => slot,
     };
-    // Hex digits written into a per-thread arena and split off it: an id costs a reference
-    // count, not an allocation of its own (one 4 KiB block per 128 ids).
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    const ID_LEN: usize = 32;
+    slot.insert(id_value(&new_id_hex()))
+}
+
+/// Hex digits of a request id.
+const ID_LEN: usize = 32;
+
+/// A new request id: 128 random bits as lowercase hex.
+fn new_id_hex() -> [u8; ID_LEN] {
     let random = fastrand::u128(..).to_be_bytes();
     let mut hex = [0u8; ID_LEN];
+    // Both digits of a byte in one lookup, with no index to check.
     for (pair, byte) in hex.chunks_exact_mut(2).zip(random) {
-        pair[0] = HEX[usize::from(byte >> 4)];
-        pair[1] = HEX[usize::from(byte & 0xf)];
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
     }
+    hex
+}
+
+/// The two lowercase hex digits of every byte.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        pairs[b] = [HEX[b >> 4], HEX[b & 0xf]];
+        b += 1;
+    }
+    pairs
+};
+
+/// An id's hex digits as a header value, written into a per-thread arena and split off it:
+/// an id costs a reference count, not an allocation of its own (one 4 KiB block per 128
+/// ids).
+fn id_value(hex: &[u8]) -> HeaderValue {
     let bytes = ID_ARENA.with_borrow_mut(|arena| {
-        if arena.capacity() - arena.len() < ID_LEN {
+        if arena.capacity() - arena.len() < hex.len() {
             *arena = BytesMut::with_capacity(ID_LEN * 128);
         }
-        arena.extend_from_slice(&hex);
+        arena.extend_from_slice(hex);
         arena.split().freeze()
     });
-    let id = HeaderValue::from_maybe_shared(bytes).expect("hex digits are a valid header value");
-    slot.insert(id)
+    HeaderValue::from_maybe_shared(bytes).expect("hex digits are a valid header value")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fields `lines` carry, as a map (lines parsed back).
+    fn parsed(lines: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for line in lines
+            .concat()
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            let line = line.strip_suffix(b"\r").expect("CRLF");
+            let colon = line.iter().position(|&b| b == b':').expect("a colon");
+            h.append(
+                HeaderName::from_bytes(&line[..colon]).expect("name"),
+                HeaderValue::from_bytes(line[colon + 1..].trim_ascii()).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn the_lines_say_what_the_map_would_for_a_request_that_may_take_them() {
+        for (ip, tls, version) in [
+            ("127.0.0.1", false, Version::HTTP_11),
+            ("::1", true, Version::HTTP_2),
+            ("10.1.2.3", false, Version::HTTP_10),
+        ] {
+            let client = Client::new(ip.parse().expect("ip"), tls, false);
+            let mut came = HeaderMap::new();
+            came.insert("host", HeaderValue::from_static("a.example"));
+            came.insert("via", HeaderValue::from_static("1.1 edge"));
+            let lines = ForwardingLines::for_request(&came, &client, version).expect("takes lines");
+            let made = lines.request_id(&came).expect("an id was made");
+            // The map path, with the same id.
+            let mut by_map = came.clone();
+            by_map.insert(&X_REQUEST_ID, made.clone());
+            add_forwarding(&mut by_map, &client, version);
+            let mut by_lines = came.clone();
+            for (name, value) in &parsed(&lines.parts(&client)) {
+                by_lines.append(name, value.clone());
+            }
+            assert_eq!(by_lines, by_map, "{ip} {version:?}");
+            assert_eq!(made.len(), 32);
+            // A client's own id is kept, and no line is made for it.
+            came.insert(&X_REQUEST_ID, HeaderValue::from_static("abc"));
+            let lines = ForwardingLines::for_request(&came, &client, version).expect("takes lines");
+            assert_eq!(lines.request_id(&came).expect("the client's"), "abc");
+            assert!(!parsed(&lines.parts(&client)).contains_key(&X_REQUEST_ID));
+        }
+    }
+
+    #[test]
+    fn a_request_carrying_a_forwarding_field_or_from_a_trusted_peer_takes_the_map() {
+        let client = Client::new("127.0.0.1".parse().expect("ip"), false, false);
+        for name in [
+            "x-forwarded-for",
+            "X-Real-IP",
+            "x-forwarded-proto",
+            "forwarded",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_static("1"),
+            );
+            assert!(
+                ForwardingLines::for_request(&h, &client, Version::HTTP_11).is_none(),
+                "{name}"
+            );
+        }
+        let trusted = Client::new("127.0.0.1".parse().expect("ip"), false, true);
+        assert!(
+            ForwardingLines::for_request(&HeaderMap::new(), &trusted, Version::HTTP_11).is_none()
+        );
+    }
 
     fn sent() -> HeaderMap {
         let mut h = HeaderMap::new();

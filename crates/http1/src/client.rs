@@ -96,15 +96,15 @@ pub type Sent<B> = (Response<UpstreamBody<B>>, Option<Box<Request<B>>>);
 /// The response body streams from the connection and gives it back at its end
 /// ([`UpstreamBody::take_reusable`]).
 ///
-/// `extra_fields` are whole field lines (`name: value\r\n` each) written into the head after
-/// the request's own fields, as given: the caller's own fields, valid by construction (the
-/// gateway's `traceparent`), added without a header-map insert, a value to validate and a
-/// drop (~400 instructions a request). Usually empty.
+/// `extra_fields` are whole field lines (`name: value\r\n` each, any number per slice)
+/// written into the head after the request's own fields, as given: the caller's own
+/// fields, valid by construction (the gateway's forwarding fields and `traceparent`), added
+/// without a header-map insert, a value to validate and a drop (~400 instructions a field).
 pub async fn send<B>(
     mut conn: Box<Connection>,
     req: Box<Request<B>>,
     reused: bool,
-    extra_fields: &[u8],
+    extra_fields: &[&[u8]],
 ) -> Result<Sent<B>, SendError<B>>
 where
     B: Body<Data = Bytes> + Unpin,

@@ -140,13 +140,34 @@ pub(crate) async fn forward(
             .unwrap_or_else(|| endpoint.host.clone());
         req.headers_mut().insert(HOST, host);
     }
-    let headers = req.headers_mut();
-    let id = headers::request_id(headers);
-    // Kept only for the access log, its one reader.
-    if !conn.access_log.is_off() {
-        record.request_id = Some(id.clone());
+    // The gateway's own fields (forwarding, `Via`, the request id): as lines the HTTP/1.1
+    // client writes into the head, or, for a request that carries some of them, from a
+    // trusted peer, or on a route with header operations (which may read or change them),
+    // into the map.
+    let lines = if route.policy.is_none() {
+        headers::ForwardingLines::for_request(req.headers(), &conn.client, version)
+    } else {
+        None
+    };
+    match &lines {
+        Some(lines) => {
+            // Kept only for the access log, its one reader.
+            if !conn.access_log.is_off() {
+                record.request_id = lines.request_id(req.headers());
+            }
+        }
+        None => {
+            let headers = req.headers_mut();
+            let id = headers::request_id(headers);
+            if !conn.access_log.is_off() {
+                record.request_id = Some(id.clone());
+            }
+            headers::add_forwarding(headers, &conn.client, version);
+        }
     }
-    headers::add_forwarding(headers, &conn.client, version);
+    let gateway_lines = lines
+        .as_ref()
+        .map_or([&[][..]; 3], |lines| lines.parts(&conn.client));
     crate::policy::on_request(route, &mut req, &conn.client, &mut vars);
     // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
@@ -192,6 +213,7 @@ pub(crate) async fn forward(
                     record,
                     request_timeout,
                     connect_timeout,
+                    &gateway_lines,
                 ),
             );
             Box::into_pin(retried).await
@@ -207,6 +229,7 @@ pub(crate) async fn forward(
                     dispatched,
                     connect_timeout,
                     record,
+                    &gateway_lines,
                 ));
                 timer.limit(deadline, sent).await
             };
@@ -240,6 +263,7 @@ pub(crate) async fn forward(
                 dispatched,
                 connect_timeout,
                 record,
+                &gateway_lines,
             );
             let (r, e) = sent.await;
             (r, e, dispatched)
@@ -362,6 +386,8 @@ async fn tunnel(downstream: OnUpgrade, upstream: Box<client::Connection>, addr: 
 ///   a retry of the route; a route with `retry` has its own loop, `crate::retry`).
 ///
 /// New connections are made within `connect` (the route's or the global connect timeout).
+/// `gateway_lines`: the gateway's own fields as lines, if the request takes them so.
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     snap: &Snapshot,
     route: &Route,
@@ -370,6 +396,7 @@ async fn exchange(
     now: Instant,
     connect: Option<Duration>,
     record: &mut RequestRecord,
+    gateway_lines: &[&[u8]; 3],
 ) -> (Result<Response<UpstreamBody>, Error>, usize) {
     let upstream_index = route.upstream;
     let upstream = &snap.upstreams[upstream_index];
@@ -406,29 +433,27 @@ async fn exchange(
             let next_pool = &upstream.endpoints[next].pool;
             let sent = async {
                 let (conn, reused) = next_pool.checkout_within(now, connect).await?;
-                send_once(
-                    conn,
-                    req,
-                    reused,
-                    next_pool,
-                    connect,
-                    field_lines(&traceparent),
-                )
-                .await
+                let extra = head_lines(gateway_lines, &traceparent);
+                send_once(conn, req, reused, next_pool, connect, &extra).await
             };
             return (Box::pin(sent).await, next);
         }
     };
-    let extra = field_lines(&traceparent);
+    let extra = head_lines(gateway_lines, &traceparent);
     (
-        send_once(conn, req, reused, pool, connect, extra).await,
+        send_once(conn, req, reused, pool, connect, &extra).await,
         first,
     )
 }
 
-/// The field lines a try adds to the request head: its `traceparent`, when traced.
-pub(crate) fn field_lines<const N: usize>(traceparent: &Option<[u8; N]>) -> &[u8] {
-    traceparent.as_ref().map_or(&[], |line| &line[..])
+/// The field lines a try adds to the request head: the gateway's own fields (if the request
+/// takes them as lines) and the try's `traceparent` (when traced).
+pub(crate) fn head_lines<'a, const N: usize>(
+    gateway_lines: &[&'a [u8]; 3],
+    traceparent: &'a Option<[u8; N]>,
+) -> [&'a [u8]; 4] {
+    let [a, b, c] = *gateway_lines;
+    [a, b, c, traceparent.as_ref().map_or(&[], |line| &line[..])]
 }
 
 /// Sends `req` on `conn` (with the `extra` field lines) and waits for the response head; if
@@ -440,7 +465,7 @@ async fn send_once(
     reused: bool,
     pool: &EndpointPool,
     connect: Option<Duration>,
-    extra: &[u8],
+    extra: &[&[u8]],
 ) -> Result<Response<UpstreamBody>, Error> {
     match client::send(conn, req, reused, extra).await {
         Ok(sent) => Ok(answered(sent)),

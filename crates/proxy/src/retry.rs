@@ -342,7 +342,7 @@ async fn send_try(
     now: Instant,
     connect: Option<Duration>,
     req: Box<Request<RequestBody>>,
-    extra: &[u8],
+    extra: &[&[u8]],
 ) -> TryResult {
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(c) => c,
@@ -409,6 +409,7 @@ pub(crate) async fn exchange_http1(
     record: &mut RequestRecord,
     request: Option<Duration>,
     connect: Option<Duration>,
+    gateway_lines: &[&[u8]; 3],
 ) -> (Result<Response<UpstreamBody>, Error>, usize, Instant) {
     let upstream = &snap.upstreams[route.upstream];
     let mut req = req;
@@ -426,8 +427,8 @@ pub(crate) async fn exchange_http1(
         let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
         let traceparent = record.trace_try_started_h1(req.headers_mut(), pool.addr(), started);
-        let extra = crate::forward::field_lines(&traceparent);
-        let sent = std::pin::pin!(send_try(pool, started, connect, req, extra));
+        let extra = crate::forward::head_lines(gateway_lines, &traceparent);
+        let sent = std::pin::pin!(send_try(pool, started, connect, req, &extra));
         let result = match request {
             Some(limit) => {
                 let deadline = tokio::time::Instant::from_std(started + limit);

@@ -19,6 +19,67 @@ fn echoed_headers(body: &str) -> HashMap<String, String> {
 }
 
 #[tokio::test]
+async fn an_untrusted_clients_request_gets_each_gateway_field_once_and_the_log_its_id() {
+    // No forwarding field came and the peer is not trusted: the gateway's fields go into
+    // the head as lines (`ForwardingLines`), not through the header map.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let upstream = Upstream::start().await;
+    let (server, url) = support::start(support::config(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
+         [[routes]]\nid = \"all\"\nupstream = \"up\"\n\n\
+         [access_log]\npath = \"{}\"\ntemplate = \"$request_id\"\n",
+        upstream.addr,
+        log.display()
+    )));
+    let client = http1_client();
+    let mut ids = Vec::new();
+    for client_id in [None, Some("client-7")] {
+        let mut req = Request::get(format!("{url}/echo/x"))
+            .header("host", "api.example.com")
+            .header("via", "1.1 edge");
+        if let Some(id) = client_id {
+            req = req.header("x-request-id", id);
+        }
+        let resp = client
+            .request(req.body(support::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = support::text(resp).await;
+        let lines: Vec<&str> = body.lines().skip(1).take_while(|l| !l.is_empty()).collect();
+        let all = |name: &str| -> Vec<&str> {
+            lines
+                .iter()
+                .filter_map(|l| l.split_once(": "))
+                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v)
+                .collect()
+        };
+        assert_eq!(all("x-forwarded-for"), ["127.0.0.1"], "{body}");
+        assert_eq!(all("x-real-ip"), ["127.0.0.1"], "{body}");
+        assert_eq!(all("x-forwarded-proto"), ["http"], "{body}");
+        assert_eq!(all("via"), ["1.1 edge", "1.1 tailguard"], "{body}");
+        assert!(all("forwarded").is_empty(), "{body}");
+        let id = all("x-request-id");
+        assert_eq!(id.len(), 1, "{body}");
+        match client_id {
+            Some(sent) => assert_eq!(id[0], sent),
+            None => {
+                assert_eq!(id[0].len(), 32, "{body}");
+                assert!(id[0].bytes().all(|b| b.is_ascii_hexdigit()), "{body}");
+            }
+        }
+        ids.push(id[0].to_owned());
+    }
+    assert!(server.shutdown(std::time::Duration::from_secs(10)).await);
+    // The access log names the id the upstream received.
+    let written = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(written.lines().collect::<Vec<_>>(), ids, "{written}");
+}
+
+#[tokio::test]
 async fn forwarding_headers_added_and_hop_by_hop_removed() {
     let upstream = Upstream::start().await;
     // The test's client is a trusted proxy: its X-Forwarded-For is kept and appended to

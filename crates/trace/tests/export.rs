@@ -134,7 +134,11 @@ async fn batches_hold_at_most_batch_max_spans_and_every_span_arrives_once_in_ord
     }
     // One recording thread: its spans reach the collector in the order recorded.
     assert_eq!(seen, (0..100).collect::<Vec<_>>());
-    assert!(requests.len() >= 100usize.div_ceil(7), "{} requests", requests.len());
+    assert!(
+        requests.len() >= 100usize.div_ceil(7),
+        "{} requests",
+        requests.len()
+    );
     assert_eq!(metrics.exported_total(), 100);
     assert_eq!(metrics.queued(), 0);
     exporter.shutdown();

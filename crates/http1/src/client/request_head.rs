@@ -34,7 +34,7 @@ pub(super) fn write_head<B>(
     buf: &mut Vec<u8>,
     req: &Request<B>,
     framing: RequestFraming,
-    extra: &[u8],
+    extra: &[&[u8]],
 ) -> bool {
     buf.clear();
     buf.extend_from_slice(req.method().as_str().as_bytes());
@@ -57,11 +57,13 @@ pub(super) fn write_head<B>(
         }
         framing::push_field(buf, name, value);
     }
-    debug_assert!(
-        extra.is_empty() || extra.ends_with(b"\r\n"),
-        "extra field lines end with CRLF"
-    );
-    buf.extend_from_slice(extra);
+    for lines in extra {
+        debug_assert!(
+            lines.is_empty() || lines.ends_with(b"\r\n"),
+            "extra field lines end with CRLF"
+        );
+        buf.extend_from_slice(lines);
+    }
     if websocket {
         buf.extend_from_slice(b"connection: upgrade\r\nupgrade: websocket\r\n");
     }
@@ -167,11 +169,16 @@ mod tests {
             &mut buf,
             &req,
             RequestFraming::Length(2),
-            b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n",
+            &[
+                b"x-forwarded-for: 10.0.0.1\r\nvia: 1.1 tailguard\r\n",
+                b"",
+                b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n",
+            ],
         );
         assert_eq!(
             String::from_utf8_lossy(&buf),
             "POST / HTTP/1.1\r\nhost: x\r\n\
+             x-forwarded-for: 10.0.0.1\r\nvia: 1.1 tailguard\r\n\
              traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\
              content-length: 2\r\n\r\n"
         );
