@@ -194,7 +194,10 @@ impl Run {
             tokio::select! {
                 Some(buf) = self.receiver.queue.recv() => {
                     self.take(buf);
-                    while self.batches.len() > 1 {
+                    // A full batch goes at once: the queue's bound counts one batch held
+                    // by the exporter, not two.
+                    let max = self.config.batch_max_spans.max(1);
+                    while self.batches.front().is_some_and(|b| b.spans >= max) {
                         self.export_one().await;
                     }
                 }
