@@ -128,7 +128,6 @@ impl SeedLine {
 }
 
 pub(crate) fn merge(mut a: Report, b: &Report) -> Report {
-    let runs = (a.duration_s + b.duration_s) / a.duration_s.max(1e-9);
     a.latency.add(&b.latency);
     a.latency_ok.add(&b.latency_ok);
     a.generator_lag.add(&b.generator_lag);
@@ -142,7 +141,6 @@ pub(crate) fn merge(mut a: Report, b: &Report) -> Report {
     }
     a.achieved_rate = (a.achieved_rate * a.duration_s + b.achieved_rate * b.duration_s)
         / (a.duration_s + b.duration_s);
-    let _ = runs;
     a.duration_s += b.duration_s;
     a.sent += b.sent;
     a.completed += b.completed;
