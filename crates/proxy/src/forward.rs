@@ -433,27 +433,17 @@ async fn exchange(
             let next_pool = &upstream.endpoints[next].pool;
             let sent = async {
                 let (conn, reused) = next_pool.checkout_within(now, connect).await?;
-                let extra = head_lines(gateway_lines, &traceparent);
+                let extra = crate::record::head_lines(gateway_lines, &traceparent);
                 send_once(conn, req, reused, next_pool, connect, &extra).await
             };
             return (Box::pin(sent).await, next);
         }
     };
-    let extra = head_lines(gateway_lines, &traceparent);
+    let extra = crate::record::head_lines(gateway_lines, &traceparent);
     (
         send_once(conn, req, reused, pool, connect, &extra).await,
         first,
     )
-}
-
-/// The field lines a try adds to the request head: the gateway's own fields (if the request
-/// takes them as lines) and the try's `traceparent` (when traced).
-pub(crate) fn head_lines<'a, const N: usize>(
-    gateway_lines: &[&'a [u8]; 3],
-    traceparent: &'a Option<[u8; N]>,
-) -> [&'a [u8]; 4] {
-    let [a, b, c] = *gateway_lines;
-    [a, b, c, traceparent.as_ref().map_or(&[], |line| &line[..])]
 }
 
 /// Sends `req` on `conn` (with the `extra` field lines) and waits for the response head; if

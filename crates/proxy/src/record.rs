@@ -192,3 +192,14 @@ impl RequestRecord {
             .map_or(0, |b| b.load(Ordering::Relaxed) & !crate::body::BODY_ENDED)
     }
 }
+
+/// The field lines a try adds to the request head: the gateway's own fields (if the request
+/// takes them as lines) and the try's `traceparent` (from
+/// [`RequestRecord::trace_try_started_h1`], when traced).
+pub(crate) fn head_lines<'a, const N: usize>(
+    gateway_lines: &[&'a [u8]; 3],
+    traceparent: &'a Option<[u8; N]>,
+) -> [&'a [u8]; 4] {
+    let [a, b, c] = *gateway_lines;
+    [a, b, c, traceparent.as_ref().map_or(&[], |line| &line[..])]
+}

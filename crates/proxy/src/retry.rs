@@ -427,7 +427,7 @@ pub(crate) async fn exchange_http1(
         let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
         let traceparent = record.trace_try_started_h1(req.headers_mut(), pool.addr(), started);
-        let extra = crate::forward::head_lines(gateway_lines, &traceparent);
+        let extra = crate::record::head_lines(gateway_lines, &traceparent);
         let sent = std::pin::pin!(send_try(pool, started, connect, req, &extra));
         let result = match request {
             Some(limit) => {
