@@ -433,11 +433,32 @@ fn opt_hex(out: &mut Vec<u8>, id: Option<&[u8]>) {
 }
 
 fn hex(out: &mut Vec<u8>, id: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for &b in id {
-        out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]);
+    let start = out.len();
+    out.resize(start + 2 * id.len(), 0);
+    hex_into(id, &mut out[start..]);
+}
+
+/// `bytes` as lowercase hex digits into `out` (twice as long; what is beyond is left as it
+/// is). Public for the gateway's other writers of ids (its request ids), as [`ip_text`] is:
+/// one table, not a copy per crate.
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    // Both digits of a byte in one lookup, and no index to check.
+    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
     }
 }
+
+/// The two lowercase hex digits of every byte.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        pairs[b] = [DIGITS[b >> 4], DIGITS[b & 0xf]];
+        b += 1;
+    }
+    pairs
+};
 
 fn json_opt_hex(out: &mut Vec<u8>, id: Option<&[u8]>) {
     match id {

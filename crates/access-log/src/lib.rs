@@ -71,7 +71,7 @@ pub use config::{
     FormatName, OnFull, Output,
 };
 pub use error::Error;
-pub use format::{COMBINED, Format, VARIABLES, ip_text};
+pub use format::{COMBINED, Format, VARIABLES, hex_into, ip_text};
 pub use layer::{AccessLogFuture, AccessLogLayer, AccessLogService, LoggedBody, RemoteAddrOf};
 pub use record::{Record, UpstreamTry};
 pub use stats::{LogMetrics, Metrics, Stats};

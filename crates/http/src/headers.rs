@@ -282,26 +282,10 @@ const ID_LEN: usize = 32;
 
 /// A new request id: 128 random bits as lowercase hex.
 fn new_id_hex() -> [u8; ID_LEN] {
-    let random = fastrand::u128(..).to_be_bytes();
     let mut hex = [0u8; ID_LEN];
-    // Both digits of a byte in one lookup, with no index to check.
-    for (pair, byte) in hex.chunks_exact_mut(2).zip(random) {
-        pair.copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
-    }
+    tailguard_access_log::hex_into(&fastrand::u128(..).to_be_bytes(), &mut hex);
     hex
 }
-
-/// The two lowercase hex digits of every byte.
-static HEX_PAIRS: [[u8; 2]; 256] = {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut pairs = [[0u8; 2]; 256];
-    let mut b = 0;
-    while b < 256 {
-        pairs[b] = [HEX[b >> 4], HEX[b & 0xf]];
-        b += 1;
-    }
-    pairs
-};
 
 /// An id's hex digits as a header value, written into a per-thread arena and split off it:
 /// an id costs a reference count, not an allocation of its own (one 4 KiB block per 128

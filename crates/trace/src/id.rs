@@ -116,7 +116,9 @@ pub(crate) fn hex_into(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The two lowercase hex digits of every byte.
+/// The two lowercase hex digits of every byte. (`tailguard_access_log::hex_into` has the
+/// same table; this library depends on no other tailguard library but the metrics one, so
+/// that a service can take tracing alone.)
 static HEX_PAIRS: [[u8; 2]; 256] = {
     let mut pairs = [[0u8; 2]; 256];
     let mut b = 0;

@@ -150,13 +150,8 @@ pub fn inject_known(
     carried_tracestate_or_b3: bool,
 ) {
     headers.insert(TRACEPARENT.clone(), traceparent_value(ctx));
-    if carried_tracestate_or_b3 {
-        headers.remove(&TRACESTATE);
-        headers.remove(&B3);
-    }
-    if let Some(state) = tracestate {
-        headers.insert(TRACESTATE.clone(), state.clone());
-    }
+    // The `traceparent` that came, if any, was just replaced: nothing more to remove.
+    inject_beside_line(headers, tracestate, false, carried_tracestate_or_b3);
 }
 
 /// [`inject_known`] for a request whose head is written by the gateway's own HTTP/1.1
