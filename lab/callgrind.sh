@@ -8,6 +8,10 @@
 #   REQUESTS=10000 RATE=500 [TAILGUARD=target/release/tailguard] lab/callgrind.sh
 # EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table, to
 # count what a traced request costs).
+# GATEWAY=nginx counts nginx instead, as lab/compare-cpu.sh configures it (lab/nginx/proxy.conf,
+# one process: `master_process off`), so the two gateways' user-space work per request compares
+# by instructions, not by tick-sampled user time. Debian's nginx is stripped: the per-function
+# tables then name addresses, and only the total is meant to be read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exe=${TAILGUARD:-target/release/tailguard}
@@ -44,9 +48,17 @@ upstream = "origin"
 path = { prefix = "/" }
 EOF2
 if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG" >> "$out/gateway.toml"; fi
-RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
-  "$exe" run --config "$out/gateway.toml" --threads 1 --metrics-listen 127.0.0.1:0 \
-  > "$out/gateway.log" 2>&1 &
+if [ "${GATEWAY:-tailguard}" = nginx ]; then
+  sed -e "s|@DIR@|$out|g" -e "s|@LISTEN@|127.0.0.1:$gw_port|g" -e "s|@UPSTREAM@|127.0.0.1:$up_port|g" \
+    lab/nginx/proxy.conf > "$out/nginx.conf"
+  valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
+    nginx -c "$out/nginx.conf" -p "$out" -e "$out/nginx-error.log" -g "master_process off;" \
+    > "$out/gateway.log" 2>&1 &
+else
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out.%p" \
+    "$exe" run --config "$out/gateway.toml" --threads 1 --metrics-listen 127.0.0.1:0 \
+    > "$out/gateway.log" 2>&1 &
+fi
 gw=$!
 pids+=("$gw")
 wait_port "$gw_port"
@@ -61,7 +73,8 @@ done_n=$(python3 -c "import json; print(json.load(open('$out/load.json'))['compl
 dump=$(ls -t "$out"/callgrind.out.*.* 2>/dev/null | grep -v '\.0$' | head -1 || true)
 [ -n "$dump" ] || dump=$(ls -t "$out"/callgrind.out.* | head -1)
 total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')
-echo "$("$exe" --version): $done_n requests measured; $total instructions; $((total / done_n)) per request"
+if [ "${GATEWAY:-tailguard}" = nginx ]; then what=$(nginx -v 2>&1); else what=$("$exe" --version); fi
+echo "$what: $done_n requests measured; $total instructions; $((total / done_n)) per request"
 echo "dump: $dump"
 echo
 echo "## inclusive, per request"

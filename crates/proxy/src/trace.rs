@@ -373,7 +373,6 @@ pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: 
 }
 
 fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_>) {
-    let route = record.route;
     let duration = u64::try_from(
         record
             .end
@@ -398,14 +397,44 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
     let unix = |at: Instant| unix_at(anchor, at);
     let start_unix = unix(record.start);
     let end_unix = start_unix.saturating_add(duration);
-    let mut server = Span::new(
-        SpanKind::Server,
-        &trace.context,
-        trace.parent.map(|p| p.span_id),
-    );
-    server.start_unix_nanos = start_unix;
-    server.end_unix_nanos = end_unix;
     let method = method_name(record.method);
+    // Built in place in the thread's span buffer: one lock for the request's spans, no copy.
+    t.tracer.record_with(|spans| {
+        let parent = trace.parent.map(|p| p.span_id);
+        if let Some(server) = spans.start(SpanKind::Server, &trace.context, parent) {
+            server.start_unix_nanos = start_unix;
+            server.end_unix_nanos = end_unix;
+            server_span(server, trace, record, method, failed);
+        }
+        let tried = usize::try_from(trace.tried).unwrap_or(usize::MAX);
+        for one in trace.tries.iter().take(tried).flatten() {
+            let ctx = SpanContext {
+                span_id: one.span_id,
+                ..trace.context
+            };
+            let Some(client) = spans.start(SpanKind::Client, &ctx, Some(trace.context.span_id))
+            else {
+                continue;
+            };
+            client.start_unix_nanos = unix(one.started);
+            client.end_unix_nanos = one
+                .ended
+                .map_or(end_unix, unix)
+                .max(client.start_unix_nanos + 1);
+            client_span(client, one, method);
+        }
+    });
+}
+
+/// The server span's name, attributes and status.
+fn server_span(
+    server: &mut Span,
+    trace: &RequestTrace,
+    record: &Ended<'_>,
+    method: &'static str,
+    failed: bool,
+) {
+    let route = record.route;
     match route {
         Some(r) => server.set_name_parts(&[method.as_bytes(), r.as_bytes()]),
         None => server.set_name(method),
@@ -452,40 +481,28 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
             (None, None) => server.bytes("error.type", &status_digits(record.status)),
         }
     }
-    t.tracer.record(&server);
+}
 
-    let tried = usize::try_from(trace.tried).unwrap_or(usize::MAX);
-    for one in trace.tries.iter().take(tried).flatten() {
-        let ctx = SpanContext {
-            span_id: one.span_id,
-            ..trace.context
-        };
-        let mut client = Span::new(SpanKind::Client, &ctx, Some(trace.context.span_id));
-        client.start_unix_nanos = unix(one.started);
-        client.end_unix_nanos = one
-            .ended
-            .map_or(end_unix, unix)
-            .max(client.start_unix_nanos + 1);
-        client.set_name(method);
-        client.str("http.request.method", method);
-        let mut ip = [0u8; 39];
-        client.bytes("server.address", ip_text(one.addr, &mut ip));
-        client.int("server.port", i64::from(one.addr.port()));
-        client.int("tailguard.try", i64::from(one.number));
-        if let Some(reason) = one.retry_reason {
-            client.str("tailguard.retry_reason", reason);
-        }
-        if let Some(status) = one.status {
-            client.int("http.response.status_code", i64::from(status));
-        }
-        if let Some(error) = one.error {
-            client.status = Status::Error;
-            client.str("error.type", error);
-        } else if one.status.is_some_and(|s| s >= 500) {
-            client.status = Status::Error;
-            client.bytes("error.type", &status_digits(one.status.unwrap_or(500)));
-        }
-        t.tracer.record(&client);
+/// A try's client span: its name, attributes and status.
+fn client_span(client: &mut Span, one: &Try, method: &'static str) {
+    client.set_name(method);
+    client.str("http.request.method", method);
+    let mut ip = [0u8; 39];
+    client.bytes("server.address", ip_text(one.addr, &mut ip));
+    client.int("server.port", i64::from(one.addr.port()));
+    client.int("tailguard.try", i64::from(one.number));
+    if let Some(reason) = one.retry_reason {
+        client.str("tailguard.retry_reason", reason);
+    }
+    if let Some(status) = one.status {
+        client.int("http.response.status_code", i64::from(status));
+    }
+    if let Some(error) = one.error {
+        client.status = Status::Error;
+        client.str("error.type", error);
+    } else if one.status.is_some_and(|s| s >= 500) {
+        client.status = Status::Error;
+        client.bytes("error.type", &status_digits(one.status.unwrap_or(500)));
     }
 }
 

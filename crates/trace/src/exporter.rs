@@ -20,8 +20,7 @@ use crate::encode::Encoder;
 use crate::error::Error;
 use crate::export::{Failure, Transport};
 use crate::metrics::{DropReason, TraceMetrics};
-use crate::recorder::{Receiver, Tracer, recorder};
-use crate::span::Span;
+use crate::recorder::{Receiver, SpanBuf, Tracer, recorder};
 
 enum Control {
     /// Export everything recorded so far, then answer.
@@ -239,9 +238,9 @@ impl Run {
 
     /// A buffer's spans into `batches` (a new batch when the last is full); the buffer back
     /// to the pool.
-    fn take(&mut self, buf: Vec<Span>) {
+    fn take(&mut self, buf: SpanBuf) {
         let max = self.config.batch_max_spans.max(1);
-        for span in &buf {
+        for span in buf.spans() {
             let batch = match self.batches.back_mut() {
                 Some(open) if open.spans < max => open,
                 _ => {

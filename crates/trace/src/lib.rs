@@ -106,6 +106,6 @@ pub use propagation::{
     TRACESTATE_MAX_BYTES, TRACESTATE_MAX_MEMBERS, extract, inject, inject_beside_line,
     inject_known, parse_b3, parse_traceparent, traceparent_line, traceparent_value,
 };
-pub use recorder::Tracer;
+pub use recorder::{Recording, Tracer};
 pub use sampler::{Sampler, TailRule, ratio_decision};
 pub use span::{ARENA_BYTES, MAX_ATTRIBUTES, Span, SpanKind, Status, Value};
