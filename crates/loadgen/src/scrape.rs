@@ -94,14 +94,15 @@ pub fn planned_starts_ns(every: Duration, warmup: Duration, duration: Duration) 
     out
 }
 
-/// Scrapes from `start + every/2` every `every` until `end` (see [`planned_starts_ns`]);
-/// returns every scrape made, with starts relative to `measure_from`.
+/// Scrapes once (not recorded), says so on `primed`, then waits for the run's `(start,
+/// measure_from, end)` on `window`; scrapes from `start + every/2` every `every` until `end`
+/// (see [`planned_starts_ns`]) and returns every scrape made, with starts relative to
+/// `measure_from`.
 pub(crate) fn run(
     config: ScrapeConfig,
     clock: std::sync::Arc<ScrapeClock>,
-    start: u64,
-    measure_from: u64,
-    end: u64,
+    primed: std::sync::mpsc::Sender<()>,
+    window: std::sync::mpsc::Receiver<(u64, u64, u64)>,
 ) -> Vec<Scrape> {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -109,10 +110,20 @@ pub(crate) fn run(
     {
         Ok(rt) => rt,
         Err(e) => {
+            let _ = primed.send(());
             return vec![failed(0.0, format!("cannot start the scraper: {e}"))];
         }
     };
-    rt.block_on(scrape_loop(config, clock, start, measure_from, end))
+    let mut sender = None;
+    if let Ok(target) = crate::target::parse_target(&config.url) {
+        // A failure here is the first recorded scrape's to report.
+        let _ = rt.block_on(scrape_once(&mut sender, &target, None, config.gzip));
+    }
+    let _ = primed.send(());
+    let Ok((start, measure_from, end)) = window.recv() else {
+        return Vec::new(); // the run did not start
+    };
+    rt.block_on(scrape_loop(config, clock, sender, start, measure_from, end))
 }
 
 fn failed(start_s: f64, error: String) -> Scrape {
@@ -128,6 +139,7 @@ fn failed(start_s: f64, error: String) -> Scrape {
 async fn scrape_loop(
     config: ScrapeConfig,
     clock: std::sync::Arc<ScrapeClock>,
+    mut sender: Option<SendRequest<Empty<Bytes>>>,
     start: u64,
     measure_from: u64,
     end: u64,
@@ -146,7 +158,6 @@ async fn scrape_loop(
             Ok(t) => t,
             Err(e) => return vec![failed(0.0, e.to_string())],
         };
-    let mut sender: Option<SendRequest<Empty<Bytes>>> = None;
     let mut at = start + first_scrape_ns(every);
     let mut buf = [0u8; 8];
     while at < end {

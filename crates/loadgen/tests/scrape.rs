@@ -93,6 +93,70 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     assert!(printed.contains("Requests that overlapped a scrape:"));
 }
 
+/// The scraper scrapes once before the load's first request, on the connection it then
+/// keeps, and that scrape is not in the report: a scraper's first scrape (its connection
+/// and buffers new) is not what a Prometheus that has been scraping for days makes.
+#[test]
+fn the_scraper_primes_before_the_load_starts_and_does_not_report_it() {
+    // Every request's path and arrival order, and the connection it came on.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, usize)>::new()));
+    let log = seen.clone();
+    let server = support::start(move |listener| async move {
+        let mut connection = 0;
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            connection += 1;
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let log = log.clone();
+                    async move {
+                        log.lock()
+                            .unwrap()
+                            .push((req.uri().path().to_owned(), connection));
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let mut config = LoadConfig::new(&server.url("/"), 200.0, Duration::from_secs(2), 2);
+    config.scrape = Some(ScrapeConfig {
+        url: server.url("/metrics"),
+        every: Duration::from_secs(1),
+        gzip: false,
+    });
+    let report = run(&config).unwrap();
+    // Recorded: the scrapes at 0.5 s and 1.5 s only.
+    assert_eq!(report.scrapes.len(), 2, "{:?}", report.scrapes);
+    let seen = seen.lock().unwrap();
+    let first_load = seen
+        .iter()
+        .position(|(path, _)| path == "/")
+        .expect("load requests arrived");
+    let scrapes: Vec<_> = seen.iter().filter(|(path, _)| path == "/metrics").collect();
+    assert_eq!(
+        scrapes.len(),
+        3,
+        "the priming scrape and two more: {scrapes:?}"
+    );
+    assert_eq!(
+        seen.iter().position(|(path, _)| path == "/metrics"),
+        Some(0),
+        "the first request of all is the priming scrape"
+    );
+    assert!(first_load > 0);
+    assert!(
+        scrapes.iter().all(|(_, c)| *c == scrapes[0].1),
+        "every scrape on the primed connection: {scrapes:?}"
+    );
+}
+
 /// The scraper runs on the generator's cores (`pin`), never where the scheduler happens to
 /// put it (the target's core, whose cost it would then inflate), and asks for gzip only when
 /// told to: `gzip: false` fetches the whole text, as `curl` does.
