@@ -60,6 +60,7 @@ pub mod plot;
 pub mod report;
 pub mod schedule;
 pub mod scrape;
+pub mod scraper_process;
 pub mod slowest;
 mod target;
 pub mod timeline;

@@ -32,6 +32,7 @@ use crate::latency::Latency;
 use crate::report::{Report, Scrape};
 use crate::schedule::{Phase, Schedule};
 use crate::scrape::{ScrapeClock, ScrapeConfig, WatchConfig};
+use crate::scraper_process::Scraper;
 use crate::slowest::{Kept, Outcome, ScrapeSpan, Slowest};
 use crate::target::{Target, parse_target};
 use crate::timeline::Timeline;
@@ -404,35 +405,10 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
     // scraping long before a measurement starts. Its first scrape in the run used to open
     // the connection and build its buffers there: 66-117 ms against 9-16 ms for the later
     // ones, 100k series of `tailguard-axum-bench`.
-    let scraper = first.scrape.clone().map(|sc| {
-        let clock = scrape_clock.clone();
-        let pin = first.pin.clone();
-        let (primed_tx, primed_rx) = std::sync::mpsc::channel::<()>();
-        let (window_tx, window_rx) = std::sync::mpsc::channel::<(u64, u64, u64)>();
-        let spawned = std::thread::Builder::new()
-            .name("load-scraper".into())
-            .spawn(move || {
-                // On the generator's cores, like its other threads: left unpinned, the scraper
-                // may land on the target's core and its reading would be counted as the target's
-                // cost (a real Prometheus runs on another machine).
-                if !pin.is_empty()
-                    && let Err(e) = crate::pinning::pin_current_thread(&pin)
-                {
-                    eprintln!("load: cannot pin the scraper to cpu {pin:?}: {e}; running unpinned");
-                }
-                // And it takes the generator's cores only when they are idle: a Prometheus
-                // runs on another machine, so its reading must not delay a send here.
-                if !crate::pinning::idle_current_thread() {
-                    eprintln!("load: the scraper could not run at SCHED_IDLE; it shares the generator's cores at its nice");
-                }
-                crate::scrape::run(sc, clock, primed_tx, window_rx)
-            });
-        // What `std::thread::spawn` does, with a name the tests can find the thread by.
-        let handle = spawned.expect("the OS lets this process start one more thread");
-        // Fails only when the scraper thread ended early; its report says why.
-        let _ = primed_rx.recv();
-        (handle, window_tx)
-    });
+    let scraper = first
+        .scrape
+        .clone()
+        .map(|sc| Scraper::start(sc, first.pin.clone(), scrape_clock.clone()));
 
     connected.wait();
     // 10 ms of slack so every thread has its timer armed before the first intended send.
@@ -443,10 +419,9 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
     started.wait();
     let measure_from = start + warmup_ns;
     let window_end = measure_from + duration_ns;
-    let scraper = scraper.map(|(handle, window)| {
-        // Fails only when the scraper thread ended early; its report says why.
-        let _ = window.send((start, measure_from, window_end));
-        handle
+    let scraper = scraper.map(|mut scraper| {
+        scraper.begin(start, measure_from, window_end);
+        scraper
     });
     let watcher = first.watch.clone().map(|wc| {
         std::thread::spawn(move || crate::scrape::watch(wc, start, measure_from, window_end))
@@ -467,10 +442,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
     if progress.is_some() {
         println!();
     }
-    let mut scrapes: Vec<Scrape> = match scraper {
-        Some(h) => h.join().unwrap_or_default(),
-        None => Vec::new(),
-    };
+    let mut scrapes: Vec<Scrape> = scraper.map(Scraper::join).unwrap_or_default();
     let readings = match watcher {
         Some(h) => h.join().unwrap_or_default(),
         None => Vec::new(),

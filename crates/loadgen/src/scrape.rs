@@ -94,15 +94,34 @@ pub fn planned_starts_ns(every: Duration, warmup: Duration, duration: Duration) 
     out
 }
 
+/// Where a scraper says when each scrape began and ended: the generator's [`ScrapeClock`]
+/// when the scraper is a thread of its process, the parent's pipe when it is a process of
+/// its own ([`crate::scraper_process`]).
+pub(crate) trait Marks {
+    /// A scrape began at `at` (monotonic ns).
+    fn begin(&self, at: u64);
+    /// The running scrape ended at `at`.
+    fn end(&self, at: u64);
+}
+
+impl Marks for ScrapeClock {
+    fn begin(&self, at: u64) {
+        ScrapeClock::begin(self, at);
+    }
+    fn end(&self, at: u64) {
+        ScrapeClock::end(self, at);
+    }
+}
+
 /// Scrapes once (not recorded), says so on `primed`, then waits for the run's `(start,
 /// measure_from, end)` on `window`; scrapes from `start + every/2` every `every` until `end`
 /// (see [`planned_starts_ns`]) and returns every scrape made, with starts relative to
 /// `measure_from`.
 pub(crate) fn run(
     config: ScrapeConfig,
-    clock: std::sync::Arc<ScrapeClock>,
-    primed: std::sync::mpsc::Sender<()>,
-    window: std::sync::mpsc::Receiver<(u64, u64, u64)>,
+    marks: &impl Marks,
+    primed: impl FnOnce(),
+    window: impl FnOnce() -> Option<(u64, u64, u64)>,
 ) -> Vec<Scrape> {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -110,7 +129,7 @@ pub(crate) fn run(
     {
         Ok(rt) => rt,
         Err(e) => {
-            let _ = primed.send(());
+            primed();
             return vec![failed(0.0, format!("cannot start the scraper: {e}"))];
         }
     };
@@ -119,11 +138,11 @@ pub(crate) fn run(
         // A failure here is the first recorded scrape's to report.
         let _ = rt.block_on(scrape_once(&mut sender, &target, None, config.gzip));
     }
-    let _ = primed.send(());
-    let Ok((start, measure_from, end)) = window.recv() else {
+    primed();
+    let Some((start, measure_from, end)) = window() else {
         return Vec::new(); // the run did not start
     };
-    rt.block_on(scrape_loop(config, clock, sender, start, measure_from, end))
+    rt.block_on(scrape_loop(config, marks, sender, start, measure_from, end))
 }
 
 fn failed(start_s: f64, error: String) -> Scrape {
@@ -138,7 +157,7 @@ fn failed(start_s: f64, error: String) -> Scrape {
 
 async fn scrape_loop(
     config: ScrapeConfig,
-    clock: std::sync::Arc<ScrapeClock>,
+    clock: &impl Marks,
     mut sender: Option<SendRequest<Empty<Bytes>>>,
     start: u64,
     measure_from: u64,

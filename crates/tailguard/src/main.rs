@@ -50,6 +50,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `tailguard load --scrape` starts this executable again as its scraper process.
+    tailguard_loadgen::scraper_process::run_if_child();
     // The main thread loads config and handles signals: the metrics shards are left to the
     // serving threads, whose records are then plain stores.
     tailguard_metrics::use_shared_shard();

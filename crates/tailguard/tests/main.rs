@@ -8,6 +8,7 @@ mod etcd_tls;
 mod gateway;
 mod install_tools;
 mod listeners;
+mod load;
 mod metrics;
 mod support;
 mod trace;
