@@ -143,6 +143,10 @@ print(f"CPU per request (µs) of the serving process, {sys.argv[2]} req/s, {sys.
 names = [n for n in ("nginx", "tailguard", "baseline") if n in rows[min(rows)]]
 print("round  " + "  ".join(f"{n + ' user':>14} {'sys':>6} {'total':>6}" for n in names) + "   tg/nginx user  total" + ("   tg/baseline total" if "baseline" in names else ""))
 cols = {k: [] for k in ("user", "total", "base")}
+def known_median(xs):
+    """The median of the ratios that are known (NaN: a round with no tick sampled)."""
+    known = [x for x in xs if x == x]
+    return statistics.median(known) if known else float("nan")
 per = {n: [] for n in names}
 for r in sorted(rows):
     line = f"{r:>5}  "
@@ -151,15 +155,17 @@ for r in sorted(rows):
         per[n].append((u, s, u + s))
         line += f"{u:>14.2f} {s:>6.2f} {u + s:>6.2f}  "
     t, g = rows[r]["tailguard"], rows[r]["nginx"]
-    cols["user"].append(t[0] / g[0]); cols["total"].append((t[0] + t[1]) / (g[0] + g[1]))
+    # A short run can sample no user tick at all: its ratio is unknown, not a crash.
+    ratio = lambda a, b: a / b if b > 0 else float("nan")
+    cols["user"].append(ratio(t[0], g[0])); cols["total"].append(ratio(t[0] + t[1], g[0] + g[1]))
     line += f" {cols['user'][-1]:>13.3f} {cols['total'][-1]:>6.3f}"
     if "baseline" in names:
         bl = rows[r]["baseline"]
-        cols["base"].append((t[0] + t[1]) / (bl[0] + bl[1]))
+        cols["base"].append(ratio(t[0] + t[1], bl[0] + bl[1]))
         line += f"   {cols['base'][-1]:>17.3f}"
     print(line)
 print("median " + "  ".join(f"{statistics.median(x[0] for x in per[n]):>14.2f} {statistics.median(x[1] for x in per[n]):>6.2f} {statistics.median(x[2] for x in per[n]):>6.2f}" for n in names)
-      + f"   {statistics.median(cols['user']):>13.3f} {statistics.median(cols['total']):>6.3f}"
-      + (f"   {statistics.median(cols['base']):>17.3f}" if cols["base"] else ""))
+      + f"   {known_median(cols['user']):>13.3f} {known_median(cols['total']):>6.3f}"
+      + (f"   {known_median(cols['base']):>17.3f}" if cols["base"] else ""))
 PY
 echo "raw: $out"

@@ -2,13 +2,14 @@
 //! Prometheus is one), else a thread of the generator's process.
 //!
 //! Why a process: with the scraper as a thread of the generator's process, reading a 250 KB
-//! exposition every 5 s at 70,000 req/s, the run's slowest requests fell 0.5-1.8 s after the
-//! first scrape of the measured window in 13 of 17 runs: one stall of 5-9 ms, answered late
-//! although sent on time. With the same scrapes made by another process (curl), 0 of 7; with
-//! no scrapes, 0 of 3; with the thread fetching 13 bytes, 0 of 3. The cause inside the process
-//! is not found (not the scraper's `SCHED_IDLE`, its first connection, `ksoftirqd`,
-//! mimalloc's purge or transparent huge pages: each was ruled out by a run); a separate process
-//! does not have it (`docs/benchmarks/2026-11-27-axum-scrape/README.md`, fourth session).
+//! exposition every 5 s at 70,000 req/s, the run's slowest requests fell 0.4-1.8 s after the
+//! first scrape of the measured window in 30 of 34 runs: one stall of 5-10 ms, answered late
+//! although sent on time, whichever process was scraped. With the same scrapes made by
+//! another process (curl), 0 of 7; with no scrapes, 0 of 3; with the thread fetching 13
+//! bytes, 0 of 3; with this process scraper, 1 of 6. The cause inside the process is not found
+//! (not the scraper's `SCHED_IDLE`, its first connection, `ksoftirqd`, mimalloc's purge or
+//! transparent huge pages: each was ruled out by runs;
+//! `docs/benchmarks/2026-11-27-axum-scrape/first-scrape/`).
 //!
 //! The child is the same executable, started with [`CHILD_ENV`] set; the host binary opts in
 //! by calling [`run_if_child`] first thing in `main`. A process that did not (this crate's
