@@ -145,7 +145,8 @@ pub(crate) fn run(
     rt.block_on(scrape_loop(config, marks, sender, start, measure_from, end))
 }
 
-fn failed(start_s: f64, error: String) -> Scrape {
+/// A scrape that failed with `error`, begun `start_s` into the window.
+pub(crate) fn failed(start_s: f64, error: String) -> Scrape {
     Scrape {
         start_s,
         duration_ms: 0.0,

@@ -281,14 +281,9 @@ fn read_child(stdout: impl BufRead, clock: &ScrapeClock, primed: &mpsc::Sender<(
     )]
 }
 
+/// A failure of the scraper process, as its report's one scrape.
 fn failure(error: String) -> Scrape {
-    Scrape {
-        start_s: 0.0,
-        duration_ms: 0.0,
-        bytes: 0,
-        status: 0,
-        error: Some(error),
-    }
+    crate::scrape::failed(0.0, error)
 }
 
 #[cfg(test)]
