@@ -143,6 +143,9 @@ print(f"CPU per request (µs) of the serving process, {sys.argv[2]} req/s, {sys.
 names = [n for n in ("nginx", "tailguard", "baseline") if n in rows[min(rows)]]
 print("round  " + "  ".join(f"{n + ' user':>14} {'sys':>6} {'total':>6}" for n in names) + "   tg/nginx user  total" + ("   tg/baseline total" if "baseline" in names else ""))
 cols = {k: [] for k in ("user", "total", "base")}
+def ratio(a, b):
+    """a / b; NaN when a short run sampled no tick at all (unknown, not a crash)."""
+    return a / b if b > 0 else float("nan")
 def known_median(xs):
     """The median of the ratios that are known (NaN: a round with no tick sampled)."""
     known = [x for x in xs if x == x]
@@ -155,8 +158,6 @@ for r in sorted(rows):
         per[n].append((u, s, u + s))
         line += f"{u:>14.2f} {s:>6.2f} {u + s:>6.2f}  "
     t, g = rows[r]["tailguard"], rows[r]["nginx"]
-    # A short run can sample no user tick at all: its ratio is unknown, not a crash.
-    ratio = lambda a, b: a / b if b > 0 else float("nan")
     cols["user"].append(ratio(t[0], g[0])); cols["total"].append(ratio(t[0] + t[1], g[0] + g[1]))
     line += f" {cols['user'][-1]:>13.3f} {cols['total'][-1]:>6.3f}"
     if "baseline" in names:

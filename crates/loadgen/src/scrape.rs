@@ -1,6 +1,7 @@
-//! The scraper: fetches a metrics endpoint every interval during a load run, on its own
-//! thread, recording each scrape on the generator's clock so requests can be matched to it;
-//! or, as the watcher, reads chosen metrics from it every second for the run's timeline.
+//! The scraper: fetches a metrics endpoint every interval during a load run (in a process of
+//! its own or on a thread, [`crate::scraper_process`]), marking each scrape on the
+//! generator's clock so requests can be matched to it; or, as the watcher, reads chosen
+//! metrics from it every second for the run's timeline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,16 +1,12 @@
 //! A scrape that stalls the server (the APISIX failure) shows in the distribution of the
 //! requests that overlapped it, and each scrape is recorded on the generator's clock.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper::Response;
 use tailguard_loadgen::load::{LoadConfig, run};
 use tailguard_loadgen::scrape::ScrapeConfig;
 use tokio::sync::RwLock;
@@ -22,32 +18,19 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     // /metrics holds the server-wide lock for 150 ms, as a scrape rendered on a serving worker
     // does; every other request takes the lock briefly.
     let gate = Arc::new(RwLock::new(()));
-    let server = support::start(move |listener| async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
+    let server = support::start(move |listener| {
+        support::serve_requests(listener, move |req, _| {
             let gate = gate.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let gate = gate.clone();
-                    async move {
-                        if req.uri().path() == "/metrics" {
-                            let _held = gate.write().await;
-                            tokio::time::sleep(Duration::from_millis(150)).await;
-                            return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
-                                vec![b'#'; 5000],
-                            ))));
-                        }
-                        drop(gate.read().await);
-                        Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
+            async move {
+                if req.uri().path() == "/metrics" {
+                    let _held = gate.write().await;
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    return Response::new(Full::new(Bytes::from(vec![b'#'; 5000])));
+                }
+                drop(gate.read().await);
+                Response::new(Full::new(Bytes::from_static(b"ok")))
+            }
+        })
     });
     let mut config = LoadConfig::new(&server.url("/"), 500.0, Duration::from_secs(3), 8);
     config.scrape = Some(ScrapeConfig {
@@ -101,29 +84,16 @@ fn the_scraper_primes_before_the_load_starts_and_does_not_report_it() {
     // Every request's path and arrival order, and the connection it came on.
     let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, usize)>::new()));
     let log = seen.clone();
-    let server = support::start(move |listener| async move {
-        let mut connection = 0;
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            connection += 1;
+    let server = support::start(move |listener| {
+        support::serve_requests(listener, move |req, connection| {
             let log = log.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let log = log.clone();
-                    async move {
-                        log.lock()
-                            .unwrap()
-                            .push((req.uri().path().to_owned(), connection));
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
+            async move {
+                log.lock()
+                    .unwrap()
+                    .push((req.uri().path().to_owned(), connection));
+                Response::new(Full::new(Bytes::from_static(b"ok")))
+            }
+        })
     });
     let mut config = LoadConfig::new(&server.url("/"), 200.0, Duration::from_secs(2), 2);
     config.scrape = Some(ScrapeConfig {
@@ -163,25 +133,15 @@ fn the_scraper_primes_before_the_load_starts_and_does_not_report_it() {
 #[test]
 fn the_scraper_runs_on_the_generators_cores_and_asks_for_gzip_only_when_told() {
     // /metrics answers 1000 bytes to a client that accepts gzip, 3000 to one that does not.
-    let server = support::start(move |listener| async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+    let server = support::start(move |listener| {
+        support::serve_requests(listener, |req, _| async move {
+            let size = if req.headers().contains_key("accept-encoding") {
+                1000
+            } else {
+                3000
             };
-            tokio::spawn(async move {
-                let svc = service_fn(|req: Request<Incoming>| async move {
-                    let size = if req.headers().contains_key("accept-encoding") {
-                        1000
-                    } else {
-                        3000
-                    };
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(vec![b'#'; size]))))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
+            Response::new(Full::new(Bytes::from(vec![b'#'; size])))
+        })
     });
     let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
     for (gzip, bytes) in [(false, 3000), (true, 1000)] {

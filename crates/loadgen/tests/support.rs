@@ -70,6 +70,32 @@ where
     }
 }
 
+/// Serves HTTP/1.1, answering each request with what `respond` makes of it and of the
+/// number of the connection it came on (1, 2, ... in the order accepted).
+pub(crate) async fn serve_requests<R, Fut>(listener: TcpListener, respond: R)
+where
+    R: Fn(Request<Incoming>, usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let mut connection = 0;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        connection += 1;
+        let respond = respond.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let response = respond(req, connection);
+                async move { Ok::<_, Infallible>(response.await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
 /// A sink that records the monotonic arrival time of every request.
 pub(crate) fn sink() -> (Server, Arc<Mutex<Vec<u64>>>) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
