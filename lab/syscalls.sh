@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The kernel's share per request, counted: system calls by kind, context switches and
+# softirqs of the serving process per proxied request, tailguard against nginx (issue 25's
+# "fewer wake-ups and epoll_wait calls"). Counted with `perf stat` on the syscall and
+# scheduler tracepoints (they need no hardware counters), over $WINDOW s in the middle of a
+# $RATE req/s run, in the topology of lab/compare-cpu.sh: the gateway (one serving thread;
+# nginx one worker) on core 1, `tailguard load` ($CONNECTIONS connections) and the nginx
+# origin on core 0. Counts do not depend on the machine being quiet; rates do a little
+# (a busier loop finds more ready events per `epoll_wait`).
+#   RATE=15000 [B=target/release/tailguard] [GATEWAYS="nginx tailguard"] lab/syscalls.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+b=${B:-target/release/tailguard}
+rate=${RATE:-15000}
+conns=${CONNECTIONS:-32}
+window=${WINDOW:-5}
+out=${OUT:-$(mktemp -d /tmp/syscalls.XXXXXX)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+for tool in nginx perf taskset python3 curl; do
+  command -v "$tool" >/dev/null || { echo "syscalls: $tool is not installed" >&2; exit 1; }
+done
+prio=()
+# shellcheck source=lab/lib.sh
+. lab/lib.sh
+trap cleanup EXIT
+wait_port() {
+  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
+  echo "syscalls: nothing answers on port $1" >&2; exit 1
+}
+start_origin 0
+cat > "$out/gateway.toml" <<EOF2
+[[listeners]]
+address = "127.0.0.1:0"
+
+[[upstreams]]
+name = "origin"
+endpoints = [{ address = "127.0.0.1:$up_port" }]
+
+[[routes]]
+id = "all"
+upstream = "origin"
+path = { prefix = "/" }
+EOF2
+kinds='read|write|writev|readv|recvfrom|sendto|recvmsg|sendmsg|epoll_wait|epoll_pwait|epoll_pwait2|epoll_ctl|futex|sched_yield|accept4|close|io_uring_enter'
+events=$(perf list 2>/dev/null | grep -oE "syscalls:sys_enter_($kinds)\b" | sort -u | paste -sd,)
+[ -n "$events" ] || { echo "syscalls: perf lists no syscall tracepoints (needs root and tracefs)" >&2; exit 1; }
+events="$events,raw_syscalls:sys_enter,sched:sched_switch,irq:softirq_entry"
+for name in ${GATEWAYS:-nginx tailguard}; do
+  gw_port=$(free_port)
+  if [ "$name" = nginx ]; then
+    sed -e "s|@DIR@|$out|g" -e "s|@LISTEN@|127.0.0.1:$gw_port|g" -e "s|@UPSTREAM@|127.0.0.1:$up_port|g" \
+      lab/nginx/proxy.conf > "$out/nginx.conf"
+    taskset -c 1 nginx -c "$out/nginx.conf" -p "$out" -e "$out/nginx-error.log" >> "$out/nginx.log" 2>&1 &
+    stop_pid=$!
+    pids+=("$stop_pid")
+    wait_port "$gw_port"
+    gw_pid=$(pgrep -P "$stop_pid" | head -1)
+  else
+    taskset -c 1 "$b" run --config "$out/gateway.toml" --threads 1 --listen "127.0.0.1:$gw_port" \
+      --metrics-listen 127.0.0.1:0 >> "$out/gateway.log" 2>&1 &
+    gw_pid=$!
+    stop_pid=$gw_pid
+    pids+=("$gw_pid")
+    wait_port "$gw_port"
+  fi
+  total=$((window + 3))
+  "$b" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "${total}s" --warmup 2s \
+    --connections "$conns" --pin 0 --brief --json "$out/load-$name.json" > "$out/load-$name.txt" 2>&1 &
+  load=$!
+  sleep 3.5
+  perf stat -x, -e "$events" -p "$gw_pid" -- sleep "$window" 2> "$out/perf-$name.txt"
+  wait "$load"
+  kill "$stop_pid"; wait "$stop_pid" 2>/dev/null || true
+  python3 - "$name" "$out/load-$name.json" "$out/perf-$name.txt" "$window" <<'PY'
+import json, sys
+name, load, perf, window = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+rep = json.load(open(load))
+per_second = rep["achieved_rate"]
+requests = per_second * window
+print(f"== {name}: {per_second:.0f} req/s completed; per request over {window:.0f} s:")
+for line in open(perf):
+    fields = line.strip().split(",")
+    if len(fields) < 3 or not fields[0].replace(".", "").isdigit():
+        continue
+    count, event = float(fields[0]), fields[2]
+    if count > 0:
+        print(f"  {event.replace('syscalls:sys_enter_', ''):<24} {count / requests:8.3f}")
+PY
+done | tee "$out/summary.txt"
+echo "raw: $out"
