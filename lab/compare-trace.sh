@@ -12,7 +12,8 @@
 #                                  `tracing` directive off vs on (every request sampled,
 #                                  OTLP/gRPC to the same Jaeger); $ROUNDS rounds
 #   lab/compare-trace.sh latency   P50/P99/P99.9/P100 at $LAT_RATE (2000) req/s: off, on,
-#                                  on with the collector down; $LAT_ROUNDS rounds
+#                                  on with the collector down, and off beside a Jaeger fed
+#                                  the same spans/s (`fed`); $LAT_ROUNDS rounds
 #   lab/compare-trace.sh rss       the gateway's RSS every second for $RSS_DURATION (60) s at
 #                                  $RSS_RATE (10000) req/s with the collector down
 #   lab/compare-trace.sh all       all four
@@ -178,7 +179,7 @@ caddyfile() { # port traced
   printf '\treverse_proxy 127.0.0.1:%s\n}\n' "$up_port"
 }
 
-start_server() { # kind(gateway-off|gateway-on|...|caddy-off|caddy-on) -> srv_pid srv_port srv_metrics
+start_server() { # kind(gateway-off|gateway-on|...|caddy-off|caddy-on) [req/s a `fed` Jaeger is fed for] -> srv_pid srv_port srv_metrics
   srv_port=$(free_port)
   srv_metrics=""
   case "$1" in
@@ -208,7 +209,7 @@ start_server() { # kind(gateway-off|gateway-on|...|caddy-off|caddy-on) -> srv_pi
   srv_pid=$!
   pids+=("$srv_pid")
   wait_http "http://127.0.0.1:$srv_port/"
-  if [ "$1" = gateway-fed ]; then start_feeder $((2 * cpu_rate)); fi
+  if [ "$1" = gateway-fed ]; then start_feeder $((2 * ${2:-$cpu_rate})); fi
 }
 stop_server() {
   kill "$srv_pid" 2>/dev/null || true; wait "$srv_pid" 2>/dev/null || true
@@ -347,9 +348,12 @@ fi
 
 : > "$out/latency.txt"
 if [ "$what" = latency ] || [ "$what" = all ]; then
+  # `gateway-fed`: untraced, beside a Jaeger fed the spans the traced gateway would send
+  # at this rate (the control of the CPU figure, here for the latency's).
+  [ -s "$out/batch.bin" ] || capture_batch
   for r in $(seq "$lat_rounds"); do
-    for kind in gateway-off gateway-on gateway-down; do
-      start_server "$kind"
+    for kind in gateway-off gateway-on gateway-down gateway-fed; do
+      start_server "$kind" "$lat_rate"
       load "$lat_rate" "${warm}s" > /dev/null 2>&1
       load "$lat_rate" "${lat_dur}s" "$out/lat-$kind-$r.json" "$out/lat-$kind-$r.hgrm" \
         > "$out/lat-$kind-$r.txt" 2>&1
