@@ -74,14 +74,18 @@ use crate::timer::{LazyTimer, WaitTimeout};
 /// Serves requests on one HTTP/1.1 connection until it closes; `shutdown` says when the
 /// server drains. With `sniff_h2`, a connection that opens with the HTTP/2 preface is
 /// given back whole instead, for the HTTP/2 server.
-pub async fn serve<H: Handler, S: Shutdown>(
+///
+/// Not an `async fn`: the connection is built before the future, so the future holds it
+/// alone. An `async fn` keeps every argument's slot for its whole life, moved out or not
+/// (the limits' 104 bytes twice in every connection's task).
+pub fn serve<H: Handler, S: Shutdown>(
     mut reader: Box<Reader>,
     writer: WriteHalf,
     handler: H,
     limits: Limits,
     shutdown: &mut S,
     sniff_h2: bool,
-) -> Option<Joined> {
+) -> impl Future<Output = Option<Joined>> {
     reader.body_wait.set_limit(limits.body);
     let mut conn = Connection {
         sniff_h2,
@@ -96,7 +100,7 @@ pub async fn serve<H: Handler, S: Shutdown>(
         request_timer: LazyTimer::new(),
         handler,
     };
-    conn.run().await
+    async move { conn.run().await }
 }
 
 impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
@@ -106,12 +110,15 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
         loop {
             let (mut req, meta) = match self.next_head().await {
                 Next::Request(req, meta) => (req, meta),
+                // The last answer and the close are boxed: once per connection, they would
+                // otherwise size the connection's task for their state (~300 bytes) while it
+                // waits for its next request.
                 Next::Refused(refused) => {
-                    self.refuse(refused).await;
+                    Box::pin(self.refuse(refused)).await;
                     return None;
                 }
                 Next::Close => {
-                    self.close().await;
+                    Box::pin(self.close()).await;
                     return None;
                 }
                 Next::Http2 => {
@@ -174,7 +181,7 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
             match written {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {
-                    self.close().await;
+                    Box::pin(self.close()).await;
                     return None;
                 }
                 // The tunnel owns the connection now.
