@@ -6,8 +6,8 @@
 //! Nothing is allocated or recorded while the request runs (each traced request's
 //! [`RequestTrace`] is a box the thread reuses), and the wall clock is not read: moments are
 //! `Instant`s (one per try start and end), placed on the wall clock when a kept request
-//! finishes. Spans are built at the end, only for kept requests, and copied into the
-//! serving thread's buffer (`tailguard-trace`). Tracing off (no endpoint) costs one branch:
+//! finishes, from an anchor the thread reads at most once a second. Spans are built at the
+//! end, only for kept requests, in the serving thread's buffer (`tailguard-trace`). Tracing off (no endpoint) costs one branch:
 //! the snapshot's [`Tracer`] is a no-op and no box is taken.
 //!
 //! A route with `tracing = false` gets no span and its upstream gets the client's
