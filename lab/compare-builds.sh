@@ -35,26 +35,10 @@ if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
 # shellcheck source=lab/lib.sh
 . lab/lib.sh
 trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
-  echo "compare-builds: nothing answers on port $1" >&2; exit 1
-}
 
 start_origin 0
 
-cat > "$out/gateway.toml" <<EOF
-[[listeners]]
-address = "127.0.0.1:0"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$up_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF
+write_proxy_config "$out/gateway.toml"
 # A fresh gateway process for every run (started, warmed up, measured, stopped): one
 # process kept across rounds carries its own layout and placement into every round, and an
 # A/A run of one binary against itself showed 0.85-0.99 that way.

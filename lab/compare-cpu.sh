@@ -38,26 +38,10 @@ if [ "$(id -u)" -eq 0 ]; then prio=(nice -n "${NICE:--10}"); fi
 # shellcheck source=lab/lib.sh
 . lab/lib.sh
 trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
-  echo "compare-cpu: nothing answers on port $1" >&2; exit 1
-}
 
 start_origin 0
 
-cat > "$out/gateway.toml" <<EOF2
-[[listeners]]
-address = "127.0.0.1:0"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$up_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF2
+write_proxy_config "$out/gateway.toml"
 nginx_log="access_log off;"
 tg_log=()
 if [ "$access_log" = 1 ]; then

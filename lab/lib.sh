@@ -34,3 +34,28 @@ EOF_ORIGIN
   echo "$(basename "$0"): the nginx origin does not answer on port $up_port ($out/origin-error.log)" >&2
   exit 1
 }
+
+# wait_port PORT: returns once http://127.0.0.1:PORT/ answers (10 s at most), else exits.
+wait_port() {
+  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
+  echo "$(basename "$0"): nothing answers on port $1" >&2
+  exit 1
+}
+
+# write_proxy_config FILE: the gateway config the CPU comparisons measure: one listener (its
+# address given on the command line), every path to the origin (`start_origin` first).
+write_proxy_config() {
+  cat > "$1" <<EOF_PROXY
+[[listeners]]
+address = "127.0.0.1:0"
+
+[[upstreams]]
+name = "origin"
+endpoints = [{ address = "127.0.0.1:$up_port" }]
+
+[[routes]]
+id = "all"
+upstream = "origin"
+path = { prefix = "/" }
+EOF_PROXY
+}

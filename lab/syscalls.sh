@@ -24,24 +24,8 @@ prio=()
 # shellcheck source=lab/lib.sh
 . lab/lib.sh
 trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
-  echo "syscalls: nothing answers on port $1" >&2; exit 1
-}
 start_origin 0
-cat > "$out/gateway.toml" <<EOF2
-[[listeners]]
-address = "127.0.0.1:0"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$up_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF2
+write_proxy_config "$out/gateway.toml"
 kinds='read|write|writev|readv|recvfrom|sendto|recvmsg|sendmsg|epoll_wait|epoll_pwait|epoll_pwait2|epoll_ctl|futex|sched_yield|accept4|close|io_uring_enter'
 events=$(perf list 2>/dev/null | grep -oE "syscalls:sys_enter_($kinds)\b" | sort -u | paste -sd,)
 [ -n "$events" ] || { echo "syscalls: perf lists no syscall tracepoints (needs root and tracefs)" >&2; exit 1; }
