@@ -34,19 +34,7 @@ wait_port() {
 }
 start_origin "0-$(($(nproc) - 1))"
 gw_port=$(free_port)
-cat > "$out/gateway.toml" <<EOF2
-[[listeners]]
-address = "127.0.0.1:$gw_port"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$up_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF2
+proxy_config "127.0.0.1:$gw_port" > "$out/gateway.toml"
 if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG" >> "$out/gateway.toml"; fi
 if [ "${GATEWAY:-tailguard}" = nginx ]; then
   sed -e "s|@DIR@|$out|g" -e "s|@LISTEN@|127.0.0.1:$gw_port|g" -e "s|@UPSTREAM@|127.0.0.1:$up_port|g" \

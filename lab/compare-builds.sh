@@ -38,7 +38,7 @@ trap cleanup EXIT
 
 start_origin 0
 
-write_proxy_config "$out/gateway.toml"
+proxy_config > "$out/gateway.toml"
 # A fresh gateway process for every run (started, warmed up, measured, stopped): one
 # process kept across rounds carries its own layout and placement into every round, and an
 # A/A run of one binary against itself showed 0.85-0.99 that way.

@@ -41,7 +41,7 @@ trap cleanup EXIT
 
 start_origin 0
 
-write_proxy_config "$out/gateway.toml"
+proxy_config > "$out/gateway.toml"
 nginx_log="access_log off;"
 tg_log=()
 if [ "$access_log" = 1 ]; then

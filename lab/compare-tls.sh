@@ -80,21 +80,8 @@ EOF2
   else
     local exe=$b
     [ "$1" = baseline ] && exe=$a
-    cat > "$out/gateway.toml" <<EOF2
-[[listeners]]
-address = "127.0.0.1:$gw_port"
-tls = { cert = "$out/cert.pem", key = "$out/key.pem" }
-tls_min_version = "1.3"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$up_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF2
+    proxy_config "127.0.0.1:$gw_port" "tls = { cert = \"$out/cert.pem\", key = \"$out/key.pem\" }
+tls_min_version = \"1.3\"" > "$out/gateway.toml"
     "${prio[@]}" taskset -c 1 "$exe" run --config "$out/gateway.toml" --threads 1 \
       --metrics-listen 127.0.0.1:0 >> "$out/gateway.log" 2>&1 &
     gw_pid=$!

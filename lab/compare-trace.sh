@@ -143,21 +143,7 @@ down_port=$(free_port)
 
 # The gateway's configs: the same route to the same upstream; tracing off, on (every request
 # sampled), on at 1 %, and on towards the dead port.
-base_config() {
-  cat <<EOF
-[[listeners]]
-address = "127.0.0.1:0"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$up_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF
-}
+base_config() { proxy_config; }
 tracing_table() { # endpoint ratio
   printf '\n[tracing]\nendpoint = "%s"\nprotocol = "http/protobuf"\nsample_ratio = %s\n' "$1" "$2"
 }

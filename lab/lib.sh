@@ -42,12 +42,13 @@ wait_port() {
   exit 1
 }
 
-# write_proxy_config FILE: the gateway config the CPU comparisons measure: one listener (its
-# address given on the command line), every path to the origin (`start_origin` first).
-write_proxy_config() {
-  cat > "$1" <<EOF_PROXY
-[[listeners]]
-address = "127.0.0.1:0"
+# proxy_config [ADDRESS [LISTENER_LINES]]: prints the gateway config the comparisons measure:
+# one listener (ADDRESS, default 127.0.0.1:0 for one given on the command line; LINES are
+# added to its table, e.g. its `tls`), every path to the origin (`start_origin` first).
+proxy_config() {
+  printf '[[listeners]]\naddress = "%s"\n' "${1:-127.0.0.1:0}"
+  if [ -n "${2:-}" ]; then printf '%s\n' "$2"; fi
+  cat <<EOF_PROXY
 
 [[upstreams]]
 name = "origin"
