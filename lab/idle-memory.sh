@@ -5,7 +5,8 @@
 # Each gateway proxies to the same origin (nginx, one worker, a fixed 13-byte body) and
 # serves with one thread / one worker. For each mode in $MODES, a run opens $CONNECTIONS
 # connections to it, sends one request on each and reads the whole answer, then holds them
-# all idle; it prints the serving process's RSS (VmRSS) before, while held, and 2 s and
+# all idle for $HOLD seconds (3: past tailguard's `timeouts.park_ms`, after which an idle
+# HTTP/1.1 connection parks); it prints the serving process's RSS (VmRSS) before, then held, and 2 s and
 # 10 s after all of them closed, and (held - before) / N per connection. Modes:
 #   h1      HTTP/1.1, plain TCP
 #   h1-tls  HTTP/1.1 over TLS 1.3 (ALPN http/1.1)
@@ -14,11 +15,12 @@
 # A fresh gateway process per run (started, one warm request, measured, stopped), so one
 # run's leftovers never count in the next. Bounded: 127.0.0.1 only, $CONNECTIONS at most
 # a few thousand, each step with a deadline.
-#   CONNECTIONS=3000 ROUNDS=2 MODES="h1 h1-tls h2c h2-tls" [A=old/tailguard] lab/idle-memory.sh
+#   CONNECTIONS=3000 ROUNDS=2 HOLD=3 MODES="h1 h1-tls h2c h2-tls" [A=old/tailguard] lab/idle-memory.sh
 # A=<another tailguard binary> adds it as a third gateway ("baseline") to every round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${CONNECTIONS:-3000}
+hold=${HOLD:-3}
 rounds=${ROUNDS:-2}
 modes=${MODES:-h1 h1-tls h2c h2-tls}
 exe=${TAILGUARD:-target/release/tailguard}
@@ -128,6 +130,7 @@ start_nginx_h1() {
 cat > "$out/client.py" <<'PY'
 import os, socket, ssl, struct, sys, time
 mode, port, n, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+hold = float(sys.argv[5])
 def rss():
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -201,6 +204,9 @@ for _ in range(n):
     (h2 if mode.startswith("h2") else h1)(s)
     conns.append(s)
 opened = time.monotonic() - t0
+# Held idle for longer than tailguard's `timeouts.park_ms` (1 s) before the reading: the
+# figure is that of connections idle for a while, not of ones just served.
+time.sleep(hold)
 held = settle()
 for s in conns:
     s.close()
@@ -222,7 +228,7 @@ run_one() { # gateway mode round
   local port=$plain_port
   case $mode in *-tls) port=$tls_port ;; esac
   local res
-  res=$(timeout 300 python3 "$out/client.py" "$mode" "$port" "$n" "$serving_pid")
+  res=$(timeout 300 python3 "$out/client.py" "$mode" "$port" "$n" "$serving_pid" "$hold")
   echo "$r $gw $mode $res" >> "$out/rounds.txt"
   kill "$gw_pid"; wait "$gw_pid" 2>/dev/null || true
 }

@@ -62,7 +62,7 @@ use tokio::sync::oneshot;
 
 pub use body::{H1Body, Reader};
 use conn::{Connection, Next};
-pub use halves::{ReadHalf, WriteHalf};
+pub use halves::{ReadHalf, ReadIo, WriteHalf, WriteIo};
 pub use handler::{Handler, OutgoingBody, Shutdown};
 pub use limits::{Limits, Linger};
 use respond::Written;
@@ -71,9 +71,51 @@ pub use upgrade::{Joined, OnUpgrade};
 use crate::framing::Framing;
 use crate::timer::{LazyTimer, WaitTimeout};
 
-/// Serves requests on one HTTP/1.1 connection until it closes; `shutdown` says when the
-/// server drains. With `sniff_h2`, a connection that opens with the HTTP/2 preface is
-/// given back whole instead, for the HTTP/2 server.
+/// How a connection comes to [`serve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Just accepted: its first head is timed from now. With `sniff_h2`, a connection that
+    /// opens with the HTTP/2 preface is given back whole ([`Served::Http2`]).
+    New {
+        /// Look for the HTTP/2 preface before the first head.
+        sniff_h2: bool,
+    },
+    /// Given back parked ([`Served::Parked`]) and readable since: its next head is timed
+    /// from its first byte, as any later request's is.
+    Resumed,
+}
+
+/// How [`serve`] ended.
+#[derive(Debug)]
+pub enum Served {
+    /// The connection closed (or became a tunnel, which owns it now).
+    Closed,
+    /// It opened with the HTTP/2 preface: the connection, whole, for the HTTP/2 server.
+    Http2(Joined),
+    /// It stayed idle for `limits.park_after` between requests: its halves, with nothing
+    /// buffered and no request under way, for the caller to wait on without this task and
+    /// to serve again ([`Start::Resumed`]) once the client sends more. The rest of the idle
+    /// timeout is the caller's to keep.
+    Parked(Parked),
+}
+
+/// A connection handed back idle: its halves as they were given to [`serve`] (take them
+/// back as their own types through `Box<dyn Any>`).
+pub struct Parked {
+    /// The read half; nothing read from it is left unserved.
+    pub reader: ReadHalf,
+    /// The write half; every response is written.
+    pub writer: WriteHalf,
+}
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parked").finish_non_exhaustive()
+    }
+}
+
+/// Serves requests on one HTTP/1.1 connection until it closes, turns out to be HTTP/2, or
+/// parks ([`Served`]); `shutdown` says when the server drains.
 ///
 /// Not an `async fn`: the connection is built before the future, so the future holds it
 /// alone. An `async fn` keeps every argument's slot for its whole life, moved out or not
@@ -84,11 +126,11 @@ pub fn serve<H: Handler, S: Shutdown>(
     handler: H,
     limits: Limits,
     shutdown: &mut S,
-    sniff_h2: bool,
-) -> impl Future<Output = Option<Joined>> {
+    start: Start,
+) -> impl Future<Output = Served> {
     reader.body_wait.set_limit(limits.body);
     let mut conn = Connection {
-        sniff_h2,
+        sniff_h2: matches!(start, Start::New { sniff_h2: true }),
         reader: Some(reader),
         writer,
         out: Vec::new(),
@@ -96,7 +138,7 @@ pub fn serve<H: Handler, S: Shutdown>(
         shutdown,
         idle: WaitTimeout::new(limits.idle),
         head_wait: WaitTimeout::new(limits.header),
-        first: true,
+        first: matches!(start, Start::New { .. }),
         request_timer: LazyTimer::new(),
         handler,
     };
@@ -106,7 +148,7 @@ pub fn serve<H: Handler, S: Shutdown>(
 impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
     /// The connection's loop, one request per turn: the next head, its body lent to the
     /// request, `100 Continue`, the handler, the response; until the connection closes.
-    async fn run(&mut self) -> Option<Joined> {
+    async fn run(&mut self) -> Served {
         loop {
             let (mut req, meta) = match self.next_head().await {
                 Next::Request(req, meta) => (req, meta),
@@ -115,17 +157,27 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                 // waits for its next request.
                 Next::Refused(refused) => {
                     Box::pin(self.refuse(refused)).await;
-                    return None;
+                    return Served::Closed;
                 }
                 Next::Close => {
                     Box::pin(self.close()).await;
-                    return None;
+                    return Served::Closed;
                 }
                 Next::Http2 => {
-                    let reader = *self.reader.take()?;
-                    let writer = std::mem::replace(&mut self.writer, Box::new(tokio::io::sink()));
-                    return Some(Joined {
+                    let Some((reader, writer)) = self.take_halves() else {
+                        return Served::Closed;
+                    };
+                    return Served::Http2(Joined {
                         prelude: reader.buf.freeze(),
+                        reader: reader.io,
+                        writer,
+                    });
+                }
+                Next::Park => {
+                    let Some((reader, writer)) = self.take_halves() else {
+                        return Served::Closed;
+                    };
+                    return Served::Parked(Parked {
                         reader: reader.io,
                         writer,
                     });
@@ -158,7 +210,7 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                         .await
                         .is_err()
                     {
-                        return None;
+                        return Served::Closed;
                     }
                 } else {
                     // Told no `100 Continue`, the client may or may not send its body: the
@@ -182,14 +234,22 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                 Ok(Written::KeepAlive) => {}
                 Ok(Written::Close) => {
                     Box::pin(self.close()).await;
-                    return None;
+                    return Served::Closed;
                 }
                 // The tunnel owns the connection now.
-                Ok(Written::Upgraded) => return None,
+                Ok(Written::Upgraded) => return Served::Closed,
                 // The client went away or stopped reading: nothing to tell it.
-                Err(_) => return None,
+                Err(_) => return Served::Closed,
             }
         }
+    }
+
+    /// The connection's reader and write half, to give the connection back whole (`None`
+    /// while a request body has the reader, which never happens between requests).
+    fn take_halves(&mut self) -> Option<(Reader, WriteHalf)> {
+        let reader = self.reader.take()?;
+        let writer = std::mem::replace(&mut self.writer, Box::new(tokio::io::sink()));
+        Some((*reader, writer))
     }
 
     /// One request's turn once its head is read: the handler, then the response.

@@ -17,8 +17,9 @@ use tokio::sync::Notify;
 
 use tailguard_http1::LastWaker;
 
-/// The accept loop's side: starts the drain and waits for it to finish.
-#[derive(Debug, Default)]
+/// The accept loop's side: starts the drain and waits for it to finish. A clone gives
+/// watches too (the parker's, for the connections it hands back).
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Drain {
     shared: Arc<Shared>,
 }

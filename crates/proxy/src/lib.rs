@@ -55,6 +55,7 @@ pub(crate) mod forward_h2;
 pub mod gateway;
 pub(crate) mod handler;
 pub mod metrics;
+pub(crate) mod park;
 pub mod record;
 pub(crate) mod respond;
 pub mod response_body;

@@ -147,6 +147,7 @@ pub struct GatewayMetrics {
     in_flight: Gauge,
     connections_opened: Counter,
     connections_active: Gauge,
+    connections_parked: Gauge,
     pool: Arc<PoolMetrics>,
     errors: Family<Counter>,
     error_table: Box<[OnceLock<Counter>]>,
@@ -250,6 +251,11 @@ impl GatewayMetrics {
             "tailguard_downstream_connections_active",
             "Client connections open now.",
         )?;
+        let connections_parked = gauge(
+            "tailguard_downstream_connections_parked",
+            "Idle HTTP/1.1 client connections parked (waiting for their next request without a \
+             task; counted in the active ones too).",
+        )?;
         let pool = PoolMetrics::register(r)?;
         let errors = r.counter(
             "tailguard_errors",
@@ -304,6 +310,7 @@ impl GatewayMetrics {
             in_flight,
             connections_opened,
             connections_active,
+            connections_parked,
             pool,
             errors,
             unrouted,
@@ -416,6 +423,12 @@ impl GatewayMetrics {
         }
     }
 
+    /// A client connection was parked; it counts as parked until the guard drops.
+    pub(crate) fn connection_parked(self: &Arc<Self>) -> ParkedGuard {
+        self.connections_parked.inc();
+        ParkedGuard(Arc::clone(self))
+    }
+
     /// A client connection was accepted; it counts as active until the guard drops.
     pub(crate) fn connection_opened(self: &Arc<Self>) -> ConnectionGuard {
         self.connections_opened.inc();
@@ -452,6 +465,16 @@ impl GatewayMetrics {
 /// Keeps a downstream connection counted as active.
 #[derive(Debug)]
 pub(crate) struct ConnectionGuard(Arc<GatewayMetrics>);
+
+/// Counts a connection as parked until dropped.
+#[derive(Debug)]
+pub(crate) struct ParkedGuard(Arc<GatewayMetrics>);
+
+impl Drop for ParkedGuard {
+    fn drop(&mut self) {
+        self.0.connections_parked.dec();
+    }
+}
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {

@@ -1,6 +1,7 @@
 //! Listeners: bind, accept (up to the connection limit), TLS with ALPN, HTTP/1.1 (own) and
 //! HTTP/2 on each connection, listeners that follow a reload, and graceful shutdown.
 
+use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -11,9 +12,10 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tailguard_access_log::AccessLog;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
@@ -25,6 +27,8 @@ use crate::drain::{Drain, Watch};
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::handler::Http1Handler;
+use crate::metrics::{ConnectionGuard, ParkedGuard};
+use crate::park::Parker;
 use tailguard_http1::server::{self as downstream, Reader};
 use tailguard_http1::timer::LazyTimer;
 
@@ -137,6 +141,7 @@ fn http1(limits: &Limits, timeouts: &Timeouts) -> downstream::Limits {
         idle: millis(timeouts.idle_ms),
         header: millis(timeouts.header_ms),
         body: millis(timeouts.body_ms),
+        park_after: millis(timeouts.park_ms),
         linger: downstream::Linger::DEFAULT,
     }
 }
@@ -650,8 +655,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 type Ready = std::sync::mpsc::Sender<Result<Handle, Error>>;
 
-/// How often a serving thread closes its idle upstream connections past the idle timeout.
+/// How often a serving thread closes its idle upstream connections past the idle timeout,
+/// and runs the process's [`set_serving_thread_housekeeping`].
 const EVICT_EVERY: Duration = Duration::from_secs(1);
+
+/// What each serving thread runs once a second beside its own upkeep (set by the binary).
+static HOUSEKEEPING: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets what each serving thread runs once a second, on that thread: the `tailguard` binary
+/// has its allocator (mimalloc) collect the thread's freed memory there, which mimalloc
+/// gives back to the system only when the thread that owns it allocates or collects, and an
+/// idle serving thread does neither (the memory of connections closed or parked stayed
+/// resident). The first call wins; a library user of the gateway needs none.
+pub fn set_serving_thread_housekeeping(task: fn()) {
+    let _ = HOUSEKEEPING.set(task);
+}
 
 /// A serving thread's life: build its runtime, start the idle-connection reaper of its pool
 /// slots, report ready (with the runtime's handle, onto which the server spawns an accept
@@ -682,6 +700,9 @@ fn serve_thread(gateway: Arc<Gateway>, exit: tokio::sync::oneshot::Receiver<()>,
                 for pool in snapshot.h2_pools() {
                     pool.evict(now);
                 }
+                if let Some(task) = HOUSEKEEPING.get() {
+                    task();
+                }
             }
         });
         let _ = exit.await;
@@ -706,6 +727,32 @@ impl Acceptor {
         } = self;
         // Per accept loop, so a removed listener drains its own connections only.
         let drain = Drain::default();
+        // Its idle connections parked, and the task that hands them back to be served.
+        let parker = Arc::new(Parker::new());
+        tokio::spawn({
+            let parker = Arc::clone(&parker);
+            let gateway = Arc::clone(&gateway);
+            let drain = drain.clone();
+            async move {
+                parker
+                    .run(|stream, parked: Parked| {
+                        let Parked { admitted, gauge } = parked;
+                        drop(gauge);
+                        let ctx = conn_ctx(&gateway, &admitted.settings, admitted.remote);
+                        let shutdown = drain.watch();
+                        let parker = Arc::clone(&parker);
+                        tokio::spawn(serve_plain(
+                            stream,
+                            admitted,
+                            ctx,
+                            shutdown,
+                            parker,
+                            downstream::Start::Resumed,
+                        ));
+                    })
+                    .await;
+            }
+        });
         loop {
             // One read of the watch per accepted connection: a brief read lock that a
             // reload's store takes for a pointer swap, never a request's.
@@ -744,64 +791,156 @@ impl Acceptor {
                 },
             };
             let _ = stream.set_nodelay(true);
-            let counted = gateway.metrics().connection_opened();
-            let shutdown = drain.watch();
-            let ctx = Arc::new(ConnCtx {
-                snapshot: gateway.snapshot(),
-                current: Arc::clone(gateway.current()),
+            let admitted = Admitted {
+                _counted: gateway.metrics().connection_opened(),
+                _permit: permit,
+                settings,
                 remote,
-                client: crate::headers::Client::new(
-                    remote.ip(),
-                    settings.tls.is_some(),
-                    gateway.is_trusted(remote.ip()),
-                ),
-                tls: settings.tls.is_some(),
-                access_log: settings.access_log.clone(),
-                rate_limit: settings.rate_limit.clone(),
-            });
-            tokio::spawn(async move {
-                let _permit = permit;
-                let _counted = counted;
-                serve_connection(stream, settings, ctx, shutdown).await;
-            });
+            };
+            let shutdown = drain.watch();
+            let ctx = conn_ctx(&gateway, &admitted.settings, remote);
+            tokio::spawn(serve_connection(
+                stream,
+                admitted,
+                ctx,
+                shutdown,
+                Arc::clone(&parker),
+            ));
         }
-        // Refuse new connections at once, while the open ones finish.
+        // Refuse new connections at once, close the parked ones, while the busy ones finish.
         drop(listener);
+        parker.close();
         drain.finish().await;
     }
+}
+
+/// What a connection keeps from its accept to its close, served or parked.
+struct Admitted {
+    /// The listener's settings at the accept.
+    settings: Arc<Settings>,
+    remote: SocketAddr,
+    /// Its place under the listener's connection limit.
+    _permit: OwnedSemaphorePermit,
+    /// Counts it in `tailguard_downstream_connections_active`.
+    _counted: ConnectionGuard,
+}
+
+/// What a parked connection keeps: its [`Admitted`], and its count as parked.
+struct Parked {
+    admitted: Admitted,
+    gauge: ParkedGuard,
+}
+
+/// The state a connection's requests are served with: made at the accept, and again when a
+/// parked connection is served again (with the snapshot current then).
+fn conn_ctx(gateway: &Gateway, settings: &Settings, remote: SocketAddr) -> Arc<ConnCtx> {
+    Arc::new(ConnCtx {
+        snapshot: gateway.snapshot(),
+        current: Arc::clone(gateway.current()),
+        remote,
+        client: crate::headers::Client::new(
+            remote.ip(),
+            settings.tls.is_some(),
+            gateway.is_trusted(remote.ip()),
+        ),
+        tls: settings.tls.is_some(),
+        access_log: settings.access_log.clone(),
+        rate_limit: settings.rate_limit.clone(),
+    })
 }
 
 /// Serves one connection, plain or TLS: HTTP/2 when ALPN chose it or (plain) the client
 /// opened with the HTTP/2 preface (h2c with prior knowledge), else HTTP/1.1.
 async fn serve_connection(
     stream: TcpStream,
-    settings: Arc<Settings>,
+    admitted: Admitted,
     ctx: Arc<ConnCtx>,
-    mut shutdown: Watch,
+    shutdown: Watch,
+    parker: Arc<Parker<Parked>>,
 ) {
-    if let Some(acceptor) = settings.tls.clone() {
+    if let Some(acceptor) = admitted.settings.tls.clone() {
         // Boxed: as a part of the connection's task, the TLS path's state (the TLS stream,
         // 1.2 KB, beside the HTTP/1.1 connection's future) sized every connection's task,
         // plain HTTP/1.1 ones included: 2.7 KB, where a plain connection's needs ~1 KB.
+        let settings = Arc::clone(&admitted.settings);
         Box::pin(serve_tls_connection(
             stream, acceptor, settings, ctx, shutdown,
         ))
         .await;
         return;
     }
-    let (read, write) = stream.into_split();
-    let reader = Reader::new(Box::new(read), BytesMut::new());
-    let served = downstream::serve(
-        reader,
-        Box::new(write),
-        Http1Handler(Arc::clone(&ctx)),
-        settings.http1,
-        &mut shutdown,
-        true,
+    serve_plain(
+        stream,
+        admitted,
+        ctx,
+        shutdown,
+        parker,
+        downstream::Start::New { sniff_h2: true },
     )
     .await;
-    if let Some(joined) = served {
-        Box::pin(serve_http2(joined, ctx, &settings.http2, shutdown)).await;
+}
+
+/// A plain connection: HTTP/1.1 (parked when idle for `timeouts.park_ms`), or HTTP/2 when
+/// it opens with the preface.
+async fn serve_plain(
+    mut stream: TcpStream,
+    mut admitted: Admitted,
+    ctx: Arc<ConnCtx>,
+    mut shutdown: Watch,
+    parker: Arc<Parker<Parked>>,
+    mut start: downstream::Start,
+) {
+    loop {
+        let (read, write) = stream.into_split();
+        let reader = Reader::new(Box::new(read), BytesMut::new());
+        let served = downstream::serve(
+            reader,
+            Box::new(write),
+            Http1Handler(Arc::clone(&ctx)),
+            admitted.settings.http1,
+            &mut shutdown,
+            start,
+        )
+        .await;
+        let halves = match served {
+            downstream::Served::Closed => return,
+            downstream::Served::Http2(joined) => {
+                let settings = Arc::clone(&admitted.settings);
+                Box::pin(serve_http2(joined, ctx, &settings.http2, shutdown)).await;
+                return;
+            }
+            downstream::Served::Parked(halves) => halves,
+        };
+        // The halves this function made: taken back as their own types, and joined.
+        let reader: Box<dyn Any> = halves.reader;
+        let writer: Box<dyn Any> = halves.writer;
+        let (Ok(reader), Ok(writer)) = (
+            reader.downcast::<OwnedReadHalf>(),
+            writer.downcast::<OwnedWriteHalf>(),
+        ) else {
+            return;
+        };
+        let Ok(idle) = reader.reunite(*writer) else {
+            return;
+        };
+        let limits = admitted.settings.http1;
+        // The rest of the idle timeout: the engine parks after `park_after` of it.
+        let deadline = limits.idle.map(|idle| {
+            tokio::time::Instant::now() + idle.saturating_sub(limits.park_after.unwrap_or_default())
+        });
+        let parked = Parked {
+            gauge: ctx.snapshot.metrics.gateway.connection_parked(),
+            admitted,
+        };
+        match parker.park(idle, parked, deadline) {
+            Ok(()) => return,
+            // Readable already (or the listener drains): served on, on this task.
+            Err((again, parked)) => {
+                stream = again;
+                admitted = parked.admitted;
+                start = downstream::Start::Resumed;
+            }
+        }
     }
 }
 
@@ -839,14 +978,20 @@ async fn serve_tls_connection(
         tokio::io::split(stream)
     };
     let reader = Reader::new(Box::new(read), BytesMut::new());
+    // A TLS connection does not park: its TLS state (~10 KB) would stay with it, so the task
+    // is the lesser part of what it holds.
+    let limits = downstream::Limits {
+        park_after: None,
+        ..settings.http1
+    };
     // Over TLS without ALPN h2 the client speaks HTTP/1.1 (a preface is a bad request).
     let _ = downstream::serve(
         reader,
         Box::new(write),
         Http1Handler(ctx),
-        settings.http1,
+        limits,
         &mut shutdown,
-        false,
+        downstream::Start::New { sniff_h2: false },
     )
     .await;
 }

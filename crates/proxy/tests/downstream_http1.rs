@@ -1616,6 +1616,124 @@ async fn idle_connections_are_closed_after_idle_ms() {
     );
 }
 
+/// A gauge of the gateway's, as a scrape reads it.
+fn gauge(server: &tailguard_proxy::Server, name: &str) -> u64 {
+    let text = support::metrics_text(server);
+    let line = text
+        .lines()
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' '))
+        })
+        .unwrap_or_else(|| panic!("{name} is exported"));
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a count")
+}
+
+/// Waits until the gauge `name` reads `n` (bounded: the test fails if it never does).
+async fn until_gauge(server: &tailguard_proxy::Server, name: &str, n: u64) {
+    let bound = tokio::time::Instant::now() + Duration::from_secs(10);
+    while gauge(server, name) != n {
+        assert!(
+            tokio::time::Instant::now() < bound,
+            "{name} is {} after 10 s, not {n}",
+            gauge(server, name)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `n` connections are parked.
+async fn until_parked(server: &tailguard_proxy::Server, n: u64) {
+    until_gauge(server, "tailguard_downstream_connections_parked", n).await;
+}
+
+#[tokio::test]
+async fn an_idle_connection_parks_and_serves_its_next_requests() {
+    let upstream = RawUpstream::echo_line().await;
+    let server = gateway_to(upstream.addr, "[timeouts]\npark_ms = 50\nidle_ms = 60000\n");
+    let mut c = Client::to(&server).await;
+    let mut other = Client::to(&server).await;
+    for round in 0..3 {
+        c.send(&get(&format!("/round/{round}"))).await;
+        assert_echoed(
+            &within(c.response()).await,
+            "GET",
+            &format!("/round/{round}"),
+        );
+        until_parked(&server, 1).await;
+        // A request arriving in pieces on a parked connection: the first piece wakes it.
+        c.send(b"GET /split HTTP/1.1\r\n").await;
+        tokio::task::yield_now().await;
+        c.send(b"Host: gw.test\r\n\r\n").await;
+        assert_echoed(&within(c.response()).await, "GET", "/split");
+    }
+    // Pipelined requests after a park are all answered, in order.
+    until_parked(&server, 1).await;
+    let mut two = get("/p1");
+    two.extend_from_slice(&get("/p2"));
+    c.send(&two).await;
+    assert_echoed(&within(c.response()).await, "GET", "/p1");
+    assert_echoed(&within(c.response()).await, "GET", "/p2");
+    // A connection that has sent nothing yet is not parked (its head is timed from the
+    // accept); once it has been served, it is.
+    other.send(&get("/other")).await;
+    assert_echoed(&within(other.response()).await, "GET", "/other");
+    until_parked(&server, 2).await;
+    // A client that closes its parked connection is gone: nothing parked, nothing leaks.
+    drop(other);
+    drop(c);
+    until_parked(&server, 0).await;
+    until_gauge(&server, "tailguard_downstream_connections_active", 0).await;
+}
+
+/// A gateway that parks connections idle for 50 ms and closes them after `idle_ms`, and a
+/// client whose one request was answered and whose connection then parked; with the time
+/// of the answer.
+async fn a_parked_client(
+    idle_ms: u64,
+) -> (
+    RawUpstream,
+    tailguard_proxy::Server,
+    Client,
+    tokio::time::Instant,
+) {
+    let upstream = RawUpstream::echo_line().await;
+    let config = format!("[timeouts]\npark_ms = 50\nidle_ms = {idle_ms}\n");
+    let server = gateway_to(upstream.addr, &config);
+    let mut c = Client::to(&server).await;
+    c.send(&get("/once")).await;
+    within(c.response()).await;
+    let answered = tokio::time::Instant::now();
+    until_parked(&server, 1).await;
+    (upstream, server, c, answered)
+}
+
+#[tokio::test]
+async fn a_parked_connection_is_closed_at_its_idle_timeout() {
+    let (_upstream, server, mut c, answered) = a_parked_client(400).await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), c.until_closed()).await;
+    assert_eq!(closed.map(|rest| rest.is_empty()), Ok(true));
+    // The idle timeout counts from the response, not from the park.
+    assert!(
+        answered.elapsed() >= Duration::from_millis(400),
+        "closed {:?} after the response",
+        answered.elapsed()
+    );
+    until_parked(&server, 0).await;
+}
+
+#[tokio::test]
+async fn a_drain_closes_parked_connections_at_once() {
+    let (_upstream, server, mut c, _) = a_parked_client(60_000).await;
+    let drained = server.shutdown(Duration::from_secs(30)).await;
+    assert!(drained, "a parked connection does not hold the drain up");
+    let closed = tokio::time::timeout(Duration::from_secs(10), c.until_closed()).await;
+    assert_eq!(closed.map(|rest| rest.is_empty()), Ok(true));
+}
+
 #[tokio::test]
 async fn the_idle_timeout_counts_from_the_last_response_not_from_the_first() {
     // Requests 150 ms apart for ~2 s on one connection with idle_ms = 1000: every gap is

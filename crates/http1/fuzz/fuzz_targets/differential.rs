@@ -240,6 +240,7 @@ async fn exchange(data: &[u8]) {
         idle: Some(Duration::from_millis(200)),
         header: Some(Duration::from_millis(200)),
         body: Some(Duration::from_millis(200)),
+        park_after: None,
         linger: server::Linger::DEFAULT,
     };
     let serve = async {
@@ -250,7 +251,7 @@ async fn exchange(data: &[u8]) {
             &forwarder,
             limits,
             &mut never,
-            false,
+            server::Start::New { sniff_h2: false },
         )
         .await;
     };

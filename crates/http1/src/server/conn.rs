@@ -23,6 +23,8 @@ pub(super) enum Next<B> {
     Close,
     /// The connection opened with the HTTP/2 preface.
     Http2,
+    /// Idle for `limits.park_after`: nothing buffered, nothing under way.
+    Park,
 }
 
 /// What an h2c client sends first (RFC 9113 §3.4).
@@ -76,7 +78,16 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
         // A new connection's first head is timed from the accept; a later one from its
         // first byte (before it, the connection is idle).
         let from_accept = std::mem::take(first);
-        poll_fn(|cx| {
+        // Parking (after a first request, and only sooner than the idle timeout) rides on
+        // the idle timer: its limit is the park delay while nothing has arrived, and the
+        // idle timeout again for the writes that follow (restored below).
+        let mut parking = limits
+            .park_after
+            .filter(|park| !from_accept && limits.idle.is_none_or(|idle| *park < idle));
+        if parking.is_some() {
+            idle.set_limit(parking);
+        }
+        let next = poll_fn(|cx| {
             loop {
                 if *sniff_h2 {
                     let n = reader.buf.len().min(PREFACE.len());
@@ -130,13 +141,27 @@ impl<H: Handler, S: Shutdown> Connection<'_, H, S> {
                     Next::Refused(RequestError::HeadTimeout)
                 });
             }
+            if parking.is_some() && !waiting {
+                // A head has begun: the wait for it is the idle timeout's again, counted
+                // from now (only without a header timeout does the idle timer govern it).
+                parking = None;
+                idle.set_limit(limits.idle);
+                idle.restart();
+            }
             if (waiting || limits.header.is_none()) && idle.poll_expired(cx) {
+                if parking.is_some() {
+                    return Poll::Ready(Next::Park);
+                }
                 // As hyper and nginx do: a head that does not arrive in time gets no answer,
                 // the connection just closes.
                 return Poll::Ready(Next::Close);
             }
             Poll::Pending
         })
-        .await
+        .await;
+        if parking.is_some() {
+            self.idle.set_limit(self.limits.idle);
+        }
+        next
     }
 }

@@ -1,6 +1,7 @@
 //! A downstream connection's two halves, and the writes to the client: each bounded by the
 //! idle timeout, vectored however the writes fall.
 
+use std::any::Any;
 use std::future::Future;
 use std::future::poll_fn;
 use std::io::{self, IoSlice};
@@ -12,9 +13,19 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::timer::WaitTimeout;
 
 /// A readable half of a downstream connection (plain TCP or TLS).
-pub type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+pub type ReadHalf = Box<dyn ReadIo>;
 /// A writable half of a downstream connection.
-pub type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+pub type WriteHalf = Box<dyn WriteIo>;
+
+/// What a [`ReadHalf`] holds: any reader, which its owner can take back as its own type
+/// (`Box<dyn Any>` and a downcast) when the connection is handed back parked
+/// ([`Served::Parked`](super::Served::Parked)).
+pub trait ReadIo: AsyncRead + Send + Unpin + Any {}
+impl<T: AsyncRead + Send + Unpin + Any> ReadIo for T {}
+
+/// What a [`WriteHalf`] holds; as [`ReadIo`].
+pub trait WriteIo: AsyncWrite + Send + Unpin + Any {}
+impl<T: AsyncWrite + Send + Unpin + Any> WriteIo for T {}
 
 /// Runs a write to the client, failing it if it stays blocked for the idle timeout: a
 /// client that stops reading would otherwise hold its connection (and the upstream's) for

@@ -20,6 +20,11 @@ pub struct Limits {
     /// `timeouts.body_ms`: the longest wait for the next bytes of a request body; then the
     /// body fails with [`BodyError::Timeout`](crate::BodyError::Timeout).
     pub body: Option<Duration>,
+    /// `timeouts.park_ms`: a keep-alive connection idle this long (after its first request)
+    /// is handed back to the caller, [`Served::Parked`](super::Served::Parked), to wait for
+    /// its next request without its task; `None` (and any value not under `idle`) keeps
+    /// every connection on its task until it closes.
+    pub park_after: Option<Duration>,
     /// How a close with unread bytes lingers ([`Linger::DEFAULT`] unless a test needs
     /// small bounds).
     pub linger: Linger,

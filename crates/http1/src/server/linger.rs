@@ -72,7 +72,9 @@ mod tests {
 
     use crate::error::RequestError;
     use crate::framing;
-    use crate::server::{H1Body, Handler, Limits, Linger, OutgoingBody, Reader, Shutdown, serve};
+    use crate::server::{
+        H1Body, Handler, Limits, Linger, OutgoingBody, Reader, Shutdown, Start, serve,
+    };
     use crate::timer::LazyTimer;
 
     /// The connection's buffer each way: a client writing more than this waits for the
@@ -137,6 +139,7 @@ mod tests {
             idle: None,
             header: None,
             body: None,
+            park_after: None,
             linger,
         };
         let reader = Reader::new(Box::new(read), BytesMut::new());
@@ -146,7 +149,7 @@ mod tests {
             EarlyAnswer,
             limits,
             &mut NoShutdown,
-            false,
+            Start::New { sniff_h2: false },
         )
         .await;
         Instant::now()
