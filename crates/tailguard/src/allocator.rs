@@ -40,6 +40,14 @@ fn collect_this_thread() {
 /// own heap (for `run` only: the load generator and the lab's short-lived commands do not
 /// need it).
 pub(crate) fn give_back_freed_memory() {
+    // No transparent huge pages for the process: a 2 MiB page stays resident while any byte
+    // of it is used, and cannot be given back 64 KiB at a time, so the memory of closed and
+    // parked connections stayed counted (an idle HTTP/1.1 connection 2.2 KB instead of
+    // 1.0 KB, `docs/benchmarks/2026-11-28-idle-park/`). The `no_thp` build of mimalloc stops
+    // it asking for them (`madvise`); this covers hosts whose THP mode is `always`.
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        eprintln!("tailguard: transparent huge pages stay on: {e}");
+    }
     tailguard_proxy::server::set_serving_thread_housekeeping(collect_this_thread);
     let started = std::thread::Builder::new()
         .name("tailguard-free".into())
