@@ -147,18 +147,7 @@ impl Encoder {
             out: &mut out[at + 4..],
             at: 0,
         };
-        w.bytes(1, &s.trace_id.0);
-        w.bytes(2, &s.span_id.0);
-        if s.parent_span_id.is_valid() {
-            w.bytes(4, &s.parent_span_id.0);
-        }
-        w.bytes(5, name);
-        w.tag(6, VARINT);
-        w.byte(span_kind(s.kind));
-        w.tag(7, FIXED64);
-        w.raw(&s.start_unix_nanos.to_le_bytes());
-        w.tag(8, FIXED64);
-        w.raw(&s.end_unix_nanos.max(s.start_unix_nanos).to_le_bytes());
+        w.span_head(s, name);
         for (key, value, known_utf8) in s.attributes_for_encoding() {
             if let Value::Str(v) = value
                 && !known_utf8
@@ -242,18 +231,7 @@ impl Encoder {
         };
         w.tag(2, LEN);
         w.varint(body as u64);
-        w.bytes(1, &s.trace_id.0);
-        w.bytes(2, &s.span_id.0);
-        if parent {
-            w.bytes(4, &s.parent_span_id.0);
-        }
-        w.bytes(5, &name);
-        w.tag(6, VARINT);
-        w.byte(span_kind(s.kind));
-        w.tag(7, FIXED64);
-        w.raw(&s.start_unix_nanos.to_le_bytes());
-        w.tag(8, FIXED64);
-        w.raw(&s.end_unix_nanos.max(s.start_unix_nanos).to_le_bytes());
+        w.span_head(s, &name);
         for (i, (key, value, _)) in s.attributes_for_encoding().enumerate() {
             match value {
                 Value::Str(v) if repair & (1 << i) != 0 => {
@@ -423,6 +401,24 @@ impl Cursor<'_> {
         self.tag(field, LEN);
         self.varint(value.len() as u64);
         self.raw(value);
+    }
+
+    /// A span's fields before its attributes: ids (the parent's only when it has one), name
+    /// (UTF-8 already), kind, start and end.
+    #[inline]
+    fn span_head(&mut self, s: &Span, name: &[u8]) {
+        self.bytes(1, &s.trace_id.0);
+        self.bytes(2, &s.span_id.0);
+        if s.parent_span_id.is_valid() {
+            self.bytes(4, &s.parent_span_id.0);
+        }
+        self.bytes(5, name);
+        self.tag(6, VARINT);
+        self.byte(span_kind(s.kind));
+        self.tag(7, FIXED64);
+        self.raw(&s.start_unix_nanos.to_le_bytes());
+        self.tag(8, FIXED64);
+        self.raw(&s.end_unix_nanos.max(s.start_unix_nanos).to_le_bytes());
     }
 
     /// `Span.status` (field 15): `Status { code }` (code is its field 3), present even when
@@ -749,12 +745,7 @@ mod tests {
 
         #[test]
         fn a_body_whose_length_takes_all_three_bytes_is_written_in_place() {
-            let ctx = SpanContext {
-                trace_id: TraceId::random(),
-                span_id: SpanId::random(),
-                sampled: true,
-            };
-            let mut s = Span::new(SpanKind::Server, &ctx, None);
+            let mut s = crate::span::root_server_span();
             // A static name: the only unbounded part (20,000 bytes: a 3-byte length).
             s.set_name(String::leak("n".repeat(20_000)));
             s.str("k", "v");
@@ -770,12 +761,7 @@ mod tests {
 
         #[test]
         fn a_span_with_bytes_that_are_not_utf8_takes_the_two_pass_path_and_leaves_out_as_it_was() {
-            let ctx = SpanContext {
-                trace_id: TraceId::random(),
-                span_id: SpanId::random(),
-                sampled: true,
-            };
-            let mut s = Span::new(SpanKind::Server, &ctx, None);
+            let mut s = crate::span::root_server_span();
             s.bytes("ok", b"fine");
             s.bytes("bad", b"a\xffb");
             let encoder = Encoder::new(&Resource::new("gw"));

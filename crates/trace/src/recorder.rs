@@ -366,12 +366,7 @@ mod tests {
     use crate::span::SpanKind;
 
     fn span() -> Span {
-        let ctx = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
-        Span::new(SpanKind::Server, &ctx, None)
+        crate::span::root_server_span()
     }
 
     #[test]

@@ -261,17 +261,23 @@ impl Span {
     }
 }
 
+/// A server span of a new trace, with no parent and nothing set (for the crate's tests).
+#[cfg(test)]
+pub(crate) fn root_server_span() -> Span {
+    let ctx = SpanContext {
+        trace_id: TraceId::random(),
+        span_id: SpanId::random(),
+        sampled: true,
+    };
+    Span::new(SpanKind::Server, &ctx, None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn span() -> Span {
-        let ctx = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
-        Span::new(SpanKind::Server, &ctx, None)
+        root_server_span()
     }
 
     #[test]
