@@ -3,7 +3,7 @@
 //! accepted, worth retrying (with the collector's requested delay), or not.
 //!
 //! Retryable, as the OTLP spec lists them: HTTP 429, 502, 503 and 504 (honouring
-//! `Retry-After` in seconds), and any transport failure; gRPC `CANCELLED`,
+//! `Retry-After`, in seconds or as an HTTP date), and any transport failure; gRPC `CANCELLED`,
 //! `DEADLINE_EXCEEDED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`, `DATA_LOSS`, and
 //! `RESOURCE_EXHAUSTED` only when the status carries a `RetryInfo` (its delay honoured).
 
@@ -250,9 +250,7 @@ impl HttpTransport {
         let after = response
             .headers()
             .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
         // Collectors answer with a few bytes; a bigger answer is not read to the end.
         let body = Limited::new(response.into_body(), 64 * 1024)
             .collect()
@@ -501,6 +499,18 @@ mod rpc {
     }
 }
 
+/// The delay a `Retry-After` value asks for at `now`: delta-seconds, or an HTTP date (RFC
+/// 9110 §10.2.3; a date already past asks for none). `None` for anything else, which the
+/// backoff then decides alone.
+fn retry_after(value: &HeaderValue, now: std::time::SystemTime) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if let Ok(secs) = text.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let date = httpdate::parse_http_date(text).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
 fn retry_delay(details: &[u8]) -> Option<Duration> {
     let status = rpc::Status::decode(details).ok()?;
     let info = status
@@ -519,6 +529,35 @@ fn retry_delay(details: &[u8]) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_as_an_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_785_000_000);
+        let at = |v: &str| retry_after(&HeaderValue::from_str(v).expect("a value"), now);
+        assert_eq!(at("2"), Some(Duration::from_secs(2)));
+        assert_eq!(at(" 120 "), Some(Duration::from_secs(120)));
+        let in_90s = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(at(&in_90s), Some(Duration::from_secs(90)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(5));
+        assert_eq!(
+            at(&past),
+            Some(Duration::ZERO),
+            "a date past asks for no wait"
+        );
+        // The two older date formats RFC 9110 still has recipients accept.
+        assert_eq!(
+            at("Sunday, 06-Nov-94 08:49:37 GMT"),
+            Some(Duration::ZERO),
+            "RFC 850"
+        );
+        assert_eq!(
+            at("Sun Nov  6 08:49:37 1994"),
+            Some(Duration::ZERO),
+            "asctime"
+        );
+        assert_eq!(at("soon"), None);
+        assert_eq!(at("-1"), None);
+    }
 
     #[test]
     fn grpc_statuses_are_sorted_as_the_otlp_spec_says() {
