@@ -1689,6 +1689,35 @@ async fn an_idle_connection_parks_and_serves_its_next_requests() {
     until_gauge(&server, "tailguard_downstream_connections_active", 0).await;
 }
 
+#[tokio::test]
+async fn connections_waking_around_the_park_delay_lose_no_request() {
+    // 40 connections, 15 requests each, with pauses just under, at and over `park_ms`: the
+    // next request arrives while the connection parks, just after, or long after. Every
+    // request is answered on its own connection, in order, and nothing stays counted.
+    let upstream = RawUpstream::echo_line().await;
+    let server = gateway_to(upstream.addr, "[timeouts]\npark_ms = 30\nidle_ms = 60000\n");
+    let pauses = [0u64, 25, 29, 30, 31, 35, 60];
+    let mut clients = Vec::new();
+    for i in 0..40usize {
+        let mut c = Client::to(&server).await;
+        clients.push(tokio::spawn(async move {
+            for n in 0..15usize {
+                let path = format!("/c{i}/r{n}");
+                c.send(&get(&path)).await;
+                assert_echoed(&within(c.response()).await, "GET", &path);
+                let pause = pauses[(i + n) % pauses.len()];
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+        }));
+    }
+    for c in clients {
+        c.await.expect("every request answered");
+    }
+    assert_eq!(upstream.seen().len(), 40 * 15);
+    until_gauge(&server, "tailguard_downstream_connections_active", 0).await;
+    until_parked(&server, 0).await;
+}
+
 /// A gateway that parks connections idle for 50 ms and closes them after `idle_ms`, and a
 /// client whose one request was answered and whose connection then parked; with the time
 /// of the answer.
