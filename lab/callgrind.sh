@@ -28,10 +28,6 @@ done
 # shellcheck source=lab/lib.sh
 . lab/lib.sh
 trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 600); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.1; done
-  echo "callgrind: nothing answers on port $1" >&2; exit 1
-}
 start_origin "0-$(($(nproc) - 1))"
 gw_port=$(free_port)
 proxy_config "127.0.0.1:$gw_port" > "$out/gateway.toml"
@@ -49,7 +45,8 @@ else
 fi
 gw=$!
 pids+=("$gw")
-wait_port "$gw_port"
+# Valgrind starts the gateway slowly.
+wait_port "$gw_port" 60
 "$exe" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration 3s --connections "$conns" --brief > /dev/null
 callgrind_control --zero "$gw" > /dev/null
 secs=$(( (requests + rate - 1) / rate ))
@@ -65,8 +62,8 @@ if [ "${GATEWAY:-tailguard}" = nginx ]; then what=$(nginx -v 2>&1); else what=$(
 echo "$what: $done_n requests measured; $total instructions; $((total / done_n)) per request"
 echo "dump: $dump"
 echo
-echo "## inclusive, per request"
-callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null | python3 -c "
+per_request() { # callgrind_annotate options: its top functions, per request
+  callgrind_annotate "$@" --threshold=100 "$dump" 2>/dev/null | python3 -c "
 import re, sys
 n = $done_n; k = 0
 for line in sys.stdin:
@@ -76,15 +73,9 @@ for line in sys.stdin:
     k += 1
     if k >= $top: break
 sys.stdin.read()  # the rest unread would end callgrind_annotate with SIGPIPE"
+}
+echo "## inclusive, per request"
+per_request --inclusive=yes
 echo
 echo "## self, per request"
-callgrind_annotate --threshold=100 "$dump" 2>/dev/null | python3 -c "
-import re, sys
-n = $done_n; k = 0
-for line in sys.stdin:
-    m = re.match(r'\s*([\d,]+) \([ \d.]+%\)\s+(.*)', line)
-    if not m or 'PROGRAM TOTALS' in line: continue
-    print(f'{int(m.group(1).replace(\",\", \"\")) / n:10.0f}  {m.group(2)[:160]}')
-    k += 1
-    if k >= $top: break
-sys.stdin.read()  # the rest unread would end callgrind_annotate with SIGPIPE"
+per_request

@@ -36,8 +36,11 @@ EOF_ORIGIN
 }
 
 # wait_port PORT: returns once http://127.0.0.1:PORT/ answers (10 s at most), else exits.
-wait_port() {
-  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0; sleep 0.05; done
+wait_port() { # port [seconds, default 10]
+  for _ in $(seq $(( ${2:-10} * 20 ))); do
+    curl -fs -o /dev/null "http://127.0.0.1:$1/" && return 0
+    sleep 0.05
+  done
   echo "$(basename "$0"): nothing answers on port $1" >&2
   exit 1
 }

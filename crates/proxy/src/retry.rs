@@ -229,6 +229,30 @@ enum Ended<R> {
     Failed(Error),
 }
 
+impl<R> Ended<R> {
+    /// The answer's status (read by `status_of`) or the failure: what the try's span, the
+    /// retry condition and the retry decision are told.
+    fn outcome(&self, status_of: impl FnOnce(&R) -> u16) -> (Option<u16>, Option<&Error>) {
+        match self {
+            Ended::Answer(answer) => (Some(status_of(answer)), None),
+            Ended::Failed(e) => (None, Some(e)),
+        }
+    }
+}
+
+/// The retry condition a try's outcome meets, if any.
+fn condition_met(
+    policy: &RetryPolicy,
+    status: Option<u16>,
+    failure: Option<&Error>,
+) -> Option<Reason> {
+    match (status, failure) {
+        (Some(status), _) => policy.reason_of_status(status),
+        (None, Some(e)) => policy.reason_of_error(e),
+        (None, None) => None,
+    }
+}
+
 /// Decides whether a try that ended is retried, and if so does the bookkeeping of the try
 /// it leaves (its pick completed, its outcome recorded, the retry counted and logged) and
 /// returns the endpoint of the next one. `status` is the try's answer, if it had one.
@@ -444,14 +468,12 @@ pub(crate) async fn exchange_http1(
             Err((e, back)) => (Ended::Failed(e), back),
         };
         let at = Instant::now();
-        match &ended {
-            Ended::Answer(resp) => record.trace_try_ended(Some(resp.status().as_u16()), None, at),
-            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind()), at),
-        }
-        let reason = match &ended {
-            _ if !more => None,
-            Ended::Answer(resp) => policy.reason_of_status(resp.status().as_u16()),
-            Ended::Failed(e) => policy.reason_of_error(e),
+        let (status, failure) = ended.outcome(|resp| resp.status().as_u16());
+        record.trace_try_ended(status, failure.map(Error::kind), at);
+        let reason = if more {
+            condition_met(policy, status, failure)
+        } else {
+            None
         };
         let unsent = back.is_some();
         let again = match (back, spare) {
@@ -464,10 +486,6 @@ pub(crate) async fn exchange_http1(
             (None, spare) => spare,
         };
         let next = reason.and_then(|reason| {
-            let (status, failure) = match &ended {
-                Ended::Answer(resp) => (Some(resp.status().as_u16()), None),
-                Ended::Failed(e) => (None, Some(e)),
-            };
             decide_retry(
                 snap,
                 route,
@@ -618,24 +636,16 @@ pub(crate) async fn exchange_h2(
             Err(e) => Ended::Failed(e),
         };
         let at = Instant::now();
-        match &ended {
-            Ended::Answer((resp, _)) => {
-                record.trace_try_ended(Some(resp.status().as_u16()), None, at);
-            }
-            Ended::Failed(e) => record.trace_try_ended(None, Some(e.kind()), at),
-        }
-        let reason = match &ended {
-            _ if last => None,
-            Ended::Answer((resp, _)) => policy.reason_of_status(resp.status().as_u16()),
-            Ended::Failed(e) => policy.reason_of_error(e),
+        let (status, failure) = ended.outcome(|(resp, _)| resp.status().as_u16());
+        record.trace_try_ended(status, failure.map(Error::kind), at);
+        let reason = if last {
+            None
+        } else {
+            condition_met(policy, status, failure)
         };
         let unsent = back.is_some();
         let again = back.or(spare);
         let next = reason.and_then(|reason| {
-            let (status, failure) = match &ended {
-                Ended::Answer((resp, _)) => (Some(resp.status().as_u16()), None),
-                Ended::Failed(e) => (None, Some(e)),
-            };
             decide_retry(
                 snap,
                 route,
