@@ -1,7 +1,8 @@
 //! Recording a span (built on the stack, copied into this thread's buffer, exported by the
 //! exporter thread to a real OTLP/HTTP sink on 127.0.0.1, the queue never full) against two baselines: building
 //! the span alone, and pushing it into one `Mutex<Vec<Span>>` shared by every thread (the
-//! shape of a shared bounded queue).
+//! shape of a shared bounded queue). And the exporter's side: encoding a batch of spans into
+//! one OTLP request (`encode`), per span.
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -14,7 +15,8 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tailguard_trace::{
-    ExportConfig, Exporter, Span, SpanContext, SpanId, SpanKind, TraceId, TraceMetrics,
+    ExportConfig, Exporter, Resource, Span, SpanContext, SpanId, SpanKind, TraceId, TraceMetrics,
+    encode_request,
 };
 
 /// A server span as the gateway builds one: 10 attributes, 3 of them copied strings.
@@ -131,5 +133,23 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+/// The exporter's encoding: a batch of 512 server spans (as `span` builds them) into one
+/// OTLP request, per span. The exporter thread pays this for every span it sends.
+fn encode(c: &mut Criterion) {
+    let ctx = SpanContext {
+        trace_id: TraceId::random(),
+        span_id: SpanId::random(),
+        sampled: true,
+    };
+    let spans: Vec<Span> = (0..512).map(|_| span(&ctx)).collect();
+    let resource = Resource::new("bench");
+    let mut g = c.benchmark_group("encode");
+    g.throughput(criterion::Throughput::Elements(512));
+    g.bench_function("server_spans_512", |b| {
+        b.iter(|| encode_request(black_box(&resource), black_box(&spans)));
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, encode);
 criterion_main!(benches);

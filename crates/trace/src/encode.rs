@@ -48,6 +48,18 @@ impl Resource {
     }
 }
 
+/// `spans` as one OTLP `ExportTraceServiceRequest` under `resource`: the bytes the
+/// exporter sends (before gzip), for a transport of one's own or a test. The exporter
+/// itself keeps one encoder and writes each batch into a buffer sized for it.
+pub fn encode_request(resource: &Resource, spans: &[Span]) -> Bytes {
+    let encoder = Encoder::new(resource);
+    let mut batch = encoder.batch_buffer(spans.len() * 256);
+    for s in spans {
+        encoder.span(s, &mut batch);
+    }
+    encoder.request(batch)
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -769,6 +781,21 @@ mod tests {
             assert!(!encoder.span_in_one_pass(&s, &mut out));
             assert_eq!(out, b"kept");
         }
+    }
+
+    #[test]
+    fn encode_request_is_the_exporters_request() {
+        let spans = [
+            crate::span::root_server_span(),
+            crate::span::root_server_span(),
+        ];
+        let resource = Resource::new("gw");
+        let body = encode_request(&resource, &spans);
+        let mut encoder = Encoder::new(&resource);
+        let expected = decode(&mut encoder, &spans);
+        let got = ExportTraceServiceRequest::decode(body).expect("decodes as OTLP");
+        assert_eq!(got, expected);
+        assert_eq!(got.resource_spans[0].scope_spans[0].spans.len(), 2);
     }
 
     #[test]
