@@ -1,3 +1,5 @@
+# The record of the run (paths as they were on the VM): the gateway config is gw.toml here;
+# the origin was nginx (one worker, `return 200 "hello, world\n"`) on 127.0.0.1:18081.
 set -e
 cd /tmp/pk
 for round in 1 2; do
