@@ -6,7 +6,8 @@
 //! registration only when the waiting task's waker is not the one registered already (so
 //! once per connection: no lock, no allocation, and no atomic read-modify-write per wait). tokio's `watch`/`Notify` took a lock to join and leave a waiter list
 //! on every wait (~1.5 % of the gateway's CPU per request in a profile). The lock here is
-//! taken once per connection (to join the list) and once per drain.
+//! taken once per connection to join the list, tried once as it leaves (to sweep the
+//! list's dead slots, when they are half of it), and once per drain.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -132,8 +133,18 @@ impl tailguard_http1::server::Shutdown for Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        if self.shared.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let open = self.shared.open.fetch_sub(1, Ordering::AcqRel) - 1;
+        if open == 0 {
             self.shared.ended.notify_waiters();
+        }
+        // A connection that parks or closes leaves a dead slot, whose waker's memory its
+        // `Weak` keeps. Swept here too, not only when another joins: connections parked
+        // after a burst, with nothing accepted since, each kept 56 bytes. Never waits: a
+        // busy list is swept by a later drop or join.
+        if let Ok(mut slots) = self.shared.slots.try_lock()
+            && slots.len() >= 2 * open.max(16)
+        {
+            slots.retain(|w| w.strong_count() > 0);
         }
     }
 }
@@ -182,6 +193,20 @@ mod tests {
             .await
             .expect("the drain ends with the connection")
             .expect("no panic");
+    }
+
+    #[test]
+    fn the_slots_of_ended_connections_are_swept_as_they_end() {
+        let drain = Drain::default();
+        let watches: Vec<Watch> = (0..1000).map(|_| drain.watch()).collect();
+        let slots = || drain.shared.slots.lock().expect("not poisoned").len();
+        assert_eq!(slots(), 1000);
+        // All end, and none joins after them (connections parked after a burst).
+        drop(watches);
+        assert!(slots() <= 32, "{} slots of ended connections kept", slots());
+        let survivor = drain.watch();
+        assert!(!survivor.is_draining());
+        assert_eq!(drain.shared.open.load(Ordering::Acquire), 1);
     }
 
     #[tokio::test]

@@ -41,31 +41,35 @@ pub(crate) struct Parker<T> {
 struct Inner<T> {
     entries: Slab<Entry<T>>,
     /// Each parked connection's idle deadline: `(deadline, key, generation)`, soonest
+    /// first, the deadline in milliseconds after `base` (rounded up: never early), 16 bytes
+    /// an entry.
     /// first. An entry whose connection was handed back stays until it comes up (its
     /// generation no longer matches) or the heap is rebuilt.
-    deadlines: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    deadlines: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    /// What the deadlines count from.
+    base: Instant,
     /// Tells apart the connections that used the same slab key in turn.
-    next_generation: u64,
+    next_generation: u32,
     closed: bool,
 }
 
 struct Entry<T> {
     stream: TcpStream,
     payload: T,
-    generation: u64,
+    generation: u32,
 }
 
 /// The entries whose sockets became readable, and the parker's task to tell.
 #[derive(Default)]
 struct Woken {
-    keys: Mutex<Vec<(usize, u64)>>,
+    keys: Mutex<Vec<(u32, u32)>>,
     task: AtomicWaker,
 }
 
 /// The waker a parked socket holds: it names its entry.
 struct EntryWaker {
-    key: usize,
-    generation: u64,
+    key: u32,
+    generation: u32,
     woken: Arc<Woken>,
 }
 
@@ -92,6 +96,7 @@ impl<T> Parker<T> {
             inner: Mutex::new(Inner {
                 entries: Slab::new(),
                 deadlines: BinaryHeap::new(),
+                base: Instant::now(),
                 next_generation: 0,
                 closed: false,
             }),
@@ -113,7 +118,12 @@ impl<T> Parker<T> {
         if inner.closed {
             return Err((stream, payload));
         }
-        let key = inner.entries.vacant_key();
+        // Keys and generations are 32 bits, to keep the deadline heap's entries small; a
+        // generation wraps after 4 billion parks, long after any stale deadline or wake of
+        // the key's earlier connection is gone (an idle timeout).
+        let Ok(key) = u32::try_from(inner.entries.vacant_key()) else {
+            return Err((stream, payload));
+        };
         let generation = inner.next_generation;
         let waker = Waker::from(Arc::new(EntryWaker {
             key,
@@ -128,14 +138,16 @@ impl<T> Parker<T> {
         {
             return Err((stream, payload));
         }
-        inner.next_generation += 1;
+        inner.next_generation = inner.next_generation.wrapping_add(1);
         inner.entries.insert(Entry {
             stream,
             payload,
             generation,
         });
         if let Some(deadline) = deadline {
-            inner.deadlines.push(Reverse((deadline, key, generation)));
+            let after = deadline.saturating_duration_since(inner.base);
+            let millis = u64::try_from(after.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+            inner.deadlines.push(Reverse((millis, key, generation)));
         }
         // Handed-back connections' deadlines, once they outnumber the parked ones, are
         // swept out, so the heap stays within twice the parked connections.
@@ -143,11 +155,7 @@ impl<T> Parker<T> {
             let Inner {
                 entries, deadlines, ..
             } = &mut *inner;
-            deadlines.retain(|Reverse((_, key, generation))| {
-                entries
-                    .get(*key)
-                    .is_some_and(|e| e.generation == *generation)
-            });
+            deadlines.retain(|&Reverse((_, key, generation))| live(entries, key, generation));
         }
         drop(inner);
         self.woken.task.wake();
@@ -190,28 +198,21 @@ impl<T> Parker<T> {
                     return Poll::Ready(());
                 }
                 for (key, generation) in keys {
-                    if inner
-                        .entries
-                        .get(key)
-                        .is_some_and(|e| e.generation == generation)
-                    {
-                        ready.push(inner.entries.remove(key));
+                    if live(&inner.entries, key, generation) {
+                        ready.push(inner.entries.remove(key as usize));
                     }
                 }
                 let now = Instant::now();
                 let mut next_deadline = None;
-                while let Some(&Reverse((deadline, key, generation))) = inner.deadlines.peek() {
+                while let Some(&Reverse((millis, key, generation))) = inner.deadlines.peek() {
+                    let deadline = inner.base + std::time::Duration::from_millis(millis);
                     if deadline > now {
                         next_deadline = Some(deadline);
                         break;
                     }
                     inner.deadlines.pop();
-                    if inner
-                        .entries
-                        .get(key)
-                        .is_some_and(|e| e.generation == generation)
-                    {
-                        expired.push(inner.entries.remove(key));
+                    if live(&inner.entries, key, generation) {
+                        expired.push(inner.entries.remove(key as usize));
                     }
                 }
                 drop(inner);
@@ -231,6 +232,13 @@ impl<T> Parker<T> {
         })
         .await;
     }
+}
+
+/// Whether `key` still holds the connection parked as `generation`.
+fn live<T>(entries: &Slab<Entry<T>>, key: u32, generation: u32) -> bool {
+    entries
+        .get(key as usize)
+        .is_some_and(|e| e.generation == generation)
 }
 
 /// A deadline no parked connection reaches (the timer's, with none parked).
