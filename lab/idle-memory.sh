@@ -51,24 +51,12 @@ origin_port=$up_port
 # The gateways: a plain port (HTTP/1.1 and h2c) and a TLS port (ALPN h2 and http/1.1).
 start_tailguard() { # exe -> sets gw_pid, plain_port, tls_port
   plain_port=$(free_port); tls_port=$(free_port)
-  cat > "$out/gateway.toml" <<EOF
+  # The lab's one-route config, with a second listener (TLS) after the plain one.
+  proxy_config "127.0.0.1:$plain_port" "
 [[listeners]]
-address = "127.0.0.1:$plain_port"
-
-[[listeners]]
-address = "127.0.0.1:$tls_port"
-tls = { cert = "$out/cert.pem", key = "$out/key.pem" }
-tls_min_version = "1.3"
-
-[[upstreams]]
-name = "origin"
-endpoints = [{ address = "127.0.0.1:$origin_port" }]
-
-[[routes]]
-id = "all"
-upstream = "origin"
-path = { prefix = "/" }
-EOF
+address = \"127.0.0.1:$tls_port\"
+tls = { cert = \"$out/cert.pem\", key = \"$out/key.pem\" }
+tls_min_version = \"1.3\"" > "$out/gateway.toml"
   RUST_LOG=warn "$1" run --config "$out/gateway.toml" --threads 1 --metrics-listen 127.0.0.1:0 \
     >> "$out/gateway.log" 2>&1 &
   gw_pid=$!

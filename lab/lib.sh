@@ -46,8 +46,9 @@ wait_port() { # port [seconds, default 10]
 }
 
 # proxy_config [ADDRESS [LISTENER_LINES]]: prints the gateway config the comparisons measure:
-# one listener (ADDRESS, default 127.0.0.1:0 for one given on the command line; LINES are
-# added to its table, e.g. its `tls`), every path to the origin (`start_origin` first).
+# one listener (ADDRESS, default 127.0.0.1:0 for one given on the command line; LINES follow
+# its table: its own keys, e.g. its `tls`, or more `[[listeners]]`), every path to the origin
+# (`start_origin` first).
 proxy_config() {
   printf '[[listeners]]\naddress = "%s"\n' "${1:-127.0.0.1:0}"
   if [ -n "${2:-}" ]; then printf '%s\n' "$2"; fi

@@ -56,10 +56,7 @@ impl Drain {
                 .slots
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            // Sweep when the list has grown to twice what is open, so it stays O(open).
-            if slots.len() >= 2 * self.shared.open.load(Ordering::Acquire).max(16) {
-                slots.retain(|w| w.strong_count() > 0);
-            }
+            sweep(&mut slots, self.shared.open.load(Ordering::Acquire));
             slots.push(Arc::downgrade(&waker));
         }
         Watch {
@@ -141,11 +138,17 @@ impl Drop for Watch {
         // `Weak` keeps. Swept here too, not only when another joins: connections parked
         // after a burst, with nothing accepted since, each kept 56 bytes. Never waits: a
         // busy list is swept by a later drop or join.
-        if let Ok(mut slots) = self.shared.slots.try_lock()
-            && slots.len() >= 2 * open.max(16)
-        {
-            slots.retain(|w| w.strong_count() > 0);
+        if let Ok(mut slots) = self.shared.slots.try_lock() {
+            sweep(&mut slots, open);
         }
+    }
+}
+
+/// Drops the slots of ended connections once the list has grown to twice what is `open`,
+/// so that it stays O(open).
+fn sweep(slots: &mut Vec<Weak<AtomicWaker>>, open: usize) {
+    if slots.len() >= 2 * open.max(16) {
+        slots.retain(|w| w.strong_count() > 0);
     }
 }
 

@@ -2,7 +2,8 @@
 //! HTTP/2 on each connection, listeners that follow a reload, and graceful shutdown.
 
 use std::any::Any;
-use std::net::SocketAddr;
+use std::cell::RefCell;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use crate::drain::{Drain, Watch};
 use crate::error::Error;
 use crate::gateway::Gateway;
 use crate::handler::Http1Handler;
+use crate::headers::Client;
 use crate::metrics::{ConnectionGuard, ParkedGuard};
 use crate::park::Parker;
 use tailguard_http1::server::{self as downstream, Reader};
@@ -248,10 +250,20 @@ fn settings(
         .zip(logs)
         .zip(rate_limits)
         .map(|((tls, access_log), rate_limit)| {
+            // A TLS connection does not park: its TLS state (~10 KB) would stay with it, so
+            // its task is the lesser part of what it holds.
+            let park_after = if tls.is_some() {
+                None
+            } else {
+                http1.park_after
+            };
             Arc::new(Settings {
                 tls,
                 http2: Arc::clone(&http2),
-                http1,
+                http1: downstream::Limits {
+                    park_after,
+                    ..http1
+                },
                 access_log,
                 rate_limit,
             })
@@ -834,18 +846,39 @@ struct Parked {
 /// The state a connection's requests are served with: made at the accept, and again when a
 /// parked connection is served again (with the snapshot current then).
 fn conn_ctx(gateway: &Gateway, settings: &Settings, remote: SocketAddr) -> Arc<ConnCtx> {
+    let tls = settings.tls.is_some();
     Arc::new(ConnCtx {
         snapshot: gateway.snapshot(),
         current: Arc::clone(gateway.current()),
         remote,
-        client: crate::headers::Client::new(
-            remote.ip(),
-            settings.tls.is_some(),
-            gateway.is_trusted(remote.ip()),
-        ),
-        tls: settings.tls.is_some(),
+        client: client_fields(remote.ip(), tls, gateway.is_trusted(remote.ip())),
+        tls,
         access_log: settings.access_log.clone(),
         rate_limit: settings.rate_limit.clone(),
+    })
+}
+
+thread_local! {
+    /// The forwarding fields this thread made last, with what they were made from.
+    static LAST_CLIENT: RefCell<Option<(IpAddr, bool, bool, Client)>> = const { RefCell::new(None) };
+}
+
+/// The forwarding fields of a connection from `ip`: the thread's last ones again (three
+/// reference counts) when they were made for the same peer, else made (three `format!`-like
+/// writes, ~2,000 instructions in callgrind). Connections come from few addresses in a row
+/// (behind a load balancer, one), and a parked connection served again needs its own again.
+fn client_fields(ip: IpAddr, tls: bool, trusted: bool) -> Client {
+    LAST_CLIENT.with_borrow_mut(|last| match last {
+        Some((last_ip, last_tls, last_trusted, client))
+            if (*last_ip, *last_tls, *last_trusted) == (ip, tls, trusted) =>
+        {
+            client.clone()
+        }
+        _ => {
+            let client = Client::new(ip, tls, trusted);
+            *last = Some((ip, tls, trusted, client.clone()));
+            client
+        }
     })
 }
 
@@ -978,18 +1011,13 @@ async fn serve_tls_connection(
         tokio::io::split(stream)
     };
     let reader = Reader::new(Box::new(read), BytesMut::new());
-    // A TLS connection does not park: its TLS state (~10 KB) would stay with it, so the task
-    // is the lesser part of what it holds.
-    let limits = downstream::Limits {
-        park_after: None,
-        ..settings.http1
-    };
-    // Over TLS without ALPN h2 the client speaks HTTP/1.1 (a preface is a bad request).
+    // Over TLS without ALPN h2 the client speaks HTTP/1.1 (a preface is a bad request). It
+    // never parks: a TLS listener's settings have no `park_after` (`settings`).
     let _ = downstream::serve(
         reader,
         Box::new(write),
         Http1Handler(ctx),
-        limits,
+        settings.http1,
         &mut shutdown,
         downstream::Start::New { sniff_h2: false },
     )
@@ -1021,5 +1049,36 @@ where
     };
     if let Err(e) = result {
         tracing::debug!(%remote, "connection ended: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_fields;
+    use crate::headers::Client;
+
+    /// The fields served from the thread's last ones are those `Client::new` makes, and a
+    /// change of address, scheme or trust makes new ones.
+    #[test]
+    fn forwarding_fields_follow_the_peer_they_were_made_for() {
+        let same = |a: &Client, b: &Client| {
+            (&a.ip, &a.forwarded, a.trusted, a.tls, &a.lines)
+                == (&b.ip, &b.forwarded, b.trusted, b.tls, &b.lines)
+        };
+        for (ip, tls, trusted) in [
+            ("10.0.0.1", false, false),
+            ("10.0.0.1", false, false),
+            ("10.0.0.1", true, false),
+            ("10.0.0.1", true, true),
+            ("2001:db8::1", true, true),
+            ("10.0.0.1", false, false),
+        ] {
+            let ip = ip.parse().expect("an address");
+            let got = client_fields(ip, tls, trusted);
+            assert!(
+                same(&got, &Client::new(ip, tls, trusted)),
+                "{ip} {tls} {trusted}"
+            );
+        }
     }
 }
