@@ -30,7 +30,7 @@ use crate::gateway::Gateway;
 use crate::handler::Http1Handler;
 use crate::headers::Client;
 use crate::metrics::{ConnectionGuard, ParkedGuard};
-use crate::park::Parker;
+use crate::park::{Parker, Parking};
 use tailguard_http1::server::{self as downstream, Reader};
 use tailguard_http1::timer::LazyTimer;
 
@@ -966,9 +966,9 @@ async fn serve_plain(
             admitted,
         };
         match parker.park(idle, parked, deadline) {
-            Ok(()) => return,
+            Parking::Parked | Parking::Closed => return,
             // Readable already (or the listener drains): served on, on this task.
-            Err((again, parked)) => {
+            Parking::ServeNow(again, parked) => {
                 stream = again;
                 admitted = parked.admitted;
                 start = downstream::Start::Resumed;
