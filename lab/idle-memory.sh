@@ -5,8 +5,9 @@
 # Each gateway proxies to the same origin (nginx, one worker, a fixed 13-byte body) and
 # serves with one thread / one worker. For each mode in $MODES, a run opens $CONNECTIONS
 # connections to it, sends one request on each and reads the whole answer, then holds them
-# all idle for $HOLD seconds (3: past tailguard's `timeouts.park_ms`, after which an idle
-# HTTP/1.1 connection parks); it prints the serving process's RSS (VmRSS) before, then held, and 2 s and
+# all idle for $HOLD seconds (6: past tailguard's `timeouts.park_ms`, after which an idle
+# HTTP/1.1 connection parks, and past the serving thread's next few once-a-second returns of
+# freed memory to the system: at 3 s, some rounds still count the served state); it prints the serving process's RSS (VmRSS) before, then held, and 2 s and
 # 10 s after all of them closed, and (held - before) / N per connection. Modes:
 #   h1      HTTP/1.1, plain TCP
 #   h1-tls  HTTP/1.1 over TLS 1.3 (ALPN http/1.1)
@@ -15,12 +16,12 @@
 # A fresh gateway process per run (started, one warm request, measured, stopped), so one
 # run's leftovers never count in the next. Bounded: 127.0.0.1 only, $CONNECTIONS at most
 # a few thousand, each step with a deadline.
-#   CONNECTIONS=3000 ROUNDS=2 HOLD=3 MODES="h1 h1-tls h2c h2-tls" [A=old/tailguard] lab/idle-memory.sh
+#   CONNECTIONS=3000 ROUNDS=2 HOLD=6 MODES="h1 h1-tls h2c h2-tls" [A=old/tailguard] lab/idle-memory.sh
 # A=<another tailguard binary> adds it as a third gateway ("baseline") to every round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${CONNECTIONS:-3000}
-hold=${HOLD:-3}
+hold=${HOLD:-6}
 rounds=${ROUNDS:-2}
 modes=${MODES:-h1 h1-tls h2c h2-tls}
 exe=${TAILGUARD:-target/release/tailguard}
