@@ -7,8 +7,9 @@
 # connections to it, sends one request on each and reads the whole answer, then holds them
 # all idle for $HOLD seconds (6: past tailguard's `timeouts.park_ms`, after which an idle
 # HTTP/1.1 connection parks, and past the serving thread's next few once-a-second returns of
-# freed memory to the system: at 3 s, some rounds still count the served state); it prints the serving process's RSS (VmRSS) before, then held, and 2 s and
-# 10 s after all of them closed, and (held - before) / N per connection. Modes:
+# freed memory to the system: at 3 s, some rounds still count the served state); it prints
+# the serving process's RSS (VmRSS) before, then held, and 2 s and 10 s after all of them
+# closed, and (held - before) / N per connection. Modes:
 #   h1      HTTP/1.1, plain TCP
 #   h1-tls  HTTP/1.1 over TLS 1.3 (ALPN http/1.1)
 #   h2c     HTTP/2 with prior knowledge (one stream, then idle)

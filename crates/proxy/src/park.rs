@@ -6,14 +6,15 @@
 //! holds ~0.5 KB for an idle connection. Parked, a connection holds its socket and its entry
 //! (the socket and what the caller needs to serve it again), in one slab. A connection under
 //! load never parks: it must be idle for `timeouts.park_ms` first, so rebuilding its state
-//! (a spawn, its `ConnCtx`, its timers: ~10,000 instructions in callgrind) is paid at most
-//! once per such pause.
+//! (a spawn, its `ConnCtx`, its timers, its socket's registration with tokio: ~12,600
+//! instructions in callgrind) is paid at most once per such pause.
 //!
 //! A parked socket leaves tokio's reactor for an epoll instance of the parker's own: tokio
 //! keeps a 256-byte, cache-line-aligned `ScheduledIo` for each socket it watches, and a
 //! waker naming the entry would be another 40 bytes; here the kernel's epoll item holds the
 //! entry's key instead. That costs four `epoll_ctl` calls per park and wake (out of
-//! tokio's set and into this one, and back), paid by connections idle for `park_ms` only.
+//! tokio's set and into this one, and back) and the parker's `epoll_wait`, paid by
+//! connections idle for `park_ms` only.
 //! The epoll instance is itself watched by tokio, like any socket.
 //!
 //! Written here, not with `FuturesUnordered`: that allocates a node (its future, five
@@ -391,6 +392,26 @@ mod tests {
         (client.expect("connect"), server)
     }
 
+    /// Where a running parker's handed-back connections arrive, with their payloads.
+    type HandedBack<T> = tokio::sync::mpsc::UnboundedReceiver<(TcpStream, T)>;
+
+    /// A parker running on a task of its own; each connection it hands back, with its
+    /// payload, arrives on the channel.
+    fn running_parker<T: Send + 'static>()
+    -> (Arc<Parker<T>>, tokio::task::JoinHandle<()>, HandedBack<T>) {
+        let parker = Arc::new(Parker::new());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let running = tokio::spawn({
+            let parker = Arc::clone(&parker);
+            async move {
+                parker
+                    .run(|stream, payload| drop(tx.send((stream, payload))))
+                    .await
+            }
+        });
+        (parker, running, rx)
+    }
+
     fn parked<T>(parking: Parking<T>) -> bool {
         matches!(parking, Parking::Parked)
     }
@@ -405,17 +426,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_parked_connection_comes_back_when_its_client_sends_and_not_before() {
-        let parker = Arc::new(Parker::new());
+        let (parker, running, mut rx) = running_parker();
         let (mut client, server) = pair().await;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let running = tokio::spawn({
-            let parker = Arc::clone(&parker);
-            async move {
-                parker
-                    .run(|stream, payload| drop(tx.send((stream, payload))))
-                    .await
-            }
-        });
         assert!(parked(parker.park(server, 7u32, hour())), "idle: parked");
         assert_eq!(parker.len(), 1);
         tokio::task::yield_now().await;
@@ -457,12 +469,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_that_came_before_the_park_but_after_the_last_read_bring_it_back() {
-        let parker = Arc::new(Parker::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let running = tokio::spawn({
-            let parker = Arc::clone(&parker);
-            async move { parker.run(|stream, ()| drop(tx.send(stream))).await }
-        });
+        let (parker, running, mut rx) = running_parker();
         let (mut client, server) = pair().await;
         client.write_all(b"late").await.expect("write");
         // The bytes are in the socket; whether tokio has seen them yet is the scheduler's
@@ -470,10 +477,13 @@ mod tests {
         // set must report them, since no new bytes will come.
         let mut stream = match parker.park(server, (), hour()) {
             Parking::ServeNow(stream, ()) => stream,
-            Parking::Parked => tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("handed back for the bytes already there")
-                .expect("handed back"),
+            Parking::Parked => {
+                tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                    .await
+                    .expect("handed back for the bytes already there")
+                    .expect("handed back")
+                    .0
+            }
             Parking::Closed => panic!("closed"),
         };
         let mut buf = [0u8; 64];
@@ -485,16 +495,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_closes_while_parked_is_handed_back_to_read_its_end() {
-        let parker = Arc::new(Parker::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let running = tokio::spawn({
-            let parker = Arc::clone(&parker);
-            async move { parker.run(|stream, ()| drop(tx.send(stream))).await }
-        });
+        let (parker, running, mut rx) = running_parker();
         let (client, server) = pair().await;
         assert!(parked(parker.park(server, (), hour())));
         drop(client);
-        let mut stream = rx.recv().await.expect("handed back on the client's close");
+        let (mut stream, ()) = rx.recv().await.expect("handed back on the client's close");
         let mut buf = [0u8; 8];
         assert_eq!(stream.read(&mut buf).await.expect("read"), 0, "the end");
         assert_eq!(parker.len(), 0);
@@ -506,16 +511,7 @@ mod tests {
     async fn many_parked_connections_woken_at_once_all_come_back() {
         // More than one `epoll_wait` takes, so the batches after the first are read too.
         let count = EVENTS_PER_WAIT * 2 + 3;
-        let parker = Arc::new(Parker::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let running = tokio::spawn({
-            let parker = Arc::clone(&parker);
-            async move {
-                parker
-                    .run(|stream, key: usize| drop(tx.send((stream, key))))
-                    .await
-            }
-        });
+        let (parker, running, mut rx) = running_parker();
         let mut clients = Vec::new();
         for key in 0..count {
             let (client, server) = pair().await;
@@ -575,12 +571,7 @@ mod tests {
 
     #[tokio::test]
     async fn deadlines_of_connections_handed_back_do_not_pile_up() {
-        let parker = Arc::new(Parker::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let running = tokio::spawn({
-            let parker = Arc::clone(&parker);
-            async move { parker.run(|stream, ()| drop(tx.send(stream))).await }
-        });
+        let (parker, running, mut rx) = running_parker();
         // One connection parked throughout, so the parker never empties (which would clear
         // the heap), and one parked and woken 1000 times: its 1000 deadlines are an hour away.
         let (_stays_client, stays) = pair().await;
@@ -589,7 +580,7 @@ mod tests {
         for _ in 0..1000 {
             assert!(parked(parker.park(server, (), hour())));
             client.write_all(b"x").await.expect("write");
-            server = rx.recv().await.expect("handed back");
+            (server, ()) = rx.recv().await.expect("handed back");
             let mut buf = [0u8; 64];
             assert_eq!(server.read(&mut buf).await.expect("read"), 1);
         }
@@ -603,12 +594,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_lists_a_storm_grew_are_returned_once_it_is_over() {
-        let parker = Arc::new(Parker::new());
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let running = tokio::spawn({
-            let parker = Arc::clone(&parker);
-            async move { parker.run(|stream, ()| drop(tx.send(stream))).await }
-        });
+        let (parker, running, mut rx) = running_parker();
         let storm = KEPT_CAPACITY * 2;
         let mut clients = Vec::new();
         for _ in 0..storm {

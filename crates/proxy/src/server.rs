@@ -967,7 +967,8 @@ async fn serve_plain(
         };
         match parker.park(idle, parked, deadline) {
             Parking::Parked | Parking::Closed => return,
-            // Readable already (or the listener drains): served on, on this task.
+            // Readable already, the listener drains, or the parker cannot take it: served
+            // on, on this task.
             Parking::ServeNow(again, parked) => {
                 stream = again;
                 admitted = parked.admitted;
