@@ -7,6 +7,7 @@
 # nginx one worker) on core 1, `tailguard load` ($CONNECTIONS connections) and the nginx
 # origin on core 0. Counts do not depend on the machine being quiet; rates do a little
 # (a busier loop finds more ready events per `epoll_wait`).
+# EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table).
 #   RATE=15000 [B=target/release/tailguard] [GATEWAYS="nginx tailguard"] lab/syscalls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,7 @@ prio=()
 trap cleanup EXIT
 start_origin 0
 proxy_config > "$out/gateway.toml"
+if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG" >> "$out/gateway.toml"; fi
 kinds='read|write|writev|readv|recvfrom|sendto|recvmsg|sendmsg|epoll_wait|epoll_pwait|epoll_pwait2|epoll_ctl|futex|sched_yield|accept4|close|io_uring_enter'
 events=$(perf list 2>/dev/null | grep -oE "syscalls:sys_enter_($kinds)\b" | sort -u | paste -sd,)
 [ -n "$events" ] || { echo "syscalls: perf lists no syscall tracepoints (needs root and tracefs)" >&2; exit 1; }
