@@ -30,8 +30,7 @@ done
 trap cleanup EXIT
 start_origin "0-$(($(nproc) - 1))"
 gw_port=$(free_port)
-proxy_config "127.0.0.1:$gw_port" > "$out/gateway.toml"
-if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG" >> "$out/gateway.toml"; fi
+{ proxy_config "127.0.0.1:$gw_port"; extra_config; } > "$out/gateway.toml"
 if [ "${GATEWAY:-tailguard}" = nginx ]; then
   sed -e "s|@DIR@|$out|g" -e "s|@LISTEN@|127.0.0.1:$gw_port|g" -e "s|@UPSTREAM@|127.0.0.1:$up_port|g" \
     lab/nginx/proxy.conf > "$out/nginx.conf"

@@ -45,6 +45,12 @@ wait_port() { # port [seconds, default 10]
   exit 1
 }
 
+# extra_config: prints the TOML file $EXTRA_CONFIG names, if set, for a script to append to
+# proxy_config's output (e.g. a `[tracing]` table).
+extra_config() {
+  if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG"; fi
+}
+
 # proxy_config [ADDRESS [LISTENER_LINES]]: prints the gateway config the comparisons measure:
 # one listener (ADDRESS, default 127.0.0.1:0 for one given on the command line; LINES follow
 # its table: its own keys, e.g. its `tls`, or more `[[listeners]]`), every path to the origin

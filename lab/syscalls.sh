@@ -26,8 +26,7 @@ prio=()
 . lab/lib.sh
 trap cleanup EXIT
 start_origin 0
-proxy_config > "$out/gateway.toml"
-if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG" >> "$out/gateway.toml"; fi
+{ proxy_config; extra_config; } > "$out/gateway.toml"
 kinds='read|write|writev|readv|recvfrom|sendto|recvmsg|sendmsg|epoll_wait|epoll_pwait|epoll_pwait2|epoll_ctl|futex|sched_yield|accept4|close|io_uring_enter'
 events=$(perf list 2>/dev/null | grep -oE "syscalls:sys_enter_($kinds)\b" | sort -u | paste -sd,)
 [ -n "$events" ] || { echo "syscalls: perf lists no syscall tracepoints (needs root and tracefs)" >&2; exit 1; }
