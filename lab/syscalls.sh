@@ -8,7 +8,13 @@
 # origin on core 0. Counts do not depend on the machine being quiet; rates do a little
 # (a busier loop finds more ready events per `epoll_wait`).
 # EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table).
-#   RATE=15000 [B=target/release/tailguard] [GATEWAYS="nginx tailguard"] lab/syscalls.sh
+# PROFILE=1 samples core 1 instead (`perf record -g -e cpu-clock`, kernel and user, the
+# softirqs included whatever context they run in) and sorts each sample by its call chain into
+# what the serving core's busy time goes to (lab/kernel-split.py): user space, entering and
+# leaving system calls, epoll_wait, wake-ups, the scheduler, the TCP/IP stack. That split
+# bounds what io_uring could save before trying it (issue 25): it merges entries, exits and
+# the waits, not the stack's work.
+#   RATE=15000 [B=target/release/tailguard] [GATEWAYS="nginx tailguard"] [PROFILE=1] lab/syscalls.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${B:-target/release/tailguard}
@@ -54,9 +60,18 @@ for name in ${GATEWAYS:-nginx tailguard}; do
     --connections "$conns" --pin 0 --brief --json "$out/load-$name.json" > "$out/load-$name.txt" 2>&1 &
   load=$!
   sleep 3.5
-  perf stat -x, -e "$events" -p "$gw_pid" -- sleep "$window" 2> "$out/perf-$name.txt"
+  if [ "${PROFILE:-0}" = 1 ]; then
+    perf record -q -g -e cpu-clock -F 20000 -C 1 -o "$out/perf-$name.data" -- sleep "$window" 2> "$out/perf-record-$name.txt"
+  else
+    perf stat -x, -e "$events" -p "$gw_pid" -- sleep "$window" 2> "$out/perf-$name.txt"
+  fi
   wait "$load"
   kill "$stop_pid"; wait "$stop_pid" 2>/dev/null || true
+  if [ "${PROFILE:-0}" = 1 ]; then
+    perf script -i "$out/perf-$name.data" -F comm,ip,sym 2> /dev/null > "$out/stacks-$name.txt"
+    python3 lab/kernel-split.py "$name" "$out/stacks-$name.txt"
+    continue
+  fi
   python3 - "$name" "$out/load-$name.json" "$out/perf-$name.txt" "$window" <<'PY'
 import json, sys
 name, load, perf, window = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
