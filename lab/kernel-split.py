@@ -2,7 +2,11 @@
 """Sorts one core's cpu-clock samples with their call chains (`perf script -F comm,ip,sym` of a
 `perf record -g`) into what the serving core's busy time goes to: user space, system-call
 entry and exit, epoll_wait, wake-ups, the scheduler, the TCP/IP stack, the rest of the
-kernel. Used by lab/syscalls.sh's PROFILE=1 mode (issue 25: what io_uring could save at most).
+kernel; and, for a traced gateway, the tracer: every sample of its exporter thread
+(`trace-exporter`, user and kernel) and the serving thread's samples whose leaf is the
+tracer's own code (a lower bound: what is inlined into the proxy's functions is not told
+apart). Used by lab/syscalls.sh's PROFILE=1 mode (issue 25: what io_uring could save at
+most; issue 24: the tracer's share of a traced gateway's CPU).
 
 A sample is sorted by its whole chain, not its leaf: on this VM the sampling interrupt waits
 while the kernel runs with interrupts off, so a quarter of the kernel's samples land on
@@ -34,12 +38,18 @@ RULES = [
      r"|exit_to_user_mode|syscall_return_via_sysret|entry_SYSCALL_64_after_hwframe)"),
 ]
 USER = "user space"
+EXPORTER = "tracing: exporter thread"
+TRACER_LEAF = "tracing: serving thread"
+TRACER_CODE = r"tailguard_trace::|tailguard_proxy::trace::"
 
 
-def classify(frames):
-    """frames: (symbol, is_kernel) from the leaf up."""
+def classify(comm, frames):
+    """frames: (symbol, is_kernel) from the leaf up. User-space chains are not followed:
+    the release build keeps no frame pointers, so only the leaf is sure."""
+    if comm.startswith("trace-exporter"):
+        return EXPORTER
     if frames and not frames[0][1]:
-        return USER
+        return TRACER_LEAF if re.search(TRACER_CODE, frames[0][0]) else USER
     symbols = [s for s, _ in frames]
     for group, pattern in RULES:
         if any(re.search(pattern, s) for s in symbols):
@@ -48,26 +58,29 @@ def classify(frames):
 
 
 def samples(path):
+    """Yields (command, frames) per sample."""
     frames = []
+    comm = ""
     for line in open(path, errors="replace"):
         line = line.rstrip("\n")
         if not line.strip():
             if frames:
-                yield frames
+                yield comm, frames
             frames = []
             continue
         if not line.startswith(("\t", " " * 8)) and not re.match(r"\s+[0-9a-f]{6,}\s", line):
             # A sample's header (the command); its frames follow.
             if frames:
-                yield frames
+                yield comm, frames
             frames = []
+            comm = line.strip()
             continue
         match = re.match(r"\s*([0-9a-f]+)\s+(\S+)", line)
         if match:
             symbol = match[2].split("+0x")[0]
             frames.append((symbol, int(match[1], 16) >= 0xFFFF800000000000))
     if frames:
-        yield frames
+        yield comm, frames
 
 
 def main():
@@ -75,14 +88,14 @@ def main():
     counts = {}
     total = 0
     leaf_other = {}
-    for frames in samples(path):
-        group = classify(frames)
+    for comm, frames in samples(path):
+        group = classify(comm, frames)
         counts[group] = counts.get(group, 0) + 1
         total += 1
         if group == "other kernel":
             leaf_other[frames[0][0]] = leaf_other.get(frames[0][0], 0) + 1
     print(f"== {name}: {total} samples of the busy core 1; share of its busy time:")
-    order = [USER] + [g for g, _ in RULES] + ["other kernel"]
+    order = [USER] + [g for g, _ in RULES] + ["other kernel", EXPORTER, TRACER_LEAF]
     for group in order:
         if group in counts:
             print(f"  {group:<17} {counts[group] / total * 100:5.1f} %")

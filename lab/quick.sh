@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The axum apps of the axum-scrape scenario are found beside the tailguard binary.
-cargo build -p tailguard -p tailguard-axum-bench
+# `--workspace --all-targets` resolves features as `cargo test --workspace` does, so after
+# the tests (as in .ci/run) this only links: building the two packages alone resolved other
+# features and recompiled ~80 s of dependencies on the 2-core CI machine.
+cargo build --workspace --all-targets
 exe=target/debug/tailguard
 out=target/lab/quick
 rm -rf "$out"
