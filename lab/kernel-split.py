@@ -8,11 +8,12 @@ tracer's own code (a lower bound: what is inlined into the proxy's functions is 
 apart). Used by lab/syscalls.sh's PROFILE=1 mode (issue 25: what io_uring could save at
 most; issue 24: the tracer's share of a traced gateway's CPU).
 
-A sample is sorted by its whole chain, not its leaf: on this VM the sampling interrupt waits
-while the kernel runs with interrupts off, so a quarter of the kernel's samples land on
-`_raw_spin_unlock_irqrestore`, whoever called it. The first rule that matches any frame wins.
-Shares are of the samples, which perf takes only while the core is busy; multiply by the CPU
-time per request that lab/compare-cpu.sh measures to get microseconds.
+A kernel sample is sorted by its whole chain, not its leaf: on a VM the sampling interrupt
+waits while the kernel runs with interrupts off, so a quarter to a third of all samples land
+on `_raw_spin_unlock_irqrestore`, whoever called it. The first rule that matches any frame
+wins. Shares are of the samples; perf took none in the idle task on the lab VM, so they are
+shares of the core's busy time: multiply by the CPU time per request that
+lab/compare-cpu.sh measures to get microseconds.
 
 usage: kernel-split.py NAME STACKS_TXT"""
 import re
@@ -104,4 +105,5 @@ def main():
         print("  other kernel's leaves: " + ", ".join(f"{s} {n / total * 100:.1f}%" for s, n in top))
 
 
-main()
+if __name__ == "__main__":
+    main()
