@@ -21,8 +21,8 @@ use std::time::Instant;
 use http::{HeaderMap, HeaderValue, Request};
 use tailguard_config::{Config, RouteTracing};
 use tailguard_trace::{
-    Sampler, Span, SpanContext, SpanId, SpanKind, Status, TRACEPARENT_LINE_LEN, TailRule, TraceId,
-    Tracer, extract, inject_beside_line, inject_known, method_name, protocol_version,
+    Sampler, SpanContext, SpanId, SpanKind, SpanWriter, Status, TRACEPARENT_LINE_LEN, TailRule,
+    TraceId, Tracer, extract, inject_beside_line, inject_known, method_name, protocol_version,
     traceparent_line, unix_nanos,
 };
 
@@ -405,13 +405,14 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
     let start_unix = unix(record.start);
     let end_unix = start_unix.saturating_add(duration);
     let method = method_name(record.method);
-    // Built in place in the thread's span buffer: one lock for the request's spans, no copy.
+    // Written as OTLP protobuf into the thread's span buffer as each field is set: one lock
+    // for the request's spans, and the exporter sends the bytes as they are.
     t.tracer.record_with(|spans| {
         let parent = trace.parent.map(|p| p.span_id);
-        if let Some(server) = spans.start(SpanKind::Server, &trace.context, parent) {
+        if let Some(mut server) = spans.start(SpanKind::Server, &trace.context, parent) {
             server.start_unix_nanos = start_unix;
             server.end_unix_nanos = end_unix;
-            server_span(server, trace, record, method, failed);
+            server_span(&mut server, trace, record, method, failed);
         }
         let tried = usize::try_from(trace.tried).unwrap_or(usize::MAX);
         for one in trace.tries.iter().take(tried).flatten() {
@@ -419,7 +420,7 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
                 span_id: one.span_id,
                 ..trace.context
             };
-            let Some(client) = spans.start(SpanKind::Client, &ctx, Some(trace.context.span_id))
+            let Some(mut client) = spans.start(SpanKind::Client, &ctx, Some(trace.context.span_id))
             else {
                 continue;
             };
@@ -428,14 +429,14 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
                 .ended
                 .map_or(end_unix, unix)
                 .max(client.start_unix_nanos + 1);
-            client_span(client, one, method);
+            client_span(&mut client, one, method);
         }
     });
 }
 
 /// The server span's name, attributes and status.
 fn server_span(
-    server: &mut Span,
+    server: &mut SpanWriter<'_>,
     trace: &RequestTrace,
     record: &Ended<'_>,
     method: &'static str,
@@ -492,7 +493,7 @@ fn server_span(
 }
 
 /// A try's client span: its name, attributes and status.
-fn client_span(client: &mut Span, one: &Try, method: &'static str) {
+fn client_span(client: &mut SpanWriter<'_>, one: &Try, method: &'static str) {
     client.set_name(method);
     client.str("http.request.method", method);
     with_ip_text(&ENDPOINT_IP, one.addr, |ip| {

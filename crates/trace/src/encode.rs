@@ -10,8 +10,12 @@
 //! messages of OTLP's `trace.proto`; the tests decode what is written with
 //! `opentelemetry-proto` and compare it field by field, so the two cannot drift apart.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use bytes::Bytes;
 
+use crate::context::SpanContext;
+use crate::id::SpanId;
 use crate::span::{Span, SpanKind, Status, Value};
 
 /// The resource every span is exported under (OTel semantic conventions: `service.name`,
@@ -82,6 +86,40 @@ pub(crate) struct Encoder {
     resource_field: Vec<u8>,
     /// `ScopeSpans.scope` (field 1), encoded once.
     scope_field: Vec<u8>,
+    /// Buffers of requests sent, back for new batches ([`Returning`]).
+    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+/// Sent requests' buffers an encoder keeps for new batches: one being sent while the next
+/// fills, and one more.
+const SPARE_BUFFERS: usize = 2;
+
+/// A request's buffer, given back to its encoder when the last `Bytes` of the request is
+/// dropped, so that the next batch is written into memory that is already mapped. A fresh
+/// buffer for every batch (~170 KiB) had its pages faulted in from the kernel as the spans
+/// were copied in: 0.35 % of a 100 %-traced gateway's CPU (perf, `lab/syscalls.sh
+/// PROFILE=1`).
+struct Returning {
+    buf: Vec<u8>,
+    start: usize,
+    spare: std::sync::Weak<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl AsRef<[u8]> for Returning {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        if let Some(spare) = self.spare.upgrade() {
+            let mut spare = spare.lock().unwrap_or_else(PoisonError::into_inner);
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(std::mem::take(&mut self.buf));
+            }
+        }
+    }
 }
 
 impl Encoder {
@@ -107,157 +145,16 @@ impl Encoder {
         Encoder {
             resource_field,
             scope_field,
+            spare: Arc::default(),
         }
     }
 
-    /// Appends `s` to `out` as one `ScopeSpans.spans` field (field 2).
-    ///
-    /// One pass ([`Encoder::span_in_one_pass`]) for every span the gateway records; two
-    /// ([`Encoder::span_in_two_passes`]) for a span with a string that is not UTF-8.
+    /// Appends `s` to `out` as one `ScopeSpans.spans` field (field 2), through a
+    /// [`SpanWriter`] (so within [`MAX_SPAN_BYTES`]).
     pub(crate) fn span(&self, s: &Span, out: &mut Vec<u8>) {
-        if !self.span_in_one_pass(s, out) {
-            self.span_in_two_passes(s, out);
-        }
-    }
-
-    /// [`Encoder::span`] in one pass: the body is written after room for the longest
-    /// length it can have (3 bytes: a body is under 2 MiB), then its length is written and
-    /// the body moved up to it when that length is shorter (a `memmove` of the body, ~300
-    /// bytes; most bodies are over 127 bytes, so 2 bytes long, moved by one byte).
-    ///
-    /// The length pass of the two-pass encoder was ~40 % of the exporter's work per span:
-    /// each attribute's lengths were worked out there and again as it was written, and each
-    /// string checked for UTF-8. Here each is done once, as the attribute is written.
-    /// Returns `false`, with `out` as it was, for a span that needs the other path: a string
-    /// that is not UTF-8 (its repair changes its length), or a body of 2 MiB or more.
-    fn span_in_one_pass(&self, s: &Span, out: &mut Vec<u8>) -> bool {
-        /// The longest body whose length fits the 3 bytes kept for it.
-        const MAX_BODY: usize = (1 << 21) - 1;
-        let (name, name_known_utf8) = s.name_for_encoding();
-        if !name_known_utf8 && !is_utf8(name) {
-            return false;
-        }
-        // Room for the longest body: fixed fields, the name, and each attribute at its
-        // longest (every length a 3-byte varint, an integer 10 bytes).
-        let mut room = (2 + 16) + (2 + 8) + (2 + 8) + (4 + name.len()) + (2 + 9 + 9);
-        for (key, value, _) in s.attributes_for_encoding() {
-            room += 16
-                + key.len()
-                + match value {
-                    Value::Str(v) => v.len(),
-                    Value::Int(_) => 10,
-                    Value::Bool(_) => 1,
-                };
-        }
-        room += 11 + 4; // dropped count, status
-        if room > MAX_BODY {
-            return false;
-        }
-        let at = out.len();
-        out.resize(at + 4 + room, 0);
-        let mut w = Cursor {
-            out: &mut out[at + 4..],
-            at: 0,
-        };
-        w.span_head(s, name);
-        for (key, value, known_utf8) in s.attributes_for_encoding() {
-            if let Value::Str(v) = value
-                && !known_utf8
-                && !is_utf8(v)
-            {
-                out.truncate(at);
-                return false;
-            }
-            w.key_value(9, key, value);
-        }
-        let dropped = u64::from(s.dropped_attributes());
-        if dropped > 0 {
-            w.tag(10, VARINT);
-            w.varint(dropped);
-        }
-        w.status(s.status);
-        let body = w.at;
-        debug_assert!(body <= room, "the room measured holds what was written");
-        // The tag and the length, written to end where the body begins; the body moved up
-        // to them when the length takes fewer than its 3 bytes.
-        let len_bytes = varint_len(body as u64);
-        let mut head = Cursor {
-            out: &mut out[at..at + 1 + len_bytes],
-            at: 0,
-        };
-        head.tag(2, LEN);
-        head.varint(body as u64);
-        if len_bytes < 3 {
-            out.copy_within(at + 4..at + 4 + body, at + 1 + len_bytes);
-        }
-        out.truncate(at + 1 + len_bytes + body);
-        true
-    }
-
-    /// [`Encoder::span`] in two passes: the body's length first (arithmetic on lengths the
-    /// span already knows, with the strings that are not UTF-8 repaired), then every byte
-    /// written once into room reserved for exactly that, through a cursor held in registers.
-    /// Writing through `Vec::push` cost ~190 instructions per attribute: a `u8` store may
-    /// alias the `Vec`'s own length and pointer, so each push reloaded and stored them, and
-    /// each varint was a loop of pushes.
-    fn span_in_two_passes(&self, s: &Span, out: &mut Vec<u8>) {
-        let (name, name_known_utf8) = s.name_for_encoding();
-        let name = if name_known_utf8 {
-            std::borrow::Cow::Borrowed(name)
-        } else {
-            utf8(name)
-        };
-        let parent = s.parent_span_id.is_valid();
-        let dropped = u64::from(s.dropped_attributes());
-
-        // Pass 1: lengths, and which strings are not UTF-8 (bit i: attribute i). Those
-        // (never, for what the gateway records) are repaired here and again when written:
-        // the repair changes their length.
-        let mut repair = 0u32;
-        let mut body = (2 + 16) + (2 + 8) + if parent { 2 + 8 } else { 0 };
-        body += field_len(name.len());
-        body += 2 + 9 + 9; // kind, start, end
-        for (i, (key, value, known_utf8)) in s.attributes_for_encoding().enumerate() {
-            let len = match value {
-                Value::Str(v) if !known_utf8 && !is_utf8(v) => {
-                    repair |= 1 << i;
-                    key_value_len(key, Value::Str(&utf8(v)))
-                }
-                _ => key_value_len(key, value),
-            };
-            body += field_len(len);
-        }
-        if dropped > 0 {
-            body += 1 + varint_len(dropped);
-        }
-        body += if s.status == Status::Unset { 2 } else { 4 }; // status
-        let total = field_len(body);
-
-        // Pass 2: the bytes. Written here rather than through `append`: its closure cost a
-        // few dozen instructions a request more on this, the per-span path (callgrind).
-        let at = out.len();
-        out.resize(at + total, 0);
-        let mut w = Cursor {
-            out: &mut out[at..],
-            at: 0,
-        };
-        w.tag(2, LEN);
-        w.varint(body as u64);
-        w.span_head(s, &name);
-        for (i, (key, value, _)) in s.attributes_for_encoding().enumerate() {
-            match value {
-                Value::Str(v) if repair & (1 << i) != 0 => {
-                    w.key_value(9, key, Value::Str(&utf8(v)));
-                }
-                _ => w.key_value(9, key, value),
-            }
-        }
-        if dropped > 0 {
-            w.tag(10, VARINT);
-            w.varint(dropped);
-        }
-        w.status(s.status);
-        debug_assert_eq!(w.at, total, "pass 1 measured what pass 2 wrote");
+        SpanWriter::append(out, s.kind, &s.context(true), Some(s.parent_span_id), |w| {
+            w.replay(s)
+        });
     }
 
     /// Bytes kept free at the front of a batch buffer for the request's header: the most
@@ -270,7 +167,14 @@ impl Encoder {
     /// of spans ([`Encoder::span`] appends them), so that a batch of the expected size never
     /// grows its buffer (each growth copies it).
     pub(crate) fn batch_buffer(&self, spans_bytes: usize) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(self.header_room() + spans_bytes);
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut buf = spare.unwrap_or_default();
+        buf.clear();
+        buf.reserve(self.header_room() + spans_bytes);
         buf.resize(self.header_room(), 0);
         buf
     }
@@ -303,8 +207,364 @@ impl Encoder {
         w.tag(2, LEN);
         w.varint(scope_spans_len as u64);
         w.raw(&self.scope_field);
-        Bytes::from(batch).slice(start..)
+        Bytes::from_owner(Returning {
+            buf: batch,
+            start,
+            spare: Arc::downgrade(&self.spare),
+        })
     }
+}
+
+/// The most bytes one span takes in a buffer, its field's tag and length included. A span
+/// is written into a window of this size: what would not fit is cut (a string, on a
+/// character boundary) or dropped and counted (an attribute, in the span's
+/// `dropped_attributes_count`). The gateway's server span takes ~320 bytes and a client
+/// span ~200; the fixed-size [`Span`] takes 912 in memory.
+pub const MAX_SPAN_BYTES: usize = 1024;
+
+/// Before a span's body: its field's tag and a 2-byte length (every body is under 16 KiB).
+const SPAN_HEAD: usize = 3;
+
+/// Kept at the window's end for what is written when the span ends: its start and end
+/// (2 x 9 bytes), the dropped-attribute count (up to 6) and the status (up to 4).
+const SPAN_TAIL: usize = 2 * 9 + 6 + 4;
+
+/// One attribute's framing besides its key and value, at its longest in a 1 KiB window:
+/// the field's tag, the `KeyValue`'s length, the key's tag and length, the `AnyValue`'s tag
+/// and length, its member's tag and length (every length at most 2 bytes).
+const ATTR_FRAMING: usize = 1 + 2 + 1 + 2 + 1 + 2 + 1 + 2;
+
+/// One span written as OTLP protobuf (a `ScopeSpans.spans` field) straight into a buffer
+/// as the caller sets it, from [`Recording::start`](crate::Recording::start): no
+/// fixed-size value is filled in and read back, and the exporter sends the bytes as they
+/// are. Its ids and kind are written when it starts, each name and attribute when it is
+/// set; its times, status and length when it is dropped. Protobuf takes a message's
+/// fields in any order.
+///
+/// The span lives in a window of [`MAX_SPAN_BYTES`]: a string that does not fit is cut on a
+/// character boundary, an attribute with no room left is dropped and counted. Bytes that
+/// are not UTF-8 are repaired as `String::from_utf8_lossy` does (protobuf strings are
+/// UTF-8), without allocating. Setting the name twice keeps the last.
+pub struct SpanWriter<'a> {
+    /// The span's window, [`MAX_SPAN_BYTES`] long.
+    window: &'a mut [u8],
+    /// The buffer's tally, to which the span is added when it ends.
+    tally: &'a mut Tally,
+    /// The next byte to write in the window.
+    pos: usize,
+    dropped: u32,
+    /// How the span ended; written when it is dropped.
+    pub status: Status,
+    /// Start, nanoseconds since the Unix epoch; written when the span is dropped.
+    pub start_unix_nanos: u64,
+    /// End, nanoseconds since the Unix epoch (at least the start); written when the span is
+    /// dropped.
+    pub end_unix_nanos: u64,
+}
+
+/// What a buffer of spans holds: its bytes in use and the spans in them. A span is added
+/// when its writer is dropped, so one never ended (a writer forgotten) is not counted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) bytes: usize,
+    pub(crate) spans: usize,
+}
+
+impl std::fmt::Debug for SpanWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanWriter")
+            .field("bytes", &self.pos)
+            .field("dropped", &self.dropped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> SpanWriter<'a> {
+    /// A span of `kind` with the ids of `ctx`, child of `parent` (or a root), written into
+    /// `window` (its first [`MAX_SPAN_BYTES`]; what was there is overwritten, nothing is
+    /// zeroed first). When the writer is dropped the span's field takes the window's first
+    /// bytes, and the span is added to `tally`.
+    pub(crate) fn start(
+        window: &'a mut [u8],
+        tally: &'a mut Tally,
+        kind: SpanKind,
+        ctx: &SpanContext,
+        parent: Option<SpanId>,
+    ) -> SpanWriter<'a> {
+        let window = &mut window[..MAX_SPAN_BYTES];
+        let mut w = Cursor {
+            out: &mut *window,
+            at: SPAN_HEAD,
+        };
+        w.bytes(1, &ctx.trace_id.0);
+        w.bytes(2, &ctx.span_id.0);
+        if let Some(parent) = parent.filter(SpanId::is_valid) {
+            w.bytes(4, &parent.0);
+        }
+        w.tag(6, VARINT);
+        w.byte(span_kind(kind));
+        let pos = w.at;
+        SpanWriter {
+            window,
+            tally,
+            pos,
+            dropped: 0,
+            status: Status::Unset,
+            start_unix_nanos: 0,
+            end_unix_nanos: 0,
+        }
+    }
+
+    /// [`SpanWriter::start`] at the end of `out`, which grows by a window and shrinks back
+    /// to the span when `write` has run (for spans written outside a thread's buffer).
+    pub(crate) fn append(
+        out: &mut Vec<u8>,
+        kind: SpanKind,
+        ctx: &SpanContext,
+        parent: Option<SpanId>,
+        write: impl FnOnce(&mut SpanWriter<'_>),
+    ) {
+        let at = out.len();
+        out.resize(at + MAX_SPAN_BYTES, 0);
+        let mut tally = Tally::default();
+        write(&mut SpanWriter::start(
+            &mut out[at..],
+            &mut tally,
+            kind,
+            ctx,
+            parent,
+        ));
+        out.truncate(at + tally.bytes);
+    }
+
+    /// A static name.
+    pub fn set_name(&mut self, name: &'static str) {
+        self.name(&[name.as_bytes()], true);
+    }
+
+    /// A name made of `parts` joined by a space (e.g. `GET /users/{id}`).
+    pub fn set_name_parts(&mut self, parts: &[&[u8]]) {
+        self.name(parts, false);
+    }
+
+    /// An integer attribute.
+    pub fn int(&mut self, key: &'static str, value: i64) {
+        self.scalar(key, Value::Int(value));
+    }
+
+    /// A boolean attribute.
+    pub fn bool(&mut self, key: &'static str, value: bool) {
+        self.scalar(key, Value::Bool(value));
+    }
+
+    /// A static string attribute.
+    pub fn str(&mut self, key: &'static str, value: &'static str) {
+        self.string(key, value.as_bytes(), true);
+    }
+
+    /// A string attribute (cut to the room left, UTF-8 repaired).
+    pub fn bytes(&mut self, key: &'static str, value: &[u8]) {
+        self.string(key, value, false);
+    }
+
+    /// Attributes dropped so far for want of room.
+    pub fn dropped_attributes(&self) -> u32 {
+        self.dropped
+    }
+
+    /// Writes what `s` holds but its ids and kind (given to [`SpanWriter::start`]).
+    pub(crate) fn replay(&mut self, s: &Span) {
+        let (name, known_utf8) = s.name_for_encoding();
+        if !name.is_empty() {
+            self.name(&[name], known_utf8);
+        }
+        for (key, value, known_utf8) in s.attributes_for_encoding() {
+            match value {
+                Value::Str(v) => self.string(key, v, known_utf8),
+                scalar => self.scalar(key, scalar),
+            }
+        }
+        self.dropped = self.dropped.saturating_add(s.dropped_attributes());
+        self.status = s.status;
+        self.start_unix_nanos = s.start_unix_nanos;
+        self.end_unix_nanos = s.end_unix_nanos;
+    }
+
+    /// Bytes left for names and attributes (the tail is kept for the end).
+    #[inline]
+    fn room(&self) -> usize {
+        MAX_SPAN_BYTES - SPAN_TAIL - self.pos
+    }
+
+    /// The window from the next byte to the tail, its position held in a register.
+    #[inline]
+    fn cursor(&mut self) -> Cursor<'_> {
+        Cursor {
+            out: &mut self.window[..MAX_SPAN_BYTES - SPAN_TAIL],
+            at: self.pos,
+        }
+    }
+
+    fn drop_one(&mut self) {
+        self.dropped = self.dropped.saturating_add(1);
+    }
+
+    #[inline]
+    fn scalar(&mut self, key: &str, value: Value<'_>) {
+        if ATTR_FRAMING + key.len() + 10 > self.room() {
+            self.drop_one();
+            return;
+        }
+        let mut w = self.cursor();
+        w.key_value(9, key, value);
+        self.pos = w.at;
+    }
+
+    #[inline]
+    fn string(&mut self, key: &str, value: &[u8], known_utf8: bool) {
+        let Some(room) = self.room().checked_sub(ATTR_FRAMING + key.len()) else {
+            self.drop_one();
+            return;
+        };
+        if known_utf8 || is_utf8(value) {
+            let value = cut_utf8(value, room);
+            let mut w = self.cursor();
+            w.key_value(9, key, Value::Str(value));
+            self.pos = w.at;
+        } else {
+            let mut scratch = [0u8; MAX_SPAN_BYTES];
+            let n = repair_into(&[value], room, &mut scratch);
+            let mut w = self.cursor();
+            w.key_value(9, key, Value::Str(&scratch[..n]));
+            self.pos = w.at;
+        }
+    }
+
+    /// `Span.name` (field 5): `parts` joined by a space, cut to the room left.
+    fn name(&mut self, parts: &[&[u8]], known_utf8: bool) {
+        // The field's tag and a length of at most 2 bytes.
+        let Some(room) = self.room().checked_sub(3) else {
+            return;
+        };
+        let joined = parts.iter().map(|p| p.len()).sum::<usize>() + parts.len().saturating_sub(1);
+        if joined <= room && (known_utf8 || parts.iter().all(|p| is_utf8(p))) {
+            let mut w = self.cursor();
+            w.tag(5, LEN);
+            w.varint(joined as u64);
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    w.byte(b' ');
+                }
+                w.raw(part);
+            }
+            self.pos = w.at;
+        } else {
+            let mut scratch = [0u8; MAX_SPAN_BYTES];
+            let n = repair_into(parts, room, &mut scratch);
+            let mut w = self.cursor();
+            w.bytes(5, &scratch[..n]);
+            self.pos = w.at;
+        }
+    }
+}
+
+impl Drop for SpanWriter<'_> {
+    /// Ends the span: its times, dropped count and status, then its length before it.
+    fn drop(&mut self) {
+        let mut w = Cursor {
+            out: &mut *self.window,
+            at: self.pos,
+        };
+        w.tag(7, FIXED64);
+        w.raw(&self.start_unix_nanos.to_le_bytes());
+        w.tag(8, FIXED64);
+        w.raw(&self.end_unix_nanos.max(self.start_unix_nanos).to_le_bytes());
+        if self.dropped > 0 {
+            w.tag(10, VARINT);
+            w.varint(u64::from(self.dropped));
+        }
+        w.status(self.status);
+        let body = w.at - SPAN_HEAD;
+        // ScopeSpans.spans (2). A body under 128 bytes has a 1-byte length and moves down
+        // by one; every span the gateway records is longer.
+        let out = &mut *self.window;
+        out[0] = (2 << 3) | LEN;
+        let field = if body < 0x80 {
+            out[1] = body as u8;
+            out.copy_within(SPAN_HEAD..SPAN_HEAD + body, 2);
+            2 + body
+        } else {
+            debug_assert!(body < 1 << 14, "a window's body has a 2-byte length");
+            out[1] = (body as u8) | 0x80;
+            out[2] = (body >> 7) as u8;
+            SPAN_HEAD + body
+        };
+        self.tally.bytes += field;
+        self.tally.spans += 1;
+    }
+}
+
+/// The byte length of the first `n` `ScopeSpans.spans` fields of `fields` (spans as
+/// [`SpanWriter`] writes them, one after the other): where a batch that takes only `n` of
+/// them cuts.
+pub(crate) fn span_fields_len(fields: &[u8], n: usize) -> usize {
+    let mut at = 0;
+    for _ in 0..n {
+        // The tag, then the length's varint.
+        at += 1;
+        let mut len = 0usize;
+        let mut shift = 0;
+        while let Some(&b) = fields.get(at) {
+            at += 1;
+            len |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            if b < 0x80 {
+                break;
+            }
+        }
+        at += len;
+    }
+    at.min(fields.len())
+}
+
+/// `value` (UTF-8) cut to at most `max` bytes, on a character boundary.
+#[inline]
+fn cut_utf8(value: &[u8], max: usize) -> &[u8] {
+    if value.len() <= max {
+        return value;
+    }
+    let mut n = max;
+    while n > 0 && (value[n] & 0xc0) == 0x80 {
+        n -= 1;
+    }
+    &value[..n]
+}
+
+/// `parts` joined by a space as UTF-8 text, each bad sequence replaced by U+FFFD as
+/// `String::from_utf8_lossy` does, cut to at most `max` bytes on a character boundary,
+/// written into `out`; returns the length written. Allocates nothing: it is on the request
+/// path, for a header that is not UTF-8.
+fn repair_into(parts: &[&[u8]], max: usize, out: &mut [u8; MAX_SPAN_BYTES]) -> usize {
+    let max = max.min(MAX_SPAN_BYTES);
+    let mut n = 0;
+    // Appends `text` whole, or as much of it as fits; false once something was cut.
+    let mut put = |text: &str| {
+        let fits = cut_utf8(text.as_bytes(), max - n);
+        out[n..n + fits.len()].copy_from_slice(fits);
+        n += fits.len();
+        fits.len() == text.len()
+    };
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 && !put(" ") {
+            break;
+        }
+        for chunk in part.utf8_chunks() {
+            if !put(chunk.valid()) || (!chunk.invalid().is_empty() && !put("\u{fffd}")) {
+                return n;
+            }
+        }
+    }
+    n
 }
 
 /// OTLP's `SpanKind` number.
@@ -415,24 +675,6 @@ impl Cursor<'_> {
         self.raw(value);
     }
 
-    /// A span's fields before its attributes: ids (the parent's only when it has one), name
-    /// (UTF-8 already), kind, start and end.
-    #[inline]
-    fn span_head(&mut self, s: &Span, name: &[u8]) {
-        self.bytes(1, &s.trace_id.0);
-        self.bytes(2, &s.span_id.0);
-        if s.parent_span_id.is_valid() {
-            self.bytes(4, &s.parent_span_id.0);
-        }
-        self.bytes(5, name);
-        self.tag(6, VARINT);
-        self.byte(span_kind(s.kind));
-        self.tag(7, FIXED64);
-        self.raw(&s.start_unix_nanos.to_le_bytes());
-        self.tag(8, FIXED64);
-        self.raw(&s.end_unix_nanos.max(s.start_unix_nanos).to_le_bytes());
-    }
-
     /// `Span.status` (field 15): `Status { code }` (code is its field 3), present even when
     /// unset, as the SDKs send it.
     #[inline]
@@ -499,17 +741,6 @@ impl Cursor<'_> {
                 self.varint(v as u64);
             }
         }
-    }
-}
-
-/// `bytes` as protobuf `string` content: as is when UTF-8 (always, for what the gateway
-/// records; checked with `from_utf8`, which is fast on ASCII), else with each bad sequence
-/// replaced, as `String::from_utf8_lossy` does.
-fn utf8(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if is_utf8(bytes) {
-        std::borrow::Cow::Borrowed(bytes)
-    } else {
-        std::borrow::Cow::Owned(String::from_utf8_lossy(bytes).into_owned().into_bytes())
     }
 }
 
@@ -719,68 +950,203 @@ mod tests {
         }
     }
 
-    mod paths {
+    mod writer {
         use super::*;
         use proptest::prelude::*;
 
+        /// What one setter was given.
+        #[derive(Debug, Clone)]
+        enum Set {
+            Int(i64),
+            Bool(bool),
+            Text(Vec<u8>),
+        }
+
+        fn set() -> impl Strategy<Value = Set> {
+            prop_oneof![
+                any::<i64>().prop_map(Set::Int),
+                any::<bool>().prop_map(Set::Bool),
+                proptest::collection::vec(any::<u8>(), 0..300).prop_map(Set::Text),
+                "\\PC{0,120}".prop_map(|t| Set::Text(t.into_bytes())),
+            ]
+        }
+
+        fn written(parts: &[Vec<u8>], sets: &[Set], parent: bool) -> (Vec<u8>, u32) {
+            let ctx = SpanContext {
+                trace_id: TraceId::random(),
+                span_id: SpanId::random(),
+                sampled: true,
+            };
+            let mut out = b"before".to_vec();
+            let mut dropped = 0;
+            SpanWriter::append(
+                &mut out,
+                SpanKind::Server,
+                &ctx,
+                parent.then(SpanId::random),
+                |w| {
+                    let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                    w.set_name_parts(&parts);
+                    w.status = Status::Error;
+                    w.start_unix_nanos = 5;
+                    w.end_unix_nanos = 7;
+                    for one in sets {
+                        match one {
+                            Set::Int(v) => w.int("an.int", *v),
+                            Set::Bool(v) => w.bool("a.bool", *v),
+                            Set::Text(v) => w.bytes("some.text", v),
+                        }
+                    }
+                    dropped = w.dropped_attributes();
+                },
+            );
+            assert_eq!(&out[..6], b"before", "what was in the buffer stays");
+            (out[6..].to_vec(), dropped)
+        }
+
         proptest! {
-            /// The one-pass path writes, byte for byte, what the two-pass path writes, for
-            /// every span it takes (UTF-8 text of any length, any attributes), wherever its
-            /// body's length puts the body.
+            /// Whatever is set (any integers, bytes that are not UTF-8, more than fits), the
+            /// span decodes; it fits its window; every attribute is there in order, as set
+            /// or (a string) cut on a character boundary, or dropped and counted; and when
+            /// the window had room to spare, nothing was cut or dropped.
             #[test]
-            fn one_pass_writes_what_two_passes_write(
-                name in "\\PC{0,200}",
-                values in proptest::collection::vec(("\\PC{0,60}", any::<i64>(), 0u8..3), 0..20),
+            fn every_span_decodes_as_written_within_its_window(
+                parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 1..4),
+                sets in proptest::collection::vec(set(), 0..24),
                 parent in any::<bool>(),
-                status in 0u8..3,
-                before in proptest::collection::vec(any::<u8>(), 0..40),
             ) {
-                let ctx = SpanContext { trace_id: TraceId::random(), span_id: SpanId::random(), sampled: true };
-                let mut s = Span::new(SpanKind::Server, &ctx, parent.then(SpanId::random));
-                s.set_name_parts(&[name.as_bytes()]);
-                s.status = [Status::Unset, Status::Ok, Status::Error][usize::from(status)];
-                for (text, int, which) in &values {
-                    match which {
-                        0 => s.bytes("text", text.as_bytes()),
-                        1 => s.int("int", *int),
-                        _ => s.str("static", "value"),
+                let (field, dropped) = written(&parts, &sets, parent);
+                prop_assert!(field.len() <= MAX_SPAN_BYTES);
+                prop_assert_eq!(span_fields_len(&field, 1), field.len());
+                let spans = proto::ScopeSpans::decode(field.as_slice()).expect("decodes").spans;
+                prop_assert_eq!(spans.len(), 1);
+                let one = &spans[0];
+                prop_assert_eq!(one.parent_span_id.is_empty(), !parent);
+                prop_assert_eq!((one.start_time_unix_nano, one.end_time_unix_nano), (5, 7));
+                prop_assert_eq!(one.status.as_ref().map(|s| s.code), Some(2));
+                prop_assert_eq!(one.dropped_attributes_count, dropped);
+                let joined = parts.join(&b' ');
+                let name = String::from_utf8_lossy(&joined);
+                prop_assert!(name.starts_with(&one.name));
+                let roomy = field.len() < MAX_SPAN_BYTES - 400;
+                if roomy {
+                    prop_assert_eq!(&one.name, &name);
+                }
+                let mut got = one.attributes.iter();
+                let mut kept = 0u32;
+                let mut next = got.next();
+                for want in &sets {
+                    let Some(have) = next else { break };
+                    let matches = match (want, value(have)) {
+                        (Set::Int(v), Some(Any::IntValue(h))) => have.key == "an.int" && *v == h,
+                        (Set::Bool(v), Some(Any::BoolValue(h))) => have.key == "a.bool" && *v == h,
+                        (Set::Text(v), Some(Any::StringValue(h))) => {
+                            let full = String::from_utf8_lossy(v);
+                            have.key == "some.text"
+                                && if roomy { full == h } else { full.starts_with(&h) }
+                        }
+                        _ => false,
+                    };
+                    if matches {
+                        kept += 1;
+                        next = got.next();
                     }
                 }
-                let encoder = Encoder::new(&Resource::new("gw"));
-                let mut one = before.clone();
-                prop_assert!(encoder.span_in_one_pass(&s, &mut one), "UTF-8: one pass");
-                let mut two = before.clone();
-                encoder.span_in_two_passes(&s, &mut two);
-                prop_assert_eq!(one, two);
+                prop_assert!(next.is_none(), "every attribute written was set, in order");
+                prop_assert_eq!(kept + dropped, sets.len() as u32);
+                if roomy {
+                    prop_assert_eq!(dropped, 0);
+                }
             }
         }
 
         #[test]
-        fn a_body_whose_length_takes_all_three_bytes_is_written_in_place() {
-            let mut s = crate::span::root_server_span();
-            // A static name: the only unbounded part (20,000 bytes: a 3-byte length).
-            s.set_name(String::leak("n".repeat(20_000)));
-            s.str("k", "v");
-            let encoder = Encoder::new(&Resource::new("gw"));
-            let mut one = Vec::new();
-            assert!(encoder.span_in_one_pass(&s, &mut one));
-            let mut two = Vec::new();
-            encoder.span_in_two_passes(&s, &mut two);
-            assert_eq!(one, two);
-            assert_eq!(one[1] & 0x80, 0x80, "a length of more than one byte");
-            assert_eq!(one[2] & 0x80, 0x80, "and of three");
+        fn a_short_span_moves_down_to_its_one_byte_length() {
+            let (field, _) = written(&[b"n".to_vec()], &[], false);
+            assert!(field.len() < 128);
+            assert_eq!(usize::from(field[1]), field.len() - 2, "a 1-byte length");
+            let spans = proto::ScopeSpans::decode(field.as_slice())
+                .expect("decodes")
+                .spans;
+            assert_eq!(spans[0].name, "n");
         }
 
         #[test]
-        fn a_span_with_bytes_that_are_not_utf8_takes_the_two_pass_path_and_leaves_out_as_it_was() {
-            let mut s = crate::span::root_server_span();
-            s.bytes("ok", b"fine");
-            s.bytes("bad", b"a\xffb");
-            let encoder = Encoder::new(&Resource::new("gw"));
-            let mut out = b"kept".to_vec();
-            assert!(!encoder.span_in_one_pass(&s, &mut out));
-            assert_eq!(out, b"kept");
+        fn a_long_string_is_cut_on_a_character_boundary_and_the_rest_dropped() {
+            let long = "é".repeat(600);
+            let (field, dropped) = written(
+                &[b"GET".to_vec()],
+                &[Set::Text(long.into_bytes()), Set::Int(1), Set::Bool(true)],
+                false,
+            );
+            let spans = proto::ScopeSpans::decode(field.as_slice())
+                .expect("decodes")
+                .spans;
+            let attrs = &spans[0].attributes;
+            let Some(Any::StringValue(cut)) = value(&attrs[0]) else {
+                panic!("the string first");
+            };
+            assert!(cut.len() < 1200 && cut.chars().all(|c| c == 'é'));
+            assert_eq!(attrs.len() + dropped as usize, 3);
+            assert!(field.len() <= MAX_SPAN_BYTES);
         }
+
+        #[test]
+        fn bytes_that_are_not_utf8_are_repaired_and_cut_without_splitting_a_replacement() {
+            let mut out = [0u8; MAX_SPAN_BYTES];
+            let n = repair_into(&[b"a\xffb", b"\xfe"], MAX_SPAN_BYTES, &mut out);
+            assert_eq!(&out[..n], "a\u{fffd}b \u{fffd}".as_bytes());
+            // Room for "a" and 2 of U+FFFD's 3 bytes: the replacement is left out whole.
+            let n = repair_into(&[b"a\xffb"], 3, &mut out);
+            assert_eq!(&out[..n], b"a");
+        }
+
+        #[test]
+        fn a_batch_cuts_between_spans() {
+            let mut out = Vec::new();
+            let ctx = SpanContext {
+                trace_id: TraceId::random(),
+                span_id: SpanId::random(),
+                sampled: true,
+            };
+            for name in [&b"first"[..], &[b'x'; 200][..], b"third"] {
+                SpanWriter::append(&mut out, SpanKind::Client, &ctx, None, |w| {
+                    w.set_name_parts(&[name]);
+                });
+            }
+            let two = span_fields_len(&out, 2);
+            let first = proto::ScopeSpans::decode(&out[..two])
+                .expect("decodes")
+                .spans;
+            assert_eq!(first.len(), 2);
+            let rest = proto::ScopeSpans::decode(&out[two..])
+                .expect("decodes")
+                .spans;
+            assert_eq!(rest[0].name, "third");
+            assert_eq!(span_fields_len(&out, 3), out.len());
+        }
+    }
+
+    #[test]
+    fn a_sent_requests_buffer_is_reused_once_the_last_copy_is_dropped() {
+        let encoder = Encoder::new(&Resource::new("gw"));
+        let mut batch = encoder.batch_buffer(4096);
+        encoder.span(&crate::span::root_server_span(), &mut batch);
+        let first = batch.as_ptr();
+        let request = encoder.request(batch);
+        let retry = request.clone();
+        drop(request);
+        let other = encoder.batch_buffer(0);
+        assert_ne!(other.as_ptr(), first, "a request still held is not reused");
+        drop(retry);
+        let reused = encoder.batch_buffer(0);
+        assert_eq!(reused.as_ptr(), first);
+        assert_eq!(
+            reused.len(),
+            encoder.header_room(),
+            "emptied but for the header's room"
+        );
+        assert!(reused.capacity() >= 4096);
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! While an export waits (a slow or dead collector), the queue is not read: the pool runs
 //! out and serving threads drop new spans (`queue_full`) instead of memory growing. A batch
 //! whose retries run out is dropped (`export_failed`). Memory is therefore the pool
-//! (`queue_max_spans`) plus the spans taken from it and not yet exported, encoded (a third
-//! of a recorded span's size), which the queue bound counts too.
+//! (`queue_max_spans` spans of at most `MAX_SPAN_BYTES`, encoded as recorded) plus the
+//! spans taken from it and not yet exported, which the queue bound counts too, plus two
+//! spare request buffers kept for the next batches.
 
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -16,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::ExportConfig;
-use crate::encode::Encoder;
+use crate::encode::{Encoder, span_fields_len};
 use crate::error::Error;
 use crate::export::{Failure, Transport};
 use crate::metrics::{DropReason, TraceMetrics};
@@ -237,10 +238,13 @@ impl Run {
     }
 
     /// A buffer's spans into `batches` (a new batch when the last is full); the buffer back
-    /// to the pool.
+    /// to the pool. The spans are encoded already: they are copied as they are, as many at
+    /// a time as the open batch takes.
     fn take(&mut self, buf: SpanBuf) {
         let max = self.config.batch_max_spans.max(1);
-        for span in buf.spans() {
+        let mut encoded = buf.encoded();
+        let mut left = buf.len();
+        while left > 0 {
             let batch = match self.batches.back_mut() {
                 Some(open) if open.spans < max => open,
                 _ => {
@@ -259,9 +263,17 @@ impl Run {
                         .expect("a batch was pushed just above")
                 }
             };
-            self.encoder.span(span, &mut batch.buf);
-            batch.spans += 1;
-            self.pending_spans += 1;
+            let taken = (max - batch.spans).min(left);
+            let cut = if taken == left {
+                encoded.len()
+            } else {
+                span_fields_len(encoded, taken)
+            };
+            batch.buf.extend_from_slice(&encoded[..cut]);
+            batch.spans += taken;
+            self.pending_spans += taken;
+            left -= taken;
+            encoded = &encoded[cut..];
         }
         self.receiver.shared.give(buf);
     }

@@ -92,7 +92,7 @@ mod span;
 
 pub use config::{ExportConfig, Protocol, Retry, TlsFiles};
 pub use context::{CurrentSpan, SpanContext};
-pub use encode::{Resource, encode_request};
+pub use encode::{MAX_SPAN_BYTES, Resource, SpanWriter, encode_request};
 pub use error::Error;
 pub use exporter::{Exporter, Flusher};
 pub use id::{SpanId, TraceId};

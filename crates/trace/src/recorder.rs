@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use tokio::sync::mpsc;
 
 use crate::context::SpanContext;
+use crate::encode::{MAX_SPAN_BYTES, SpanWriter, Tally};
 use crate::id::SpanId;
 use crate::metrics::{DropReason, TraceMetrics};
 use crate::span::{Span, SpanKind};
@@ -128,7 +129,7 @@ impl Tracer {
     /// Copies `span` into this thread's buffer. Never waits; drops and counts the span when
     /// every buffer is full or queued.
     pub fn record(&self, span: &Span) {
-        self.record_with(|spans| spans.push(span.clone()));
+        self.record_with(|spans| spans.push(span));
     }
 
     /// Records spans built in place in this thread's buffer: `build` gets a [`Recording`]
@@ -167,30 +168,35 @@ impl std::fmt::Debug for Recording<'_> {
 }
 
 impl Recording<'_> {
-    /// A new span of `kind` with the ids of `ctx`, child of `parent` (or a root), recorded
-    /// as it is once the caller has filled it in; `None` (the span dropped and counted)
-    /// when the recorder is shut down or every buffer is full or queued.
+    /// A new span of `kind` with the ids of `ctx`, child of `parent` (or a root), written
+    /// into the thread's buffer as the caller sets it and ended when the writer is dropped;
+    /// `None` (the span dropped and counted) when the recorder is shut down or every buffer
+    /// is full or queued.
     pub fn start(
         &mut self,
         kind: SpanKind,
         ctx: &SpanContext,
         parent: Option<SpanId>,
-    ) -> Option<&mut Span> {
+    ) -> Option<SpanWriter<'_>> {
         if !self.room() {
             return None;
         }
         self.recorded += 1;
-        Some(self.buf.start(kind, ctx, parent))
+        let buf = &mut *self.buf;
+        let window = &mut buf.bytes[buf.tally.bytes..];
+        Some(SpanWriter::start(window, &mut buf.tally, kind, ctx, parent))
     }
 
     /// Records a span built elsewhere; `false` when it was dropped (and counted).
-    pub fn push(&mut self, span: Span) -> bool {
-        if !self.room() {
-            return false;
+    pub fn push(&mut self, span: &Span) -> bool {
+        let parent = Some(span.parent_span_id);
+        match self.start(span.kind, &span.context(true), parent) {
+            Some(mut writer) => {
+                writer.replay(span);
+                true
+            }
+            None => false,
         }
-        self.buf.push(span);
-        self.recorded += 1;
-        true
     }
 
     /// Whether the buffer has room for one more span: a full one is queued for the exporter
@@ -201,7 +207,7 @@ impl Recording<'_> {
             shared.metrics.dropped(DropReason::Shutdown, 1);
             return false;
         }
-        if self.buf.len() >= shared.buffer_spans || self.buf.capacity() == 0 {
+        if self.buf.len() >= shared.buffer_spans || !self.buf.has_window() {
             // Full, or taken by the exporter: a fresh buffer from the pool.
             let Some(fresh) = lock(&shared.pool).pop() else {
                 shared.metrics.dropped(DropReason::QueueFull, 1);
@@ -228,69 +234,61 @@ impl Drop for Recording<'_> {
     }
 }
 
-/// A buffer of recorded spans. A slot, once used, stays initialized when the buffer is
-/// cleared and comes back from the exporter, so recording a span resets a slot in place:
-/// building a fresh `Span` (its 16 attribute slots and arena set) and moving it into the
-/// buffer cost ~180 instructions a span in copies alone.
+/// A buffer of recorded spans, encoded: `ScopeSpans.spans` fields one after another, as
+/// [`SpanWriter`] writes them, sent by the exporter as they are. Its bytes are allocated
+/// (zeroed, by the kernel, as they are first touched) when the pool is made,
+/// `buffer_spans` windows of [`MAX_SPAN_BYTES`], and never grow; a span is written over
+/// what the buffer held before, so recording one zeroes nothing.
 #[derive(Debug, Default)]
 pub(crate) struct SpanBuf {
-    /// `slots[..used]` are this buffer's spans; the rest are old spans, kept for reuse.
-    slots: Vec<Span>,
-    used: usize,
+    bytes: Vec<u8>,
+    /// `bytes[..tally.bytes]` are the spans.
+    tally: Tally,
 }
 
 impl SpanBuf {
     fn with_capacity(spans: usize) -> SpanBuf {
         SpanBuf {
-            slots: Vec::with_capacity(spans),
-            used: 0,
+            bytes: vec![0; spans.saturating_mul(MAX_SPAN_BYTES)],
+            tally: Tally::default(),
         }
     }
 
-    /// The spans recorded.
-    pub(crate) fn spans(&self) -> &[Span] {
-        &self.slots[..self.used]
+    /// The spans recorded, encoded.
+    pub(crate) fn encoded(&self) -> &[u8] {
+        &self.bytes[..self.tally.bytes]
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.used
+        self.tally.spans
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.used == 0
+        self.tally.spans == 0
     }
 
     fn capacity(&self) -> usize {
-        self.slots.capacity()
+        self.bytes.len()
     }
 
-    /// Forgets the spans, keeping their slots for reuse.
+    /// Whether one more span's window fits (a buffer taken by the exporter has no bytes at
+    /// all).
+    fn has_window(&self) -> bool {
+        self.bytes.len() - self.tally.bytes >= MAX_SPAN_BYTES
+    }
+
+    /// Forgets the spans, keeping the bytes.
     fn clear(&mut self) {
-        self.used = 0;
+        self.tally = Tally::default();
     }
 
-    /// A new span in the next slot (reset in place when the slot was used before).
-    fn start(&mut self, kind: SpanKind, ctx: &SpanContext, parent: Option<SpanId>) -> &mut Span {
-        let at = self.used;
-        self.used += 1;
-        if at < self.slots.len() {
-            let slot = &mut self.slots[at];
-            slot.reset(kind, ctx, parent);
-            slot
-        } else {
-            self.slots.push(Span::new(kind, ctx, parent));
-            &mut self.slots[at]
-        }
-    }
-
-    fn push(&mut self, span: Span) {
-        let at = self.used;
-        self.used += 1;
-        if at < self.slots.len() {
-            self.slots[at] = span;
-        } else {
-            self.slots.push(span);
-        }
+    /// The spans, decoded (for tests).
+    #[cfg(test)]
+    pub(crate) fn decode(&self) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+        use prost::Message as _;
+        opentelemetry_proto::tonic::trace::v1::ScopeSpans::decode(self.encoded())
+            .expect("a buffer holds ScopeSpans.spans fields")
+            .spans
     }
 }
 
@@ -364,6 +362,7 @@ mod tests {
     use crate::context::SpanContext;
     use crate::id::{SpanId, TraceId};
     use crate::span::SpanKind;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 
     fn span() -> Span {
         crate::span::root_server_span()
@@ -428,7 +427,7 @@ mod tests {
         };
         let got = tracer.record_with(|spans| {
             for i in 0..3 {
-                let s = spans
+                let mut s = spans
                     .start(SpanKind::Client, &ctx, Some(ctx.span_id))
                     .expect("room");
                 s.int("n", i);
@@ -438,19 +437,13 @@ mod tests {
         assert_eq!(got, Some("built"));
         assert_eq!(metrics.queued(), 3);
         let queued = rx.queue.try_recv().expect("the first buffer, full");
-        let n: Vec<_> = queued
-            .spans()
+        let spans = queued.decode();
+        let n: Vec<_> = spans
             .iter()
-            .map(|s| s.attributes().next().map(|(_, v)| v))
+            .map(|s| s.attributes[0].value.clone().and_then(|v| v.value))
             .collect();
-        assert_eq!(
-            n,
-            [
-                Some(crate::span::Value::Int(0)),
-                Some(crate::span::Value::Int(1))
-            ]
-        );
-        assert_eq!(queued.spans()[0].parent_span_id, ctx.span_id);
+        assert_eq!(n, [Some(Any::IntValue(0)), Some(Any::IntValue(1))]);
+        assert_eq!(spans[0].parent_span_id, ctx.span_id.0);
         let dropped = tracer.record_with(|spans| {
             assert!(spans.start(SpanKind::Server, &ctx, None).is_some());
             spans.start(SpanKind::Server, &ctx, None).is_none()
@@ -462,8 +455,8 @@ mod tests {
     }
 
     #[test]
-    fn a_reused_slot_holds_only_its_new_span() {
-        // One buffer of one span, so the second span reuses the first one's slot.
+    fn a_reused_buffer_holds_only_its_new_span() {
+        // One buffer of one span, so the second span reuses the first one's buffer.
         let (tracer, mut rx) = recorder(1, 1, TraceMetrics::unregistered());
         let ctx = SpanContext {
             trace_id: TraceId::random(),
@@ -471,7 +464,7 @@ mod tests {
             sampled: true,
         };
         tracer.record_with(|spans| {
-            let s = spans
+            let mut s = spans
                 .start(SpanKind::Server, &ctx, Some(SpanId::random()))
                 .expect("room");
             s.set_name_parts(&[b"GET", b"/a/long/route"]);
@@ -480,6 +473,7 @@ mod tests {
             s.status = crate::span::Status::Error;
         });
         let first = rx.shared.collect().pop().expect("the first span's buffer");
+        assert_eq!(first.decode()[0].name, "GET /a/long/route");
         rx.shared.give(first);
         let other = SpanContext {
             trace_id: TraceId::random(),
@@ -487,7 +481,7 @@ mod tests {
             sampled: true,
         };
         tracer.record_with(|spans| {
-            let s = spans.start(SpanKind::Client, &other, None).expect("room");
+            let mut s = spans.start(SpanKind::Client, &other, None).expect("room");
             s.bytes("server.address", b"10.0.0.1");
         });
         let second = rx
@@ -496,18 +490,73 @@ mod tests {
             .ok()
             .or_else(|| rx.shared.collect().pop());
         let second = second.expect("the second span's buffer");
-        let s = &second.spans()[0];
-        assert_eq!(s.trace_id, other.trace_id);
-        assert_eq!(s.kind, SpanKind::Client);
-        assert_eq!(s.status, crate::span::Status::Unset);
-        assert!(!s.parent_span_id.is_valid());
-        assert_eq!(s.name(), b"");
-        let attrs: Vec<_> = s.attributes().collect();
+        let spans = second.decode();
+        assert_eq!(spans.len(), 1);
+        let s = &spans[0];
+        assert_eq!(s.trace_id, other.trace_id.0);
+        assert_eq!(s.kind, 3, "client");
+        assert_eq!(s.status.as_ref().map(|st| st.code), Some(0));
+        assert!(s.parent_span_id.is_empty());
+        assert_eq!(s.name, "");
+        let attrs: Vec<_> = s
+            .attributes
+            .iter()
+            .map(|a| (a.key.as_str(), a.value.clone().and_then(|v| v.value)))
+            .collect();
         assert_eq!(
             attrs,
-            [("server.address", crate::span::Value::Str(b"10.0.0.1"))]
+            [("server.address", Some(Any::StringValue("10.0.0.1".into())))]
         );
-        assert_eq!(s.dropped_attributes(), 0);
+        assert_eq!(s.dropped_attributes_count, 0);
+    }
+
+    #[test]
+    fn a_span_built_elsewhere_is_recorded_as_it_was_built() {
+        let (tracer, rx) = recorder(4, 8, TraceMetrics::unregistered());
+        let mut built = span();
+        built.set_name("GET");
+        built.start_unix_nanos = 10;
+        built.end_unix_nanos = 20;
+        built.int("http.response.status_code", 503);
+        built.status = crate::span::Status::Error;
+        tracer.record(&built);
+        let got = rx.shared.collect().pop().expect("the buffer").decode();
+        assert_eq!(got[0].span_id, built.span_id.0);
+        assert_eq!(got[0].name, "GET");
+        assert_eq!(
+            (got[0].start_time_unix_nano, got[0].end_time_unix_nano),
+            (10, 20)
+        );
+        assert_eq!(got[0].status.as_ref().map(|st| st.code), Some(2));
+        assert_eq!(
+            got[0].attributes[0].value.clone().and_then(|v| v.value),
+            Some(Any::IntValue(503))
+        );
+    }
+
+    #[test]
+    fn a_writer_never_ended_leaves_no_span_behind() {
+        let (tracer, rx) = recorder(4, 8, TraceMetrics::unregistered());
+        let ctx = SpanContext {
+            trace_id: TraceId::random(),
+            span_id: SpanId::random(),
+            sampled: true,
+        };
+        tracer.record_with(|spans| {
+            let mut forgotten = spans.start(SpanKind::Server, &ctx, None).expect("room");
+            forgotten.int("n", 1);
+            std::mem::forget(forgotten);
+            let mut ended = spans.start(SpanKind::Server, &ctx, None).expect("room");
+            ended.int("n", 2);
+        });
+        let buf = rx.shared.collect().pop().expect("the buffer");
+        assert_eq!(buf.len(), 1);
+        let got = buf.decode();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].attributes[0].value.clone().and_then(|v| v.value),
+            Some(Any::IntValue(2))
+        );
     }
 
     #[test]

@@ -116,22 +116,6 @@ impl Span {
         }
     }
 
-    /// Makes this span what [`Span::new`] makes, in place. The attribute slots and the
-    /// arena keep their old bytes: nothing reads past `len` and `arena_len`.
-    pub(crate) fn reset(&mut self, kind: SpanKind, ctx: &SpanContext, parent: Option<SpanId>) {
-        self.trace_id = ctx.trace_id;
-        self.span_id = ctx.span_id;
-        self.parent_span_id = parent.unwrap_or(SpanId::INVALID);
-        self.kind = kind;
-        self.status = Status::Unset;
-        self.start_unix_nanos = 0;
-        self.end_unix_nanos = 0;
-        self.name = Stored::Static("");
-        self.len = 0;
-        self.dropped = 0;
-        self.arena_len = 0;
-    }
-
     /// A static name.
     pub fn set_name(&mut self, name: &'static str) {
         self.name = Stored::Static(name);
