@@ -13,7 +13,9 @@
 # (/proc/PID/stat) over the measured part divided by the requests completed in it. Each
 # round runs every gateway once, the order rotating; printed: every round's user, system
 # and total µs per request per gateway, the ratios to nginx per round, and the medians.
-#   RATE=15000 ROUNDS=6 [A=old/tailguard] [ACCESS_LOG=1] lab/compare-cpu.sh
+#   RATE=15000 ROUNDS=6 [A=old/tailguard] [ACCESS_LOG=1] [EXTRA_CONFIG=file] lab/compare-cpu.sh
+# EXTRA_CONFIG=file appends that TOML to both tailguard builds' config (e.g. a `[tracing]`
+# table, to compare what two builds' tracers cost against the same collector).
 # Every process runs at nice $NICE (default -10, when root). Raw outputs go to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,7 @@ trap cleanup EXIT
 
 start_origin 0
 
-proxy_config > "$out/gateway.toml"
+{ proxy_config; extra_config; } > "$out/gateway.toml"
 nginx_log="access_log off;"
 tg_log=()
 if [ "$access_log" = 1 ]; then

@@ -1,8 +1,9 @@
-//! Recording a span (built on the stack, copied into this thread's buffer, exported by the
-//! exporter thread to a real OTLP/HTTP sink on 127.0.0.1, the queue never full) against two baselines: building
-//! the span alone, and pushing it into one `Mutex<Vec<Span>>` shared by every thread (the
-//! shape of a shared bounded queue). And the exporter's side: encoding a batch of spans into
-//! one OTLP request (`encode`), per span.
+//! Recording a span into this thread's buffer, exported by the exporter thread to a real
+//! OTLP/HTTP sink on 127.0.0.1, the queue never full: written in place as it is built (the
+//! gateway's path), or built on the stack as a fixed-size `Span` and written out; against
+//! two baselines: building the `Span` alone, and pushing it into one `Mutex<Vec<Span>>`
+//! shared by every thread (the shape of a shared bounded queue). And `encode`: a batch of
+//! fixed-size spans into one OTLP request, per span.
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -19,22 +20,30 @@ use tailguard_trace::{
     encode_request,
 };
 
-/// A server span as the gateway builds one: 10 attributes, 3 of them copied strings.
+/// The attributes of a server span as the gateway sets them: 10, 3 of them copied strings.
+/// A macro, so that the fixed-size `Span` and the `SpanWriter` get the same calls.
+macro_rules! server_attributes {
+    ($s:expr) => {{
+        $s.start_unix_nanos = 1_700_000_000_000_000_000;
+        $s.end_unix_nanos = $s.start_unix_nanos + 1_500_000;
+        $s.set_name_parts(&[b"GET", b"/api/v1/users/{id}"]);
+        $s.str("http.request.method", "GET");
+        $s.bytes("http.route", b"/api/v1/users/{id}");
+        $s.bytes("url.path", b"/api/v1/users/12345");
+        $s.int("http.response.status_code", 200);
+        $s.bytes("server.address", b"api.example.com");
+        $s.bytes("client.address", b"192.0.2.7");
+        $s.str("network.protocol.version", "1.1");
+        $s.int("server.port", 8080);
+        $s.str("tailguard.outcome", "forwarded");
+        $s.int("tailguard.tries", 1);
+    }};
+}
+
+/// A server span as the gateway builds one, as a fixed-size value.
 fn span(ctx: &SpanContext) -> Span {
     let mut s = Span::new(SpanKind::Server, ctx, Some(SpanId([7; 8])));
-    s.start_unix_nanos = 1_700_000_000_000_000_000;
-    s.end_unix_nanos = s.start_unix_nanos + 1_500_000;
-    s.set_name_parts(&[b"GET", b"/api/v1/users/{id}"]);
-    s.str("http.request.method", "GET");
-    s.bytes("http.route", b"/api/v1/users/{id}");
-    s.bytes("url.path", b"/api/v1/users/12345");
-    s.int("http.response.status_code", 200);
-    s.bytes("server.address", b"api.example.com");
-    s.bytes("client.address", b"192.0.2.7");
-    s.str("network.protocol.version", "1.1");
-    s.int("server.port", 8080);
-    s.str("tailguard.outcome", "forwarded");
-    s.int("tailguard.tries", 1);
+    server_attributes!(s);
     s
 }
 
@@ -103,24 +112,26 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    // Only the recording is timed, in runs of at most half the queue, each followed by an
-    // (untimed) flush: criterion records spans far faster than any exporter sends them, and
-    // without the flushes most iterations would time the queue-full drop instead.
+    // The fixed-size span built on the stack, then written out (`Tracer::record`).
     g.bench_function("span", |b| {
         b.iter_custom(|iters| {
-            let mut timed = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let n = left.min(4096);
-                let start = std::time::Instant::now();
-                for _ in 0..n {
-                    tracer.record(&span(black_box(&ctx)));
-                }
-                timed += start.elapsed();
-                left -= n;
-                flusher.block_on(exporter.flush());
-            }
-            timed
+            timed_in_runs(iters, &flusher, &exporter, || {
+                tracer.record(&span(black_box(&ctx)));
+            })
+        })
+    });
+    // The gateway's path: written in place as it is built (`Recording::start`).
+    g.bench_function("written_in_place", |b| {
+        b.iter_custom(|iters| {
+            timed_in_runs(iters, &flusher, &exporter, || {
+                tracer.record_with(|spans| {
+                    if let Some(mut s) =
+                        spans.start(SpanKind::Server, black_box(&ctx), Some(SpanId([7; 8])))
+                    {
+                        server_attributes!(s);
+                    }
+                });
+            })
         })
     });
     g.finish();
@@ -131,6 +142,30 @@ fn bench(c: &mut Criterion) {
         metrics.exported_total(),
         dropped
     );
+}
+
+/// `iters` calls of `record`, timed in runs of at most half the queue, each followed by an
+/// (untimed) flush: criterion records spans far faster than any exporter sends them, and
+/// without the flushes most iterations would time the queue-full drop instead.
+fn timed_in_runs(
+    iters: u64,
+    flusher: &tokio::runtime::Runtime,
+    exporter: &Exporter,
+    mut record: impl FnMut(),
+) -> Duration {
+    let mut timed = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(4096);
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            record();
+        }
+        timed += start.elapsed();
+        left -= n;
+        flusher.block_on(exporter.flush());
+    }
+    timed
 }
 
 /// The exporter's encoding: a batch of 512 server spans (as `span` builds them) into one

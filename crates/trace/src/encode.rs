@@ -1,6 +1,12 @@
-//! Spans into OTLP protobuf bytes (`ExportTraceServiceRequest`), written directly from the
-//! fixed-size [`Span`] into the buffer of its batch, whose front is kept for the request's
-//! header so that the request needs no copy.
+//! Spans as OTLP protobuf bytes: each written by a [`SpanWriter`] straight into a thread's
+//! buffer as it is built (a `ScopeSpans.spans` field), then copied as they are into a
+//! batch, whose front is kept for the `ExportTraceServiceRequest`'s header so that the
+//! request needs no copy.
+//!
+//! Writing on the serving thread, as the span is built, replaced a fixed-size [`Span`]
+//! filled in by the serving thread and read back and encoded by the exporter: the
+//! 912-byte value was written and read again for every span, and the exporter's encoding
+//! was a fifth of the tracer's work (`docs/benchmarks/2026-11-27-trace/`, ninth pass).
 //!
 //! Written by hand rather than through `opentelemetry-proto`'s prost types because those
 //! own every string and list: one span became ~20 allocations (a `String` per attribute

@@ -13,15 +13,18 @@
 //!   from the trace id as OpenTelemetry's `TraceIdRatioBased` does); the [`TailRule`] keeps
 //!   a request that failed or was slow even when the head said no. Spans are built for
 //!   every traced request; only the export is decided at the end.
-//! - A [`Span`] is a fixed-size value (ids, kind, times, status, up to
-//!   [`MAX_ATTRIBUTES`] attributes with `&'static str` keys and copied values in an inline
-//!   arena). [`Tracer::record`] copies it into the calling thread's buffer.
+//! - A span is written as OTLP protobuf straight into the calling thread's buffer as it is
+//!   built: [`Tracer::record_with`] hands out a [`SpanWriter`] per span, whose ids go in
+//!   when it starts, each name and attribute when it is set (`&'static str` keys), and its
+//!   times and status when it is dropped, all within [`MAX_SPAN_BYTES`]. A [`Span`] is the
+//!   same span as a fixed-size value, for one built over a request's life (the tower
+//!   layer's); [`Tracer::record`] writes it the same way.
 //! - The [`Exporter`] runs on its own OS thread and current-thread runtime: full buffers
-//!   arrive through a queue, idle ones are collected every `batch_interval`, batches are
-//!   encoded as OTLP protobuf straight from the fixed-size spans (gzipped when asked), and
-//!   sent over OTLP/HTTP (protobuf) or OTLP/gRPC, with TLS and extra headers, retried with backoff and jitter on the statuses
-//!   the OTLP spec calls retryable. A dead, failing or stalled collector drops spans and
-//!   counts them; memory never exceeds `queue_max_spans` spans plus one batch.
+//!   arrive through a queue, idle ones are collected every `batch_interval`, their spans
+//!   copied as they are into batches (gzipped when asked), and sent over OTLP/HTTP
+//!   (protobuf) or OTLP/gRPC, with TLS and extra headers, retried with backoff and jitter on
+//!   the statuses the OTLP spec calls retryable. A dead, failing or stalled collector drops
+//!   spans and counts them; memory never exceeds `queue_max_spans` spans plus one batch.
 //! - [`TraceLayer`] gives any tower/axum service a SERVER span per request, with the
 //!   stable HTTP semantic conventions, and hands the handler a [`CurrentSpan`] to
 //!   propagate.
@@ -42,8 +45,9 @@
 //!   (`set_reporter` once), so two tracers (two gateways in a test, a reload changing the
 //!   endpoint) cannot coexist; it reports through the OpenTelemetry SDK's exporter for
 //!   OTLP, so the SDK's exporter costs come back.
-//! - Here a span is a fixed-size value copied into a preallocated per-thread buffer (no
-//!   allocation in the steady state, measured by `benches/record.rs`), the only shared
+//! - Here a span is written once, as the protobuf the collector reads, into a preallocated
+//!   per-thread buffer (no allocation in the steady state, measured by
+//!   `benches/record.rs`), the only shared
 //!   write is once per buffer of spans, and the bounds (queue, batch, retries) are this
 //!   crate's own config, so "a slow collector costs the requests nothing" is a property
 //!   of the code, tested with real dead, failing and stalling collectors.

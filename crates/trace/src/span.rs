@@ -1,5 +1,8 @@
-//! A finished span as the request path records it: a fixed-size value with no pointer to
-//! the heap, so building one allocates nothing and recording one is a copy.
+//! A span as a fixed-size value with no pointer to the heap, for a span built over a
+//! request's life and recorded at its end (the tower layer's): building one allocates
+//! nothing, and [`Tracer::record`](crate::Tracer::record) writes it out as a
+//! [`SpanWriter`](crate::SpanWriter) would have. A span built all at once is written with the
+//! writer directly, with no value in between.
 //!
 //! Attribute keys are `&'static str` (semantic-convention names are known at compile
 //! time); values are integers, booleans, `&'static str`, or short byte strings copied into
@@ -70,8 +73,8 @@ const EMPTY: Attr = Attr {
     value: Stored::Int(0),
 };
 
-/// One span, fixed-size. Build it on the stack, then hand it to
-/// [`Tracer::record`](crate::Tracer::record).
+/// One span, fixed-size. Build it on the stack (or hold it in a request's state), then hand
+/// it to [`Tracer::record`](crate::Tracer::record).
 #[derive(Debug, Clone)]
 pub struct Span {
     /// The trace.
