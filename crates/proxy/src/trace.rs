@@ -6,9 +6,11 @@
 //! Nothing is allocated or recorded while the request runs (each traced request's
 //! [`RequestTrace`] is a box the thread reuses), and the wall clock is not read: moments are
 //! `Instant`s (one per try start and end), placed on the wall clock when a kept request
-//! finishes, from an anchor the thread reads at most once a second. Spans are built at the
-//! end, only for kept requests, in the serving thread's buffer (`tailguard-trace`). Tracing off (no endpoint) costs one branch:
-//! the snapshot's [`Tracer`] is a no-op and no box is taken.
+//! finishes, from an anchor the thread reads at most once a second. Spans are written at the
+//! end, only for kept requests, as OTLP protobuf straight into the serving thread's buffer
+//! (`tailguard-trace`'s `SpanWriter`), as an access-log line is formatted into the thread's
+//! log buffer: the exporter thread only copies and sends them. Tracing off (no endpoint)
+//! costs one branch: the snapshot's [`Tracer`] is a no-op and no box is taken.
 //!
 //! A route with `tracing = false` gets no span and its upstream gets the client's
 //! `traceparent` unchanged, as Envoy forwards trace headers untouched on a route it does not
