@@ -438,12 +438,20 @@ impl<'a> SpanWriter<'a> {
             w.key_value(9, key, Value::Str(value));
             self.pos = w.at;
         } else {
-            let mut scratch = [0u8; MAX_SPAN_BYTES];
-            let n = repair_into(&[value], room, &mut scratch);
-            let mut w = self.cursor();
-            w.key_value(9, key, Value::Str(&scratch[..n]));
-            self.pos = w.at;
+            self.string_repaired(key, value, room);
         }
+    }
+
+    /// [`SpanWriter::string`] for bytes that are not UTF-8: apart, so that the common path
+    /// carries no 1 KiB scratch in its frame and stays small enough to inline.
+    #[cold]
+    #[inline(never)]
+    fn string_repaired(&mut self, key: &str, value: &[u8], room: usize) {
+        let mut scratch = [0u8; MAX_SPAN_BYTES];
+        let n = repair_into(&[value], room, &mut scratch);
+        let mut w = self.cursor();
+        w.key_value(9, key, Value::Str(&scratch[..n]));
+        self.pos = w.at;
     }
 
     /// `Span.name` (field 5): `parts` joined by a space, cut to the room left.
@@ -465,12 +473,20 @@ impl<'a> SpanWriter<'a> {
             }
             self.pos = w.at;
         } else {
-            let mut scratch = [0u8; MAX_SPAN_BYTES];
-            let n = repair_into(parts, room, &mut scratch);
-            let mut w = self.cursor();
-            w.bytes(5, &scratch[..n]);
-            self.pos = w.at;
+            self.name_repaired(parts, room);
         }
+    }
+
+    /// [`SpanWriter::name`] cut or with bytes that are not UTF-8, apart as
+    /// [`SpanWriter::string_repaired`] is.
+    #[cold]
+    #[inline(never)]
+    fn name_repaired(&mut self, parts: &[&[u8]], room: usize) {
+        let mut scratch = [0u8; MAX_SPAN_BYTES];
+        let n = repair_into(parts, room, &mut scratch);
+        let mut w = self.cursor();
+        w.bytes(5, &scratch[..n]);
+        self.pos = w.at;
     }
 }
 
