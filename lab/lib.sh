@@ -51,6 +51,20 @@ extra_config() {
   if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG"; fi
 }
 
+# start_tailguard EXE [ARGS...]: EXE on core 1 with one serving thread and $out/gateway.toml,
+# listening on a free port (sets gw_port and gw_pid; logs to $out/gateway.log), metrics on a
+# port of its own; ARGS follow `run`'s. Runs under "${prio[@]}" (empty for no nice).
+start_tailguard() {
+  local exe=$1
+  shift
+  gw_port=$(free_port)
+  "${prio[@]}" taskset -c 1 "$exe" run --config "$out/gateway.toml" --threads 1 \
+    --listen "127.0.0.1:$gw_port" --metrics-listen 127.0.0.1:0 "$@" >> "$out/gateway.log" 2>&1 &
+  gw_pid=$!
+  pids+=("$gw_pid")
+  wait_port "$gw_port"
+}
+
 # proxy_config [ADDRESS [LISTENER_LINES]]: prints the gateway config the comparisons measure:
 # one listener (ADDRESS, default 127.0.0.1:0 for one given on the command line; LINES follow
 # its table: its own keys, e.g. its `tls`, or more `[[listeners]]`), every path to the origin

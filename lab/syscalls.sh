@@ -48,12 +48,8 @@ for name in ${GATEWAYS:-nginx tailguard}; do
     wait_port "$gw_port"
     gw_pid=$(pgrep -P "$stop_pid" | head -1)
   else
-    taskset -c 1 "$b" run --config "$out/gateway.toml" --threads 1 --listen "127.0.0.1:$gw_port" \
-      --metrics-listen 127.0.0.1:0 >> "$out/gateway.log" 2>&1 &
-    gw_pid=$!
+    start_tailguard "$b"
     stop_pid=$gw_pid
-    pids+=("$gw_pid")
-    wait_port "$gw_port"
   fi
   total=$((window + 3))
   "$b" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "${total}s" --warmup 2s \

@@ -24,12 +24,8 @@ prio=()
 trap cleanup EXIT
 start_origin 0
 { proxy_config; extra_config; } > "$out/gateway.toml"
-gw_port=$(free_port)
-taskset -c 1 "$b" run --config "$out/gateway.toml" --threads 1 --listen "127.0.0.1:$gw_port" \
-  --metrics-listen 127.0.0.1:0 >> "$out/gateway.log" 2>&1 &
-gw=$!
-pids+=("$gw")
-wait_port "$gw_port"
+start_tailguard "$b"
+gw=$gw_pid
 "$b" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "$((window + 3))s" --warmup 1s \
   --connections "$conns" --pin 0 --brief > "$out/load.txt" 2>&1 &
 load=$!
