@@ -1,9 +1,9 @@
-//! The recorder: finished spans copied into the calling thread's buffer, full buffers
+//! The recorder: spans written into the calling thread's buffer, full buffers
 //! handed to the exporter through a bounded queue, every buffer from a pool allocated up
 //! front, so memory is bounded whatever the collector does.
 //!
 //! Each thread that records owns a [`Slot`]: its open buffer behind a `Mutex` that only two
-//! parties ever lock, the owning thread (to copy one span in) and the exporter thread (to
+//! parties ever lock, the owning thread (to write a request's spans in) and the exporter thread (to
 //! take the buffer, a pointer copy, once per batch interval when the thread has gone
 //! idle). The lock is uncontended on the request path (design rule 1 allows a lock another
 //! thread takes for a pointer copy); it is what lets the exporter collect the spans of a
@@ -126,8 +126,8 @@ impl Tracer {
         self.shared.as_ref().map(|s| &s.metrics)
     }
 
-    /// Copies `span` into this thread's buffer. Never waits; drops and counts the span when
-    /// every buffer is full or queued.
+    /// Writes `span` into this thread's buffer (as a [`SpanWriter`] would have). Never
+    /// waits; drops and counts the span when every buffer is full or queued.
     pub fn record(&self, span: &Span) {
         self.record_with(|spans| spans.push(span));
     }
@@ -235,7 +235,7 @@ impl Drop for Recording<'_> {
 }
 
 /// A buffer of recorded spans, encoded: `ScopeSpans.spans` fields one after another, as
-/// [`SpanWriter`] writes them, sent by the exporter as they are. Its bytes are allocated
+/// [`SpanWriter`] writes them, which the exporter copies into its batches as they are. Its bytes are allocated
 /// (zeroed, by the kernel, as they are first touched) when the pool is made,
 /// `buffer_spans` windows of [`MAX_SPAN_BYTES`], and never grow; a span is written over
 /// what the buffer held before, so recording one zeroes nothing.
