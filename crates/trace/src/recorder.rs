@@ -132,12 +132,12 @@ impl Tracer {
         self.record_with(|spans| spans.push(span));
     }
 
-    /// Records spans built in place in this thread's buffer: `build` gets a [`Recording`]
-    /// whose [`Recording::start`] hands out each new span to fill in. One lock and one
-    /// look-up of the thread's buffer serve all of them, and no span is copied: a request's
-    /// server span and client spans, recorded one by one with [`Tracer::record`], were built
-    /// on the stack and copied in, ~400 instructions a span. Never waits; what finds no room
-    /// is dropped and counted. `None` when tracing is off (`build` is not called).
+    /// Records spans written in place in this thread's buffer: `build` gets a [`Recording`]
+    /// whose [`Recording::start`] hands out a [`SpanWriter`] for each new span. One lock and
+    /// one look-up of the thread's buffer serve all of them, and no span is built apart and
+    /// then copied or encoded (a fixed-size `Span` built on the stack and recorded with
+    /// [`Tracer::record`] costs both). Never waits; what finds no room is dropped and
+    /// counted. `None` when tracing is off (`build` is not called).
     pub fn record_with<R>(&self, build: impl FnOnce(&mut Recording<'_>) -> R) -> Option<R> {
         let shared = self.shared.as_ref()?;
         let out = shared.with_slot(|slot| {
