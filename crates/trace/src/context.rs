@@ -21,6 +21,16 @@ impl SpanContext {
     pub fn is_valid(&self) -> bool {
         self.trace_id.is_valid() && self.span_id.is_valid()
     }
+
+    /// A sampled context with random ids (for the crate's tests).
+    #[cfg(test)]
+    pub(crate) fn random() -> SpanContext {
+        SpanContext {
+            trace_id: TraceId::random(),
+            span_id: SpanId::random(),
+            sampled: true,
+        }
+    }
 }
 
 /// The current server span of a request, handed to the application as a request

@@ -22,7 +22,7 @@ use bytes::Bytes;
 
 use crate::context::SpanContext;
 use crate::id::SpanId;
-use crate::span::{Span, SpanKind, Status, Value};
+use crate::span::{Span, SpanKind, Status, Value, cut_utf8};
 
 /// The resource every span is exported under (OTel semantic conventions: `service.name`,
 /// `service.instance.id`, `host.name`).
@@ -549,19 +549,6 @@ pub(crate) fn span_fields_len(fields: &[u8], n: usize) -> usize {
     at.min(fields.len())
 }
 
-/// `value` (UTF-8) cut to at most `max` bytes, on a character boundary.
-#[inline]
-fn cut_utf8(value: &[u8], max: usize) -> &[u8] {
-    if value.len() <= max {
-        return value;
-    }
-    let mut n = max;
-    while n > 0 && (value[n] & 0xc0) == 0x80 {
-        n -= 1;
-    }
-    &value[..n]
-}
-
 /// `parts` joined by a space as UTF-8 text, each bad sequence replaced by U+FFFD as
 /// `String::from_utf8_lossy` does, cut to at most `max` bytes on a character boundary,
 /// written into `out`; returns the length written. Allocates nothing: it is on the request
@@ -779,7 +766,7 @@ fn varint_len(v: u64) -> usize {
 mod tests {
     use super::*;
     use crate::context::SpanContext;
-    use crate::id::{SpanId, TraceId};
+    use crate::id::SpanId;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     use opentelemetry_proto::tonic::trace::v1 as proto;
@@ -800,11 +787,7 @@ mod tests {
 
     #[test]
     fn what_is_written_decodes_as_otlp_with_every_field() {
-        let ctx = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
+        let ctx = SpanContext::random();
         let parent = SpanId::random();
         let mut client = Span::new(SpanKind::Client, &ctx, Some(parent));
         client.set_name("GET");
@@ -887,13 +870,13 @@ mod tests {
 
         /// An attribute to set: which setter, and its value.
         #[derive(Debug, Clone)]
-        enum Set {
+        pub(super) enum Set {
             Int(i64),
             Bool(bool),
             Bytes(Vec<u8>),
         }
 
-        fn set() -> impl Strategy<Value = Set> {
+        pub(super) fn set() -> impl Strategy<Value = Set> {
             prop_oneof![
                 any::<i64>().prop_map(Set::Int),
                 any::<bool>().prop_map(Set::Bool),
@@ -915,11 +898,7 @@ mod tests {
 
         /// A span as the strategies describe it.
         fn build(name: &[u8], sets: &[Set], parent: bool, status: u8, start: u64) -> Span {
-            let ctx = SpanContext {
-                trace_id: TraceId::random(),
-                span_id: SpanId::random(),
-                sampled: true,
-            };
+            let ctx = SpanContext::random();
             let mut s = Span::new(SpanKind::Client, &ctx, parent.then(SpanId::random));
             s.set_name_parts(&[name]);
             s.status = [Status::Unset, Status::Ok, Status::Error][usize::from(status)];
@@ -973,32 +952,12 @@ mod tests {
     }
 
     mod writer {
+        use super::prop::{Set, set};
         use super::*;
         use proptest::prelude::*;
 
-        /// What one setter was given.
-        #[derive(Debug, Clone)]
-        enum Set {
-            Int(i64),
-            Bool(bool),
-            Text(Vec<u8>),
-        }
-
-        fn set() -> impl Strategy<Value = Set> {
-            prop_oneof![
-                any::<i64>().prop_map(Set::Int),
-                any::<bool>().prop_map(Set::Bool),
-                proptest::collection::vec(any::<u8>(), 0..300).prop_map(Set::Text),
-                "\\PC{0,120}".prop_map(|t| Set::Text(t.into_bytes())),
-            ]
-        }
-
         fn written(parts: &[Vec<u8>], sets: &[Set], parent: bool) -> (Vec<u8>, u32) {
-            let ctx = SpanContext {
-                trace_id: TraceId::random(),
-                span_id: SpanId::random(),
-                sampled: true,
-            };
+            let ctx = SpanContext::random();
             let mut out = b"before".to_vec();
             let mut dropped = 0;
             SpanWriter::append(
@@ -1016,7 +975,7 @@ mod tests {
                         match one {
                             Set::Int(v) => w.int("an.int", *v),
                             Set::Bool(v) => w.bool("a.bool", *v),
-                            Set::Text(v) => w.bytes("some.text", v),
+                            Set::Bytes(v) => w.bytes("some.bytes", v),
                         }
                     }
                     dropped = w.dropped_attributes();
@@ -1062,9 +1021,9 @@ mod tests {
                     let matches = match (want, value(have)) {
                         (Set::Int(v), Some(Any::IntValue(h))) => have.key == "an.int" && *v == h,
                         (Set::Bool(v), Some(Any::BoolValue(h))) => have.key == "a.bool" && *v == h,
-                        (Set::Text(v), Some(Any::StringValue(h))) => {
+                        (Set::Bytes(v), Some(Any::StringValue(h))) => {
                             let full = String::from_utf8_lossy(v);
-                            have.key == "some.text"
+                            have.key == "some.bytes"
                                 && if roomy { full == h } else { full.starts_with(&h) }
                         }
                         _ => false,
@@ -1098,7 +1057,7 @@ mod tests {
             let long = "é".repeat(600);
             let (field, dropped) = written(
                 &[b"GET".to_vec()],
-                &[Set::Text(long.into_bytes()), Set::Int(1), Set::Bool(true)],
+                &[Set::Bytes(long.into_bytes()), Set::Int(1), Set::Bool(true)],
                 false,
             );
             let spans = proto::ScopeSpans::decode(field.as_slice())
@@ -1126,11 +1085,7 @@ mod tests {
         #[test]
         fn a_batch_cuts_between_spans() {
             let mut out = Vec::new();
-            let ctx = SpanContext {
-                trace_id: TraceId::random(),
-                span_id: SpanId::random(),
-                sampled: true,
-            };
+            let ctx = SpanContext::random();
             for name in [&b"first"[..], &[b'x'; 200][..], b"third"] {
                 SpanWriter::append(&mut out, SpanKind::Client, &ctx, None, |w| {
                     w.set_name_parts(&[name]);

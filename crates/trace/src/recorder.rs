@@ -360,7 +360,7 @@ impl Shared {
 mod tests {
     use super::*;
     use crate::context::SpanContext;
-    use crate::id::{SpanId, TraceId};
+    use crate::id::SpanId;
     use crate::span::SpanKind;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 
@@ -420,11 +420,7 @@ mod tests {
         // queue it, the third opens the second; a second recording of two finds no room
         // for its second span.
         let (tracer, mut rx) = recorder(2, 4, metrics.clone());
-        let ctx = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
+        let ctx = SpanContext::random();
         let got = tracer.record_with(|spans| {
             for i in 0..3 {
                 let mut s = spans
@@ -458,11 +454,7 @@ mod tests {
     fn a_reused_buffer_holds_only_its_new_span() {
         // One buffer of one span, so the second span reuses the first one's buffer.
         let (tracer, mut rx) = recorder(1, 1, TraceMetrics::unregistered());
-        let ctx = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
+        let ctx = SpanContext::random();
         tracer.record_with(|spans| {
             let mut s = spans
                 .start(SpanKind::Server, &ctx, Some(SpanId::random()))
@@ -475,11 +467,7 @@ mod tests {
         let first = rx.shared.collect().pop().expect("the first span's buffer");
         assert_eq!(first.decode()[0].name, "GET /a/long/route");
         rx.shared.give(first);
-        let other = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
+        let other = SpanContext::random();
         tracer.record_with(|spans| {
             let mut s = spans.start(SpanKind::Client, &other, None).expect("room");
             s.bytes("server.address", b"10.0.0.1");
@@ -537,11 +525,7 @@ mod tests {
     #[test]
     fn a_writer_never_ended_leaves_no_span_behind() {
         let (tracer, rx) = recorder(4, 8, TraceMetrics::unregistered());
-        let ctx = SpanContext {
-            trace_id: TraceId::random(),
-            span_id: SpanId::random(),
-            sampled: true,
-        };
+        let ctx = SpanContext::random();
         tracer.record_with(|spans| {
             let mut forgotten = spans.start(SpanKind::Server, &ctx, None).expect("room");
             forgotten.int("n", 1);

@@ -227,13 +227,10 @@ impl Span {
 
     fn copy(&mut self, bytes: &[u8]) {
         let at = usize::from(self.arena_len);
-        let room = ARENA_BYTES - at;
-        let mut n = bytes.len().min(room);
         // Cut on a character boundary, so a cut string stays UTF-8.
-        while n < bytes.len() && n > 0 && (bytes[n] & 0xc0) == 0x80 {
-            n -= 1;
-        }
-        self.arena[at..at + n].copy_from_slice(&bytes[..n]);
+        let cut = cut_utf8(bytes, ARENA_BYTES - at);
+        let n = cut.len();
+        self.arena[at..at + n].copy_from_slice(cut);
         self.arena_len += u16::try_from(n).expect("n <= ARENA_BYTES, which fits a u16");
     }
 
@@ -248,14 +245,24 @@ impl Span {
     }
 }
 
+/// `value` cut to at most `max` bytes on a character boundary (when `value` is UTF-8, what
+/// is kept is too): a span's copied strings and the writer's both.
+#[inline]
+pub(crate) fn cut_utf8(value: &[u8], max: usize) -> &[u8] {
+    if value.len() <= max {
+        return value;
+    }
+    let mut n = max;
+    while n > 0 && (value[n] & 0xc0) == 0x80 {
+        n -= 1;
+    }
+    &value[..n]
+}
+
 /// A server span of a new trace, with no parent and nothing set (for the crate's tests).
 #[cfg(test)]
 pub(crate) fn root_server_span() -> Span {
-    let ctx = SpanContext {
-        trace_id: TraceId::random(),
-        span_id: SpanId::random(),
-        sampled: true,
-    };
+    let ctx = SpanContext::random();
     Span::new(SpanKind::Server, &ctx, None)
 }
 
