@@ -1,7 +1,7 @@
 //! The exporter thread: its own OS thread and current-thread runtime, serving no traffic.
-//! It reads full buffers from the queue, collects idle threads' buffers every interval,
-//! batches by size and interval, and exports with bounded retries; on shutdown it exports
-//! what is left within a deadline.
+//! It takes full buffers from the queue when a batch's worth waits there, collects idle
+//! threads' buffers every interval, batches by size and interval, and exports with bounded
+//! retries; on shutdown it exports what is left within a deadline.
 //!
 //! While an export waits (a slow or dead collector), the queue is not read: the pool runs
 //! out and serving threads drop new spans (`queue_full`) instead of memory growing. A batch
@@ -47,7 +47,12 @@ impl Exporter {
     /// Starts the exporter thread. Fails on a bad endpoint, header or TLS file; a collector
     /// that is down is not an error (exports are retried, then dropped and counted).
     pub fn start(config: ExportConfig, metrics: TraceMetrics) -> Result<Exporter, Error> {
-        let (tracer, receiver) = recorder(config.buffer_spans, config.queue_max_spans, metrics);
+        let (tracer, receiver) = recorder(
+            config.buffer_spans,
+            config.queue_max_spans,
+            config.batch_max_spans,
+            metrics,
+        );
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -76,6 +81,7 @@ impl Exporter {
                     config,
                     transport,
                     receiver,
+                    queued: Vec::new(),
                     batches: std::collections::VecDeque::new(),
                     pending_spans: 0,
                     span_bytes: 512,
@@ -157,6 +163,8 @@ struct Run {
     config: ExportConfig,
     transport: Transport,
     receiver: Receiver,
+    /// Buffers taken from the queue, being copied into `batches` (kept for its capacity).
+    queued: Vec<SpanBuf>,
     encoder: Encoder,
     /// Spans taken from the queue and not yet exported, encoded, in batches of at most
     /// `batch_max_spans` (oldest first; only the last is still filling). Each batch's buffer
@@ -192,8 +200,8 @@ impl Run {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                Some(buf) = self.receiver.queue.recv() => {
-                    self.take(buf);
+                () = self.receiver.ready() => {
+                    self.take_queued();
                     // A full batch goes at once: the queue's bound counts one batch held
                     // by the exporter, not two.
                     let max = self.config.batch_max_spans.max(1);
@@ -229,12 +237,20 @@ impl Run {
 
     /// Every queued buffer and every thread's open buffer into `batches`.
     fn collect_all(&mut self) {
-        while let Ok(buf) = self.receiver.queue.try_recv() {
-            self.take(buf);
-        }
+        self.take_queued();
         for buf in self.receiver.shared.collect() {
             self.take(buf);
         }
+    }
+
+    /// Every queued buffer's spans into `batches`, oldest first.
+    fn take_queued(&mut self) {
+        let mut queued = std::mem::take(&mut self.queued);
+        self.receiver.take_queued(&mut queued);
+        for buf in queued.drain(..) {
+            self.take(buf);
+        }
+        self.queued = queued;
     }
 
     /// A buffer's spans into `batches` (a new batch when the last is full); the buffer back
