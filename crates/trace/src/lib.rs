@@ -89,6 +89,7 @@ mod exporter;
 mod id;
 mod layer;
 mod metrics;
+mod prefetch;
 mod propagation;
 mod recorder;
 mod sampler;

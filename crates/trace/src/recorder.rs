@@ -288,8 +288,14 @@ impl Drop for Recording<'_> {
         if self.recorded > 0 {
             self.shared.metrics.queue.add(self.recorded);
         }
+        // The next request's spans go here: their lines fetched while it is served.
+        crate::prefetch::for_writing(self.buf.next_window());
     }
 }
+
+/// The bytes after a request's spans warmed for the next request's
+/// ([`crate::prefetch`]): a server and a client span of the gateway's take ~550.
+const WARM_BYTES: usize = 640;
 
 /// A buffer of recorded spans, encoded: `ScopeSpans.spans` fields one after another, as
 /// [`SpanWriter`] writes them, which the exporter copies into its batches as they are. Its bytes are allocated
@@ -326,6 +332,13 @@ impl SpanBuf {
 
     fn capacity(&self) -> usize {
         self.bytes.len()
+    }
+
+    /// Where the next spans will be written: the bytes after the last span, as many as
+    /// [`WARM_BYTES`] (none when the buffer is full or taken by the exporter).
+    fn next_window(&self) -> &[u8] {
+        let rest = self.bytes.get(self.tally.bytes..).unwrap_or_default();
+        &rest[..rest.len().min(WARM_BYTES)]
     }
 
     /// Whether one more span's window fits (a buffer taken by the exporter has no bytes at
