@@ -40,7 +40,7 @@ impl DropReason {
 /// | `tailguard_trace_spans_exported_total` | counter | | spans the collector accepted |
 /// | `tailguard_trace_spans_dropped_total` | counter | `reason` = `queue_full`, `export_failed`, `shutdown` | spans never exported |
 /// | `tailguard_trace_export_errors_total` | counter | | failed export attempts (each retry counts) |
-/// | `tailguard_trace_queue_spans` | gauge | | spans recorded and not yet exported |
+/// | `tailguard_trace_queue_spans` | gauge | | spans handed to the exporter and not yet exported or dropped (a thread's buffer is handed off when full, or collected at the batch interval) |
 /// | `tailguard_trace_context_invalid_total` | counter | `header` = `traceparent`, `tracestate`, `b3` | malformed incoming context headers |
 #[derive(Debug, Clone)]
 pub struct TraceMetrics {
@@ -76,7 +76,7 @@ impl TraceMetrics {
         let queue = registry
             .gauge(
                 "tailguard_trace_queue_spans",
-                "Spans recorded and not yet exported.",
+                "Spans handed to the exporter (a thread's buffer when full, or collected at the batch interval) and not yet exported or dropped.",
                 &[],
             )?
             .get_or_create(&[])?;
