@@ -181,7 +181,7 @@ thread_local! {
     static SPARE_TRACES: RefCell<Vec<Box<RequestTrace>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Spare boxes kept per thread (~1 KiB each): more than one thread's requests in flight
+/// Spare boxes kept per thread (~1.25 KiB each): more than one thread's requests in flight
 /// usually differ by between two moments.
 const SPARE_TRACES_KEPT: usize = 64;
 
