@@ -646,34 +646,27 @@ mod tests {
         );
     }
 
+    /// Records spans one at a time until the exporter would wake; the spans queued then.
+    fn queued_at_first_wake(tracer: &Tracer, rx: &Receiver) -> usize {
+        for _ in 0..64 {
+            tracer.record(&span());
+            if woken(rx) {
+                return queued(rx).iter().map(SpanBuf::len).sum();
+            }
+        }
+        panic!("64 spans recorded and the exporter never woken");
+    }
+
     #[test]
     fn the_exporter_is_woken_once_a_batch_is_queued_not_for_each_buffer() {
-        // Buffers of two spans, a pool of 16 spans, batches of 6: the third full buffer wakes
-        // the exporter.
+        // Buffers of two spans, a pool of 16 spans, batches of 6: not woken by the first two
+        // full buffers, woken by the third.
         let (tracer, rx) = recorder(2, 16, 6, TraceMetrics::unregistered());
-        for _ in 0..6 {
-            tracer.record(&span());
-        }
-        // Two buffers full and queued (the sixth span still in the open one, queued only when
-        // the seventh needs room).
-        assert!(!woken(&rx), "4 spans queued, fewer than a batch");
-        for _ in 0..2 {
-            tracer.record(&span());
-        }
-        assert!(woken(&rx), "6 spans queued: a batch");
+        assert_eq!(queued_at_first_wake(&tracer, &rx), 6, "a batch");
         assert!(!woken(&rx), "one wake-up per batch");
-        let lens: Vec<usize> = queued(&rx).iter().map(SpanBuf::len).collect();
-        assert_eq!(lens, [2, 2, 2], "oldest first");
-        // Batches larger than half the pool: woken at half the pool (8 spans).
+        // Batches larger than half the pool: woken at half the pool.
         let (tracer, rx) = recorder(2, 16, 512, TraceMetrics::unregistered());
-        for _ in 0..8 {
-            tracer.record(&span());
-        }
-        assert!(!woken(&rx), "6 spans queued");
-        for _ in 0..2 {
-            tracer.record(&span());
-        }
-        assert!(woken(&rx), "8 spans queued: half the pool");
+        assert_eq!(queued_at_first_wake(&tracer, &rx), 8, "half the pool");
     }
 
     #[test]
