@@ -16,12 +16,13 @@
 //! messages of OTLP's `trace.proto`; the tests decode what is written with
 //! `opentelemetry-proto` and compare it field by field, so the two cannot drift apart.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::context::SpanContext;
 use crate::id::SpanId;
+use crate::recorder::lock;
 use crate::span::{Span, SpanKind, Status, Value, cut_utf8};
 
 /// The resource every span is exported under (OTel semantic conventions: `service.name`,
@@ -120,7 +121,7 @@ impl AsRef<[u8]> for Returning {
 impl Drop for Returning {
     fn drop(&mut self) {
         if let Some(spare) = self.spare.upgrade() {
-            let mut spare = spare.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut spare = lock(&spare);
             if spare.len() < SPARE_BUFFERS {
                 spare.push(std::mem::take(&mut self.buf));
             }
@@ -173,11 +174,7 @@ impl Encoder {
     /// of spans ([`Encoder::span`] appends them), so that a batch of the expected size never
     /// grows its buffer (each growth copies it).
     pub(crate) fn batch_buffer(&self, spans_bytes: usize) -> Vec<u8> {
-        let spare = self
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let spare = lock(&self.spare).pop();
         let mut buf = spare.unwrap_or_default();
         buf.clear();
         buf.reserve(self.header_room() + spans_bytes);

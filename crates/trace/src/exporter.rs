@@ -357,9 +357,7 @@ impl Run {
     }
 
     fn queue_done(&self, n: u64) {
-        self.metrics()
-            .queue
-            .add(-i64::try_from(n).unwrap_or(i64::MAX));
+        self.metrics().queue_out(n);
     }
 }
 

@@ -130,9 +130,19 @@ impl TraceMetrics {
         self.dropped[reason as usize].get()
     }
 
-    /// Spans recorded and not yet exported or dropped.
+    /// Spans handed to the exporter and not yet exported or dropped.
     pub fn queued(&self) -> i64 {
         self.queue.get()
+    }
+
+    /// `spans` handed to the exporter: into the queue gauge.
+    pub(crate) fn queue_in(&self, spans: usize) {
+        self.queue.add(i64::try_from(spans).unwrap_or(i64::MAX));
+    }
+
+    /// `spans` exported or dropped: out of the queue gauge.
+    pub(crate) fn queue_out(&self, spans: u64) {
+        self.queue.add(-i64::try_from(spans).unwrap_or(i64::MAX));
     }
 
     /// Malformed incoming `header`s counted so far.

@@ -3,9 +3,9 @@
 //! front, so memory is bounded whatever the collector does.
 //!
 //! Each thread that records owns a [`Slot`]: its open buffer behind a `Mutex` that only two
-//! parties ever lock, the owning thread (to write a request's spans in) and the exporter thread (to
-//! take the buffer, a pointer copy, once per batch interval when the thread has gone
-//! idle). The lock is uncontended on the request path (design rule 1 allows a lock another
+//! parties ever lock, the owning thread (to write a request's spans in) and the exporter
+//! thread (to take the buffer, a pointer copy, once per batch interval when the thread has
+//! gone idle). The lock is uncontended on the request path (design rule 1 allows a lock another
 //! thread takes for a pointer copy); it is what lets the exporter collect the spans of a
 //! thread that stopped serving. The pool's lock is taken once per buffer of spans
 //! (`buffer_spans`), not per span.
@@ -287,12 +287,13 @@ impl Drop for Recording<'_> {
 }
 
 /// The bytes after a request's spans warmed for the next request's
-/// ([`crate::prefetch`]): a server and a client span of the gateway's take ~550.
+/// ([`crate::prefetch`]): a request's server and client span take ~530 in the gateway.
 const WARM_BYTES: usize = 640;
 
 /// A buffer of recorded spans, encoded: `ScopeSpans.spans` fields one after another, as
-/// [`SpanWriter`] writes them, which the exporter copies into its batches as they are. Its bytes are allocated
-/// (zeroed, by the kernel, as they are first touched) when the pool is made,
+/// [`SpanWriter`] writes them, which the exporter copies into its batches as they are. Its
+/// bytes are allocated (zeroed, by the kernel, as they are first touched) when the pool is
+/// made,
 /// `buffer_spans` windows of [`MAX_SPAN_BYTES`], and never grow; a span is written over
 /// what the buffer held before, so recording one zeroes nothing.
 #[derive(Debug, Default)]
@@ -328,7 +329,9 @@ impl SpanBuf {
     }
 
     /// Where the next spans will be written: the bytes after the last span, as many as
-    /// [`WARM_BYTES`] (none when the buffer is full or taken by the exporter).
+    /// [`WARM_BYTES`] (none when the buffer was taken by the exporter). Once the buffer
+    /// holds `buffer_spans` the next spans go to a fresh one and these lines are warmed for
+    /// nothing: once a buffer.
     fn next_window(&self) -> &[u8] {
         let rest = self.bytes.get(self.tally.bytes..).unwrap_or_default();
         &rest[..rest.len().min(WARM_BYTES)]
@@ -380,9 +383,7 @@ impl Shared {
         // counts a thread's spans when their buffer is handed off, not each request's as
         // they are recorded: an atomic add per request was a tenth of the recording's time
         // (`perf annotate`; its locked instruction waits for the span's stores).
-        self.metrics
-            .queue
-            .add(i64::try_from(buf.len()).unwrap_or(i64::MAX));
+        self.metrics.queue_in(buf.len());
         let mut queue = lock(&self.queue);
         if queue.exporter_gone {
             drop(queue);
@@ -403,9 +404,7 @@ impl Shared {
     fn dropped_at_shutdown(&self, buf: SpanBuf) {
         let n = buf.len() as u64;
         self.metrics.dropped(DropReason::Shutdown, n);
-        self.metrics
-            .queue
-            .add(-i64::try_from(n).unwrap_or(i64::MAX));
+        self.metrics.queue_out(n);
         self.give(buf);
     }
 
@@ -423,9 +422,7 @@ impl Shared {
         for slot in slots.iter() {
             let mut buf = lock(&slot.buf);
             if !buf.is_empty() {
-                self.metrics
-                    .queue
-                    .add(i64::try_from(buf.len()).unwrap_or(i64::MAX));
+                self.metrics.queue_in(buf.len());
                 out.push(std::mem::take(&mut *buf));
             }
         }
