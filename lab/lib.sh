@@ -46,20 +46,73 @@ wait_port() { # port [seconds, default 10]
 }
 
 # extra_config: prints the TOML file $EXTRA_CONFIG names, if set, for a script to append to
-# proxy_config's output (e.g. a `[tracing]` table).
+# proxy_config's output (e.g. a `[tracing]` table), and with TRACE_SINK=1 a `[tracing]` table
+# (every request sampled, or $TRACE_RATIO) exporting to the sink `start_otlp_sink` started,
+# its queue $TRACE_QUEUE spans (default 8192, the gateway's): a larger one rides out the
+# moments the exporter, at SCHED_IDLE on the serving core, gets no CPU (a burst of load, the
+# profiler), so that no span is dropped while a cost is measured.
 extra_config() {
   if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG"; fi
+  if [ "${TRACE_SINK:-0}" = 1 ]; then
+    printf '\n[tracing]\nendpoint = "http://127.0.0.1:%s"\nprotocol = "http/protobuf"\nsample_ratio = %s\nqueue_max_spans = %s\n' \
+      "$sink_port" "${TRACE_RATIO:-1.0}" "${TRACE_QUEUE:-8192}"
+  fi
+}
+
+# start_otlp_sink CPUS: an OTLP/HTTP collector that reads every export request and answers
+# 200 with an empty `ExportTraceServiceResponse` (nginx, one worker, pinned to CPUS); sets
+# `sink_port`. It keeps nothing: it stands in for a collector with the CPU to ingest every
+# span when the real one (Jaeger, beside the load generator and the origin on a shared core)
+# cannot, so that a traced gateway's cost is measured with every span exported, none dropped.
+start_otlp_sink() {
+  sink_port=$(free_port)
+  mkdir -p "$out/sink"
+  cat > "$out/sink.conf" <<EOF_SINK
+worker_processes 1;
+daemon off;
+pid $out/sink.pid;
+error_log $out/sink-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $out/sink/cb; proxy_temp_path $out/sink/px;
+    fastcgi_temp_path $out/sink/fc; uwsgi_temp_path $out/sink/uw; scgi_temp_path $out/sink/sc;
+    client_max_body_size 0;
+    client_body_buffer_size 1m;
+    keepalive_requests 1000000;
+    keepalive_timeout 600s;
+    server {
+        listen 127.0.0.1:$sink_port;
+        location / { default_type application/x-protobuf; return 200 ""; }
+    }
+}
+EOF_SINK
+  ${prio[@]+"${prio[@]}"} taskset -c "$1" nginx -c "$out/sink.conf" -p "$out" > "$out/sink.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$sink_port/" && return 0; sleep 0.05; done
+  echo "$(basename "$0"): the OTLP sink does not answer on port $sink_port ($out/sink-error.log)" >&2
+  exit 1
+}
+
+# trace_counters: the running gateway's trace counters (exported, dropped by reason, queue),
+# on one line; empty when it has none.
+trace_counters() {
+  curl -s "http://127.0.0.1:$metrics_port/metrics" \
+    | grep -E '^tailguard_trace_(spans_(exported|dropped)_total|queue_spans|export_errors_total)' \
+    | tr '\n' ' ' || true
 }
 
 # start_tailguard EXE [ARGS...]: EXE on core 1 with one serving thread and $out/gateway.toml,
 # listening on a free port (sets gw_port and gw_pid; logs to $out/gateway.log), metrics on a
-# port of its own; ARGS follow `run`'s. Runs under "${prio[@]}" (empty for no nice).
+# port of its own (sets metrics_port); ARGS follow `run`'s. Runs under "${prio[@]}" (empty for no nice).
 start_tailguard() {
   local exe=$1
   shift
   gw_port=$(free_port)
+  metrics_port=$(free_port)
   "${prio[@]}" taskset -c 1 "$exe" run --config "$out/gateway.toml" --threads 1 \
-    --listen "127.0.0.1:$gw_port" --metrics-listen 127.0.0.1:0 "$@" >> "$out/gateway.log" 2>&1 &
+    --listen "127.0.0.1:$gw_port" --metrics-listen "127.0.0.1:$metrics_port" "$@" \
+    >> "$out/gateway.log" 2>&1 &
   gw_pid=$!
   pids+=("$gw_pid")
   wait_port "$gw_port"

@@ -7,7 +7,11 @@
 # nginx one worker) on core 1, `tailguard load` ($CONNECTIONS connections) and the nginx
 # origin on core 0. Counts do not depend on the machine being quiet; rates do a little
 # (a busier loop finds more ready events per `epoll_wait`).
-# EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table).
+# EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table);
+# TRACE_SINK=1 appends a `[tracing]` table exporting every span ($TRACE_RATIO) to an OTLP
+# sink on core 0 that ingests all of them (lab/lib.sh `start_otlp_sink`). A traced run prints
+# the gateway's trace counters: a share measured while spans were dropped (`queue_full`: the
+# collector could not keep up) is not the cost of exporting them all.
 # PROFILE=1 samples core 1 instead (`perf record -g -e cpu-clock`, kernel and user, the
 # softirqs included whatever context they run in) and sorts each sample by its call chain into
 # what the serving core's busy time goes to (lab/kernel-split.py): user space, entering and
@@ -32,6 +36,7 @@ prio=()
 . lab/lib.sh
 trap cleanup EXIT
 start_origin 0
+if [ "${TRACE_SINK:-0}" = 1 ]; then start_otlp_sink 0; fi
 { proxy_config; extra_config; } > "$out/gateway.toml"
 kinds='read|write|writev|readv|recvfrom|sendto|recvmsg|sendmsg|epoll_wait|epoll_pwait|epoll_pwait2|epoll_ctl|futex|sched_yield|accept4|close|io_uring_enter'
 events=$(perf list 2>/dev/null | grep -oE "syscalls:sys_enter_($kinds)\b" | sort -u | paste -sd,)
@@ -62,10 +67,17 @@ for name in ${GATEWAYS:-nginx tailguard}; do
     perf stat -x, -e "$events" -p "$gw_pid" -- sleep "$window" 2> "$out/perf-$name.txt"
   fi
   wait "$load"
+  counters=""
+  if [ "$name" != nginx ]; then
+    sleep 1 # the batch interval: what the last requests recorded is exported or dropped
+    counters=$(trace_counters)
+    echo "$counters" > "$out/trace-counters-$name.txt"
+  fi
   kill "$stop_pid"; wait "$stop_pid" 2>/dev/null || true
   if [ "${PROFILE:-0}" = 1 ]; then
     perf script -i "$out/perf-$name.data" -F comm,ip,sym 2> /dev/null > "$out/stacks-$name.txt"
     python3 lab/kernel-split.py "$name" "$out/stacks-$name.txt"
+    if [ -n "$counters" ]; then echo "  trace counters: $counters"; fi
     continue
   fi
   python3 - "$name" "$out/load-$name.json" "$out/perf-$name.txt" "$window" <<'PY'

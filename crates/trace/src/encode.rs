@@ -16,13 +16,10 @@
 //! messages of OTLP's `trace.proto`; the tests decode what is written with
 //! `opentelemetry-proto` and compare it field by field, so the two cannot drift apart.
 
-use std::sync::{Arc, Mutex};
-
 use bytes::Bytes;
 
 use crate::context::SpanContext;
 use crate::id::SpanId;
-use crate::recorder::lock;
 use crate::span::{Span, SpanKind, Status, Value, cut_utf8};
 
 /// The resource every span is exported under (OTel semantic conventions: `service.name`,
@@ -61,7 +58,8 @@ impl Resource {
 
 /// `spans` as one OTLP `ExportTraceServiceRequest` under `resource`: the bytes the
 /// exporter sends (before gzip), for a transport of one's own or a test. The exporter
-/// itself keeps one encoder and writes each batch into a buffer sized for it.
+/// itself sends the same bytes in parts: the request's header, then the recorder's buffers
+/// as the serving threads wrote them.
 pub fn encode_request(resource: &Resource, spans: &[Span]) -> Bytes {
     let encoder = Encoder::new(resource);
     let mut batch = encoder.batch_buffer(spans.len() * 256);
@@ -93,40 +91,6 @@ pub(crate) struct Encoder {
     resource_field: Vec<u8>,
     /// `ScopeSpans.scope` (field 1), encoded once.
     scope_field: Vec<u8>,
-    /// Buffers of requests sent, back for new batches ([`Returning`]).
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
-}
-
-/// Sent requests' buffers an encoder keeps for new batches: one being sent while the next
-/// fills, and one more.
-const SPARE_BUFFERS: usize = 2;
-
-/// A request's buffer, given back to its encoder when the last `Bytes` of the request is
-/// dropped, so that the next batch is written into memory that is already mapped. A fresh
-/// buffer for every batch (~170 KiB) had its pages faulted in from the kernel as the spans
-/// were copied in: 0.35 % of a 100 %-traced gateway's CPU (perf, `lab/syscalls.sh
-/// PROFILE=1`).
-struct Returning {
-    buf: Vec<u8>,
-    start: usize,
-    spare: std::sync::Weak<Mutex<Vec<Vec<u8>>>>,
-}
-
-impl AsRef<[u8]> for Returning {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-impl Drop for Returning {
-    fn drop(&mut self) {
-        if let Some(spare) = self.spare.upgrade() {
-            let mut spare = lock(&spare);
-            if spare.len() < SPARE_BUFFERS {
-                spare.push(std::mem::take(&mut self.buf));
-            }
-        }
-    }
 }
 
 impl Encoder {
@@ -152,7 +116,6 @@ impl Encoder {
         Encoder {
             resource_field,
             scope_field,
-            spare: Arc::default(),
         }
     }
 
@@ -174,10 +137,7 @@ impl Encoder {
     /// of spans ([`Encoder::span`] appends them), so that a batch of the expected size never
     /// grows its buffer (each growth copies it).
     pub(crate) fn batch_buffer(&self, spans_bytes: usize) -> Vec<u8> {
-        let spare = lock(&self.spare).pop();
-        let mut buf = spare.unwrap_or_default();
-        buf.clear();
-        buf.reserve(self.header_room() + spans_bytes);
+        let mut buf = Vec::with_capacity(self.header_room() + spans_bytes);
         buf.resize(self.header_room(), 0);
         buf
     }
@@ -188,33 +148,51 @@ impl Encoder {
     pub(crate) fn request(&self, mut batch: Vec<u8>) -> Bytes {
         let room = self.header_room();
         let spans_len = batch.len().saturating_sub(room);
+        let header_len = self.header_len(spans_len);
+        let start = room - header_len;
+        self.write_header(spans_len, &mut batch[start..room]);
+        Bytes::from(batch).slice(start..)
+    }
+
+    /// The export request's bytes before `spans_len` bytes of spans: the header of a
+    /// request sent as this and the spans' own buffers, one after the other.
+    pub(crate) fn header(&self, spans_len: usize) -> Bytes {
+        let mut header = vec![0; self.header_len(spans_len)];
+        self.write_header(spans_len, &mut header);
+        Bytes::from(header)
+    }
+
+    /// The `ResourceSpans` and `ScopeSpans` lengths around `spans_len` bytes of spans.
+    fn lens(&self, spans_len: usize) -> (usize, usize) {
         let scope_spans_len = self.scope_field.len() + spans_len;
         let resource_spans_len = self.resource_field.len() + field_len(scope_spans_len);
-        // The two fields' tags and lengths, and the fixed fields after each.
-        let header_len = 1
-            + varint_len(resource_spans_len as u64)
+        (resource_spans_len, scope_spans_len)
+    }
+
+    /// The header's length: the two fields' tags and lengths, and the fixed fields after
+    /// each.
+    fn header_len(&self, spans_len: usize) -> usize {
+        let (resource_spans_len, scope_spans_len) = self.lens(spans_len);
+        1 + varint_len(resource_spans_len as u64)
             + self.resource_field.len()
             + 1
             + varint_len(scope_spans_len as u64)
-            + self.scope_field.len();
-        let start = room - header_len;
-        let mut w = Cursor {
-            out: &mut batch[start..room],
-            at: 0,
-        };
+            + self.scope_field.len()
+    }
+
+    /// Writes the header ([`Encoder::header_len`] bytes) into `out`.
+    fn write_header(&self, spans_len: usize, out: &mut [u8]) {
+        let (resource_spans_len, scope_spans_len) = self.lens(spans_len);
+        let mut w = Cursor { out, at: 0 };
         // ExportTraceServiceRequest.resource_spans (1): ResourceSpans.
         w.tag(1, LEN);
         w.varint(resource_spans_len as u64);
         w.raw(&self.resource_field);
-        // ResourceSpans.scope_spans (2): ScopeSpans; its spans follow in the buffer.
+        // ResourceSpans.scope_spans (2): ScopeSpans; its spans follow.
         w.tag(2, LEN);
         w.varint(scope_spans_len as u64);
         w.raw(&self.scope_field);
-        Bytes::from_owner(Returning {
-            buf: batch,
-            start,
-            spare: Arc::downgrade(&self.spare),
-        })
+        debug_assert_eq!(w.at, out.len(), "the header's length as measured");
     }
 }
 
@@ -1102,25 +1080,21 @@ mod tests {
     }
 
     #[test]
-    fn a_sent_requests_buffer_is_reused_once_the_last_copy_is_dropped() {
-        let encoder = Encoder::new(&Resource::new("gw"));
-        let mut batch = encoder.batch_buffer(4096);
-        encoder.span(&crate::span::root_server_span(), &mut batch);
-        let first = batch.as_ptr();
-        let request = encoder.request(batch);
-        let retry = request.clone();
-        drop(request);
-        let other = encoder.batch_buffer(0);
-        assert_ne!(other.as_ptr(), first, "a request still held is not reused");
-        drop(retry);
-        let reused = encoder.batch_buffer(0);
-        assert_eq!(reused.as_ptr(), first);
-        assert_eq!(
-            reused.len(),
-            encoder.header_room(),
-            "emptied but for the header's room"
-        );
-        assert!(reused.capacity() >= 4096);
+    fn a_header_before_the_spans_buffers_is_the_request_encoded_whole() {
+        let resource = Resource::new("gw");
+        let encoder = Encoder::new(&resource);
+        let spans = [
+            crate::span::root_server_span(),
+            crate::span::root_server_span(),
+        ];
+        let mut first = Vec::new();
+        encoder.span(&spans[0], &mut first);
+        let mut second = Vec::new();
+        encoder.span(&spans[1], &mut second);
+        let mut sent = encoder.header(first.len() + second.len()).to_vec();
+        sent.extend_from_slice(&first);
+        sent.extend_from_slice(&second);
+        assert_eq!(sent, encode_request(&resource, &spans));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! `DEADLINE_EXCEEDED`, `ABORTED`, `OUT_OF_RANGE`, `UNAVAILABLE`, `DATA_LOSS`, and
 //! `RESOURCE_EXHAUSTED` only when the status carries a `RetryInfo` (its delay honoured).
 
+use std::collections::VecDeque;
 use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_ENCODING, CONTENT_TYPE, HOST, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
@@ -58,15 +59,17 @@ impl Transport {
 
     /// An encoded export request as this transport sends it, every attempt: gzipped once
     /// here for OTLP/HTTP when configured (gRPC compresses its own frames).
-    pub(crate) fn body(&self, request: Bytes) -> Bytes {
+    pub(crate) fn body(&self, request: Parts) -> Parts {
         match self {
-            Transport::Http(h) if h.gzip => Bytes::from(gzip(&request)),
+            Transport::Http(h) if h.gzip => {
+                Parts::new([Bytes::from(gzip(&request))].into_iter().collect())
+            }
             _ => request,
         }
     }
 
     /// One attempt to deliver `body` (from [`Transport::body`]).
-    pub(crate) async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
+    pub(crate) async fn send(&mut self, body: &Parts) -> Result<Rejected, Failure> {
         match self {
             Transport::Http(h) => h.send(body).await,
             Transport::Grpc(g) => g.send(body).await,
@@ -142,6 +145,50 @@ fn extra_headers(config: &ExportConfig) -> Result<HeaderMap, Error> {
     Ok(map)
 }
 
+/// An export request as it is sent: its parts one after another (the header, then slices
+/// of the recorder's buffers), sent as they are over OTLP/HTTP (hyper writes them with one
+/// `writev`), never gathered into one buffer. A retry sends a clone: reference counts.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Parts {
+    parts: VecDeque<Bytes>,
+    len: u64,
+}
+
+impl Parts {
+    pub(crate) fn new(parts: VecDeque<Bytes>) -> Parts {
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        Parts { parts, len }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Bytes> {
+        self.parts.iter()
+    }
+}
+
+impl http_body::Body for Parts {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let next = self.parts.pop_front();
+        if let Some(part) = &next {
+            self.len -= part.len() as u64;
+        }
+        std::task::Poll::Ready(next.map(|part| Ok(http_body::Frame::data(part))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
 /// OTLP/HTTP with protobuf bodies.
 pub(crate) struct HttpTransport {
     uri: Uri,
@@ -151,7 +198,7 @@ pub(crate) struct HttpTransport {
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     headers: HeaderMap,
     gzip: bool,
-    conn: Option<SendRequest<Full<Bytes>>>,
+    conn: Option<SendRequest<Parts>>,
 }
 
 impl HttpTransport {
@@ -196,7 +243,7 @@ impl HttpTransport {
         })
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, Failure> {
+    async fn connect(&self) -> Result<SendRequest<Parts>, Failure> {
         let retryable = |reason: String| Failure::Retryable {
             after: None,
             reason,
@@ -223,7 +270,7 @@ impl HttpTransport {
         }
     }
 
-    async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
+    async fn send(&mut self, body: &Parts) -> Result<Rejected, Failure> {
         let mut sender = match self.conn.take() {
             Some(s) if !s.is_closed() => s,
             _ => self.connect().await?,
@@ -231,7 +278,7 @@ impl HttpTransport {
         let mut req = Request::post(self.uri.clone())
             .header(HOST, self.authority.clone())
             .header(CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(body.clone()))
+            .body(body.clone())
             .map_err(|e| Failure::Permanent(e.to_string()))?;
         if self.gzip {
             req.headers_mut()
@@ -296,7 +343,7 @@ fn certificate_refused(e: &std::io::Error) -> bool {
     )
 }
 
-async fn handshake<I>(io: I) -> Result<SendRequest<Full<Bytes>>, String>
+async fn handshake<I>(io: I) -> Result<SendRequest<Parts>, String>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -310,13 +357,14 @@ where
     Ok(sender)
 }
 
-fn gzip(body: &[u8]) -> Vec<u8> {
+fn gzip(body: &Parts) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(body.len() / 4 + 64),
+        Vec::with_capacity(usize::try_from(body.len / 4).unwrap_or(0) + 64),
         // Fast: the exporter's CPU is the machine's too.
         flate2::Compression::fast(),
     );
-    enc.write_all(body)
+    body.iter()
+        .try_for_each(|part| enc.write_all(part))
         .and_then(|()| enc.finish())
         .expect("writing into a Vec cannot fail")
 }
@@ -336,7 +384,7 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 struct EncodedCodec;
 
 impl tonic::codec::Codec for EncodedCodec {
-    type Encode = Bytes;
+    type Encode = Parts;
     type Decode = ExportTraceServiceResponse;
     type Encoder = EncodedCodec;
     type Decoder = EncodedCodec;
@@ -351,16 +399,18 @@ impl tonic::codec::Codec for EncodedCodec {
 }
 
 impl tonic::codec::Encoder for EncodedCodec {
-    type Item = Bytes;
+    type Item = Parts;
     type Error = tonic::Status;
 
     fn encode(
         &mut self,
-        item: Bytes,
+        item: Parts,
         dst: &mut tonic::codec::EncodeBuf<'_>,
     ) -> Result<(), tonic::Status> {
         use bytes::BufMut as _;
-        dst.put(item);
+        for part in item.parts {
+            dst.put(part);
+        }
         Ok(())
     }
 }
@@ -415,7 +465,7 @@ impl GrpcTransport {
         })
     }
 
-    async fn send(&mut self, body: &Bytes) -> Result<Rejected, Failure> {
+    async fn send(&mut self, body: &Parts) -> Result<Rejected, Failure> {
         let mut req = tonic::Request::new(body.clone());
         for (name, value) in &self.headers {
             if let Ok(v) = tonic::metadata::MetadataValue::try_from(value.as_bytes())

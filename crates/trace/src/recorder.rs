@@ -25,6 +25,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::context::SpanContext;
@@ -71,6 +72,8 @@ pub(crate) struct Shared {
     /// Every thread's slot, for the exporter's idle collection.
     pub(crate) slots: Mutex<Vec<Arc<Slot>>>,
     buffer_spans: usize,
+    /// Spans the pool holds in all.
+    pub(crate) capacity_spans: usize,
     pub(crate) metrics: TraceMetrics,
     pub(crate) closed: AtomicBool,
 }
@@ -159,6 +162,7 @@ pub(crate) fn recorder(
         wake_spans,
         slots: Mutex::new(Vec::new()),
         buffer_spans,
+        capacity_spans: buffers * buffer_spans,
         metrics,
         closed: AtomicBool::new(false),
     });
@@ -358,6 +362,24 @@ impl SpanBuf {
     }
 }
 
+/// A buffer lent out by [`Shared::lend`].
+struct Lent {
+    buf: SpanBuf,
+    shared: Arc<Shared>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.encoded()
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.shared.give(std::mem::take(&mut self.buf));
+    }
+}
+
 impl Shared {
     /// Runs `f` on this thread's slot, registered on first use.
     fn with_slot<R>(self: &Arc<Self>, f: impl FnOnce(&Slot) -> R) -> R {
@@ -406,6 +428,17 @@ impl Shared {
         self.metrics.dropped(DropReason::Shutdown, n);
         self.metrics.queue_out(n);
         self.give(buf);
+    }
+
+    /// Lends a buffer the exporter has taken to the export requests that send its spans:
+    /// `Bytes` of its spans, each slice of it a reference, and the buffer back in the pool
+    /// when the last of them is dropped. The spans are sent as recorded, never copied into
+    /// a batch of their own.
+    pub(crate) fn lend(self: &Arc<Self>, buf: SpanBuf) -> Bytes {
+        Bytes::from_owner(Lent {
+            buf,
+            shared: Arc::clone(self),
+        })
     }
 
     /// Returns a read buffer to the pool.
@@ -688,6 +721,33 @@ mod tests {
             metrics.queued(),
             0,
             "nothing waits; the new open buffer is not handed off"
+        );
+    }
+
+    #[test]
+    fn a_lent_buffer_is_back_in_the_pool_when_its_last_slice_is_dropped() {
+        // Two buffers of one span: each span fills one.
+        let (tracer, rx) = recorder(1, 2, 512, TraceMetrics::unregistered());
+        tracer.record(&span());
+        tracer.record(&span());
+        let full = queued(&rx).pop().expect("the first buffer, full");
+        let expected = full.encoded().to_vec();
+        let lent = rx.shared.lend(full);
+        let header = lent.slice(..1);
+        let body = lent.slice(1..);
+        drop(lent);
+        assert_eq!([&header[..], &body[..]].concat(), expected);
+        // The pool is empty while the slices are held: a third span has no buffer.
+        let pooled = || lock(&rx.shared.pool).len();
+        assert_eq!(pooled(), 0);
+        drop(header);
+        assert_eq!(pooled(), 0, "one slice is still held");
+        drop(body);
+        assert_eq!(pooled(), 1);
+        let back = lock(&rx.shared.pool).pop().expect("the buffer");
+        assert!(
+            back.is_empty() && back.capacity() > 0,
+            "emptied, its bytes kept"
         );
     }
 

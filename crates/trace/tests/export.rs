@@ -205,12 +205,9 @@ async fn a_stalled_collector_drops_and_counts_and_the_queue_stays_bounded() {
     record_many(&exporter, 64);
     receiver.wait_for_attempts(1, WAIT).await;
     record_many(&exporter, 10_000);
-    // Memory: the pool's spans, the batch in export and one buffer's overshoot, at most.
-    assert!(
-        metrics.queued() <= 256 + 64 + 16,
-        "queued {}",
-        metrics.queued()
-    );
+    // Memory: the pool, and nothing beside it. The batch in export is the pool's own
+    // buffers, lent; a copy of it would have let the pool fill again behind it (256 + 64).
+    assert!(metrics.queued() <= 256, "queued {}", metrics.queued());
     // Each 300 ms timeout lets at most ~320 more spans in; recording 10 000 takes far less
     // than the 15 timeouts it would need to let 5 000 through.
     assert!(
