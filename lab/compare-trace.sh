@@ -4,10 +4,15 @@
 # stime, conditions interleaved round by round, a fresh server process for every run.
 #
 #   lab/compare-trace.sh cpu       gateway CPU/request at $CPU_RATE (15000) req/s: tracing
-#                                  off, on (100 % sampled), on at 1 %, and off beside a
+#                                  off, on (100 % sampled), on at 1 %, off beside a
 #                                  Jaeger fed the same spans/s by another client (`fed`,
 #                                  the control for what Jaeger's work on core 0 does to
-#                                  the gateway's kernel time); $ROUNDS rounds
+#                                  the gateway's kernel time), and on (100 %) exporting to
+#                                  an OTLP sink that ingests every span (`sink`); $ROUNDS
+#                                  rounds. Each traced run's counters are in
+#                                  trace-metrics.txt: Jaeger, sharing core 0 with the load
+#                                  and the origin, may not keep up, and a span dropped
+#                                  costs less than one exported.
 #   lab/compare-trace.sh caddy     Caddy's CPU/request at $CADDY_RATE (5000) req/s: its
 #                                  `tracing` directive off vs on (every request sampled,
 #                                  OTLP/gRPC to the same Jaeger); $ROUNDS rounds
@@ -140,6 +145,8 @@ done
 wait_http "http://127.0.0.1:$j_query/api/services"
 # Where nothing listens: the collector is down (connections refused at once).
 down_port=$(free_port)
+# A collector that ingests every span and keeps none (lab/lib.sh), on core 0.
+start_otlp_sink 0
 
 # The gateway's configs: the same route to the same upstream; tracing off, on (every request
 # sampled), on at 1 %, and on towards the dead port.
@@ -151,6 +158,9 @@ base_config > "$out/gw-off.toml"
 { base_config; tracing_table "http://127.0.0.1:$j_http" 1.0; } > "$out/gw-on.toml"
 { base_config; tracing_table "http://127.0.0.1:$j_http" 0.01; } > "$out/gw-on1.toml"
 { base_config; tracing_table "http://127.0.0.1:$down_port" 1.0; } > "$out/gw-down.toml"
+# Its queue rides out the moments the exporter gets no CPU, so no span is dropped.
+{ base_config; tracing_table "http://127.0.0.1:$sink_port" 1.0; printf 'queue_max_spans = 65536\n'; } \
+  > "$out/gw-sink.toml"
 check_config() { # name: the gateway must accept it before a run is spent on it
   "$tg" check --config "$out/gw-$1.toml" > "$out/check-$1.txt" 2>&1 \
     || { echo "compare-trace: the gateway refuses gw-$1.toml:" >&2; cat "$out/check-$1.txt" >&2; exit 1; }
@@ -326,7 +336,7 @@ interleaved() { # rate kind... : $rounds rounds, the order rotating each round
 : > "$out/cpu.txt"
 if [ "$what" = cpu ] || [ "$what" = all ]; then
   capture_batch
-  interleaved "$cpu_rate" gateway-off gateway-on gateway-on1 gateway-fed
+  interleaved "$cpu_rate" gateway-off gateway-on gateway-on1 gateway-fed gateway-sink
 fi
 if [ "$what" = caddy ] || [ "$what" = all ]; then
   interleaved "$caddy_rate" caddy-off caddy-on
@@ -398,7 +408,7 @@ def table(base, others, title):
     for k in others:
         print(f"- median {k} / {base}: **{statistics.median(ratios[k]):.3f}** (rounds: {', '.join(f'{x:.3f}' for x in ratios[k])})")
     print()
-table("gateway-off", ["gateway-on", "gateway-on1"], "Gateway: tracing off vs on (100 %) vs on (1 %)")
+table("gateway-off", ["gateway-on", "gateway-on1", "gateway-sink"], "Gateway: tracing off vs on (100 %, to Jaeger) vs on (1 %) vs on (100 %, to the sink)")
 table("gateway-fed", ["gateway-on"], "Gateway: tracing on (100 %) vs off beside a Jaeger fed the same spans/s (the control)")
 table("caddy-off", ["caddy-on"], "Caddy: tracing off vs on (every request, OTLP/gRPC)")
 
