@@ -10,29 +10,41 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 
-# start_origin CPUS: nginx with one worker answering "hello, world\n" to everything, pinned to
-# CPUS, its access log off; sets `up_port` and returns once it answers.
-start_origin() {
-  up_port=$(free_port)
-  cat > "$out/origin.conf" <<EOF_ORIGIN
+# nginx_answering NAME CPUS HTTP_LINES LOCATION: nginx, one worker pinned to CPUS, its access
+# log off, keep-alive for a million requests, `HTTP_LINES` in its `http` block and
+# `location / { LOCATION }`, config and logs under $out as NAME.*; sets `answer_port` and
+# returns once it answers.
+nginx_answering() {
+  answer_port=$(free_port)
+  mkdir -p "$out/$1-tmp"
+  cat > "$out/$1.conf" <<EOF_NGINX
 worker_processes 1;
 daemon off;
-pid $out/origin.pid;
-error_log $out/origin-error.log warn;
+pid $out/$1.pid;
+error_log $out/$1-error.log warn;
 events { worker_connections 4096; }
 http {
     access_log off;
-    client_body_temp_path $out/cb; proxy_temp_path $out/px; fastcgi_temp_path $out/fc;
-    uwsgi_temp_path $out/uw; scgi_temp_path $out/sc;
+    client_body_temp_path $out/$1-tmp/cb; proxy_temp_path $out/$1-tmp/px;
+    fastcgi_temp_path $out/$1-tmp/fc; uwsgi_temp_path $out/$1-tmp/uw;
+    scgi_temp_path $out/$1-tmp/sc;
     keepalive_requests 1000000;
-    server { listen 127.0.0.1:$up_port; location / { return 200 "hello, world\n"; } }
+$3
+    server { listen 127.0.0.1:$answer_port; location / { $4 } }
 }
-EOF_ORIGIN
-  ${prio[@]+"${prio[@]}"} taskset -c "$1" nginx -c "$out/origin.conf" -p "$out" > "$out/origin.log" 2>&1 &
+EOF_NGINX
+  ${prio[@]+"${prio[@]}"} taskset -c "$2" nginx -c "$out/$1.conf" -p "$out" > "$out/$1.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$up_port/" && return 0; sleep 0.05; done
-  echo "$(basename "$0"): the nginx origin does not answer on port $up_port ($out/origin-error.log)" >&2
+  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$answer_port/" && return 0; sleep 0.05; done
+  echo "$(basename "$0"): nginx ($1) does not answer on port $answer_port ($out/$1-error.log)" >&2
   exit 1
+}
+
+# start_origin CPUS: nginx with one worker answering "hello, world\n" to everything, pinned to
+# CPUS, its access log off; sets `up_port` and returns once it answers.
+start_origin() {
+  nginx_answering origin "$1" "" 'return 200 "hello, world\n";'
+  up_port=$answer_port
 }
 
 # wait_port PORT: returns once http://127.0.0.1:PORT/ answers (10 s at most), else exits.
@@ -65,33 +77,10 @@ extra_config() {
 # span when the real one (Jaeger, beside the load generator and the origin on a shared core)
 # cannot, so that a traced gateway's cost is measured with every span exported, none dropped.
 start_otlp_sink() {
-  sink_port=$(free_port)
-  mkdir -p "$out/sink"
-  cat > "$out/sink.conf" <<EOF_SINK
-worker_processes 1;
-daemon off;
-pid $out/sink.pid;
-error_log $out/sink-error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $out/sink/cb; proxy_temp_path $out/sink/px;
-    fastcgi_temp_path $out/sink/fc; uwsgi_temp_path $out/sink/uw; scgi_temp_path $out/sink/sc;
-    client_max_body_size 0;
-    client_body_buffer_size 1m;
-    keepalive_requests 1000000;
-    keepalive_timeout 600s;
-    server {
-        listen 127.0.0.1:$sink_port;
-        location / { default_type application/x-protobuf; return 200 ""; }
-    }
-}
-EOF_SINK
-  ${prio[@]+"${prio[@]}"} taskset -c "$1" nginx -c "$out/sink.conf" -p "$out" > "$out/sink.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 200); do curl -fs -o /dev/null "http://127.0.0.1:$sink_port/" && return 0; sleep 0.05; done
-  echo "$(basename "$0"): the OTLP sink does not answer on port $sink_port ($out/sink-error.log)" >&2
-  exit 1
+  nginx_answering sink "$1" \
+    '    client_max_body_size 0; client_body_buffer_size 1m; keepalive_timeout 600s;' \
+    'default_type application/x-protobuf; return 200 "";'
+  sink_port=$answer_port
 }
 
 # trace_counters: the running gateway's trace counters (exported, dropped by reason, queue),
