@@ -62,11 +62,11 @@ impl Resource {
 /// as the serving threads wrote them.
 pub fn encode_request(resource: &Resource, spans: &[Span]) -> Bytes {
     let encoder = Encoder::new(resource);
-    let mut batch = encoder.batch_buffer(spans.len() * 256);
+    let mut encoded = Vec::with_capacity(spans.len() * 256);
     for s in spans {
-        encoder.span(s, &mut batch);
+        encoder.span(s, &mut encoded);
     }
-    encoder.request(batch)
+    encoder.request(&encoded)
 }
 
 fn host_name() -> String {
@@ -127,31 +127,13 @@ impl Encoder {
         });
     }
 
-    /// Bytes kept free at the front of a batch buffer for the request's header: the most
-    /// its two length varints and the fixed resource and scope fields can take.
-    fn header_room(&self) -> usize {
-        2 * (1 + 10) + self.resource_field.len() + self.scope_field.len()
-    }
-
-    /// An empty batch buffer: [`Encoder::header_room`] bytes, then room for `spans_bytes`
-    /// of spans ([`Encoder::span`] appends them), so that a batch of the expected size never
-    /// grows its buffer (each growth copies it).
-    pub(crate) fn batch_buffer(&self, spans_bytes: usize) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(self.header_room() + spans_bytes);
-        buf.resize(self.header_room(), 0);
-        buf
-    }
-
-    /// The export request for a batch buffer (from [`Encoder::batch_buffer`], spans
-    /// appended): the header is written into the room before the spans, and the request is
-    /// the buffer from the header's first byte, without a copy.
-    pub(crate) fn request(&self, mut batch: Vec<u8>) -> Bytes {
-        let room = self.header_room();
-        let spans_len = batch.len().saturating_sub(room);
-        let header_len = self.header_len(spans_len);
-        let start = room - header_len;
-        self.write_header(spans_len, &mut batch[start..room]);
-        Bytes::from(batch).slice(start..)
+    /// The export request of `spans` (`ScopeSpans.spans` fields, as [`Encoder::span`] and
+    /// the recorder write them) in one buffer: [`Encoder::header`]'s bytes, then the spans.
+    pub(crate) fn request(&self, spans: &[u8]) -> Bytes {
+        let mut out = vec![0; self.header_len(spans.len())];
+        self.write_header(spans.len(), &mut out);
+        out.extend_from_slice(spans);
+        Bytes::from(out)
     }
 
     /// The export request's bytes before `spans_len` bytes of spans: the header of a
@@ -748,11 +730,11 @@ mod tests {
     use prost::Message as _;
 
     fn decode(encoder: &mut Encoder, spans: &[Span]) -> ExportTraceServiceRequest {
-        let mut batch = encoder.batch_buffer(0);
+        let mut encoded = Vec::new();
         for s in spans {
-            encoder.span(s, &mut batch);
+            encoder.span(s, &mut encoded);
         }
-        let body = encoder.request(batch);
+        let body = encoder.request(&encoded);
         ExportTraceServiceRequest::decode(body).expect("decodes as OTLP")
     }
 
@@ -1080,36 +1062,37 @@ mod tests {
     }
 
     #[test]
-    fn a_header_before_the_spans_buffers_is_the_request_encoded_whole() {
+    fn a_request_sent_as_its_header_then_each_buffers_spans_decodes_as_otlp() {
+        // The exporter sends the header, then each recorder buffer's spans as they were
+        // written, one after another: the parts must add up to one valid request.
         let resource = Resource::new("gw");
         let encoder = Encoder::new(&resource);
         let spans = [
             crate::span::root_server_span(),
             crate::span::root_server_span(),
-        ];
-        let mut first = Vec::new();
-        encoder.span(&spans[0], &mut first);
-        let mut second = Vec::new();
-        encoder.span(&spans[1], &mut second);
-        let mut sent = encoder.header(first.len() + second.len()).to_vec();
-        sent.extend_from_slice(&first);
-        sent.extend_from_slice(&second);
-        assert_eq!(sent, encode_request(&resource, &spans));
-    }
-
-    #[test]
-    fn encode_request_is_the_exporters_request() {
-        let spans = [
-            crate::span::root_server_span(),
             crate::span::root_server_span(),
         ];
-        let resource = Resource::new("gw");
-        let body = encode_request(&resource, &spans);
-        let mut encoder = Encoder::new(&resource);
-        let expected = decode(&mut encoder, &spans);
-        let got = ExportTraceServiceRequest::decode(body).expect("decodes as OTLP");
-        assert_eq!(got, expected);
-        assert_eq!(got.resource_spans[0].scope_spans[0].spans.len(), 2);
+        let mut first_buffer = Vec::new();
+        encoder.span(&spans[0], &mut first_buffer);
+        encoder.span(&spans[1], &mut first_buffer);
+        let mut second_buffer = Vec::new();
+        encoder.span(&spans[2], &mut second_buffer);
+        let mut sent = encoder
+            .header(first_buffer.len() + second_buffer.len())
+            .to_vec();
+        sent.extend_from_slice(&first_buffer);
+        sent.extend_from_slice(&second_buffer);
+        let got = ExportTraceServiceRequest::decode(&sent[..]).expect("decodes as OTLP");
+        let ids: Vec<_> = got.resource_spans[0].scope_spans[0]
+            .spans
+            .iter()
+            .map(|s| s.span_id.clone())
+            .collect();
+        let sent_ids: Vec<_> = spans.iter().map(|s| s.span_id.0.to_vec()).collect();
+        assert_eq!(ids, sent_ids, "every span, in order");
+        let whole = ExportTraceServiceRequest::decode(encode_request(&resource, &spans))
+            .expect("decodes as OTLP");
+        assert_eq!(got, whole, "the same request as encoded in one buffer");
     }
 
     #[test]
