@@ -127,11 +127,12 @@ pub type Problem = (Option<Range<usize>>, String, String);
 
 // 2048, not the SDK's 512 (the OpenTelemetry Collector's batch processor sends 8192): the
 // exporter shares the serving threads' cores, and a quarter as many export requests cost it
-// half as much. At 15,000 req/s, every span exported, the tracer's share of a PGO gateway's
-// core fell from 4.53 % to 3.07 % (docs/benchmarks/2026-11-27-trace, eleventh pass): fewer
-// wake-ups and preemptions, fewer sends. A request is then ~0.55 MB (2 MiB at most, 1 KiB a
-// span), within collectors' default limits (the Collector's HTTP receiver: 20 MiB; gRPC:
-// 4 MiB). With a queue set below it, a batch is the queue.
+// a third to a half less (fewer wake-ups, preemptions and sends). At 15,000 req/s, every span
+// exported, the tracer's share of a PGO gateway's core went from 3.42-4.53 % to 2.94-3.07 %
+// in two sets of rounds (docs/benchmarks/2026-11-27-trace, eleventh pass). A request is then
+// ~0.55 MB (2 MiB at most, 1 KiB a span), within collectors' default limits (the
+// Collector's HTTP receiver: 20 MiB; gRPC: 4 MiB). With a queue set below it, a batch is the
+// queue.
 const DEFAULT_BATCH_MAX_SPANS: usize = 2048;
 // 1 s, not the SDK's 5 s: a gateway's operator looks for a request's trace right after
 // sending it, and at high rates batches fill long before the interval anyway.
