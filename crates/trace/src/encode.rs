@@ -130,8 +130,7 @@ impl Encoder {
     /// The export request of `spans` (`ScopeSpans.spans` fields, as [`Encoder::span`] and
     /// the recorder write them) in one buffer: [`Encoder::header`]'s bytes, then the spans.
     pub(crate) fn request(&self, spans: &[u8]) -> Bytes {
-        let mut out = vec![0; self.header_len(spans.len())];
-        self.write_header(spans.len(), &mut out);
+        let mut out = self.header_vec(spans.len());
         out.extend_from_slice(spans);
         Bytes::from(out)
     }
@@ -139,9 +138,14 @@ impl Encoder {
     /// The export request's bytes before `spans_len` bytes of spans: the header of a
     /// request sent as this and the spans' own buffers, one after the other.
     pub(crate) fn header(&self, spans_len: usize) -> Bytes {
+        Bytes::from(self.header_vec(spans_len))
+    }
+
+    /// [`Encoder::header`]'s bytes in a `Vec`, for a caller to append the spans to.
+    fn header_vec(&self, spans_len: usize) -> Vec<u8> {
         let mut header = vec![0; self.header_len(spans_len)];
         self.write_header(spans_len, &mut header);
-        Bytes::from(header)
+        header
     }
 
     /// The `ResourceSpans` and `ScopeSpans` lengths around `spans_len` bytes of spans.
