@@ -35,8 +35,8 @@ impl Drop for Finish {
                 .release(conn, end);
         }
         let snapshot = self.held.snapshot();
-        if let Some(trace) = self.record.trace.take() {
-            let r = &self.record;
+        let r = &mut *self.record;
+        if let Some(trace) = r.trace.as_mut() {
             let ended = crate::trace::Ended {
                 start: r.start,
                 end,
@@ -45,6 +45,7 @@ impl Drop for Finish {
                 version: r.version,
                 remote: r.remote,
                 route: r.route.map(|i| &*snapshot.router.get(i).id),
+                upstreams: &snapshot.upstreams,
                 status: r.status,
                 error: r.error,
                 upstream_status: r.upstream_status,

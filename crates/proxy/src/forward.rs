@@ -402,7 +402,7 @@ async fn exchange(
     let upstream = &snap.upstreams[upstream_index];
     let pool = &upstream.endpoints[first].pool;
     let mut req = req;
-    let traceparent = record.trace_try_started_h1(req.headers_mut(), pool.addr(), now);
+    let traceparent = record.trace_try_started_h1(req.headers_mut(), (upstream_index, first), now);
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(checked_out) => checked_out,
         Err(e) => {
@@ -414,11 +414,8 @@ async fn exchange(
             let failed = Instant::now();
             record.trace_try_ended(None, Some(e.kind()), failed);
             crate::retry::note_connect_retry(snap, route, first, &e, record);
-            let traceparent = record.trace_try_started_h1(
-                req.headers_mut(),
-                upstream.endpoints[next].addr,
-                failed,
-            );
+            let traceparent =
+                record.trace_try_started_h1(req.headers_mut(), (upstream_index, next), failed);
             upstream
                 .balance
                 .complete(first, Outcome::ConnectFailed, now.elapsed());

@@ -153,7 +153,7 @@ pub(crate) async fn forward(
     } else {
         record.trace_try_started(
             req.headers_mut(),
-            upstream.endpoints[endpoint_index].addr,
+            (route.upstream, endpoint_index),
             dispatched,
         );
         let exchange = async {
@@ -173,11 +173,7 @@ pub(crate) async fn forward(
                     let failed = Instant::now();
                     record.trace_try_ended(None, Some(e.kind()), failed);
                     crate::retry::note_connect_retry(snap, route, endpoint_index, &e, record);
-                    record.trace_try_started(
-                        req.headers_mut(),
-                        upstream.endpoints[next].addr,
-                        failed,
-                    );
+                    record.trace_try_started(req.headers_mut(), (route.upstream, next), failed);
                     upstream.balance.complete(
                         endpoint_index,
                         Outcome::ConnectFailed,

@@ -450,7 +450,8 @@ pub(crate) async fn exchange_http1(
         // Cut by its timeout, a try drops the request with it; sent with a body, it keeps it.
         let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
-        let traceparent = record.trace_try_started_h1(req.headers_mut(), pool.addr(), started);
+        let traceparent =
+            record.trace_try_started_h1(req.headers_mut(), (route.upstream, endpoint), started);
         let extra = crate::record::head_lines(gateway_lines, &traceparent);
         let sent = std::pin::pin!(send_try(pool, started, connect, req, &extra));
         let result = match request {
@@ -607,7 +608,11 @@ pub(crate) async fn exchange_h2(
             .as_ref()
             .expect("an HTTP/2 upstream's endpoints have HTTP/2 pools");
         let connect = route.tries.h2_connect();
-        record.trace_try_started(req.headers_mut(), pool.addr(), Instant::now());
+        record.trace_try_started(
+            req.headers_mut(),
+            (route.upstream, endpoint),
+            Instant::now(),
+        );
         let sent = async {
             // A failed connect sent nothing: the request comes back.
             let (send, stream) = match h2_stream(pool, connect).await {

@@ -3,14 +3,15 @@
 //! request finishes, its SERVER span and one CLIENT span per try recorded if the head
 //! sampler or the tail rule keeps them.
 //!
-//! Nothing is allocated or recorded while the request runs (each traced request's
-//! [`RequestTrace`] is a box the thread reuses), and the wall clock is not read: moments are
+//! Nothing is allocated or recorded while the request runs (a traced request's
+//! [`RequestTrace`] lives in its record; only a retried request, or one naming a host longer
+//! than [`HOST_INLINE`] bytes, allocates), and the wall clock is not read: moments are
 //! `Instant`s (one per try start and end), placed on the wall clock when a kept request
 //! finishes, from an anchor the thread reads at most once a second. Spans are written at the
 //! end, only for kept requests, as OTLP protobuf straight into the serving thread's buffer
 //! (`tailguard-trace`'s `SpanWriter`), as an access-log line is formatted into the thread's
 //! log buffer: the exporter thread only copies and sends them. Tracing off (no endpoint)
-//! costs one branch: the snapshot's [`Tracer`] is a no-op and no box is taken.
+//! costs one branch: the snapshot's [`Tracer`] is a no-op and the record's trace stays empty.
 //!
 //! A route with `tracing = false` gets no span and its upstream gets the client's
 //! `traceparent` unchanged, as Envoy forwards trace headers untouched on a route it does not
@@ -28,10 +29,12 @@ use tailguard_trace::{
     traceparent_line, unix_nanos,
 };
 
+use crate::body::RequestBody;
 use crate::route::Router;
+use crate::upstream::Upstream;
 
 /// Client spans kept per request; tries beyond are counted in `tailguard.tries` only.
-/// 8: a retry policy of more attempts is rare, and the box stays under 1 KiB.
+/// 8: a retry policy of more attempts is rare.
 const MAX_TRY_SPANS: usize = 8;
 
 /// A snapshot's tracing: the process's tracer (kept across reloads) and this config's
@@ -43,6 +46,9 @@ pub struct SnapshotTracing {
     tail: TailRule,
     /// By route index (the router's order).
     routes: Vec<RouteTracing>,
+    /// Some route has a `tracing` of its own: without one, a routed request's trace is
+    /// left as it is, and `routes` is not read (another line to fetch).
+    routes_differ: bool,
 }
 
 impl SnapshotTracing {
@@ -62,8 +68,9 @@ impl SnapshotTracing {
                     .and_then(|c| c.tracing.as_ref().map(|t| *t.get_ref()))
                     .unwrap_or(RouteTracing::Default)
             })
-            .collect();
+            .collect::<Vec<_>>();
         SnapshotTracing {
+            routes_differ: routes.iter().any(|r| *r != RouteTracing::Default),
             tracer: tracer.clone(),
             sampler: Sampler {
                 parent_based: t.parent_based,
@@ -90,14 +97,27 @@ struct Try {
     started: Instant,
     /// When the try's answer (or failure) came; none while it is open.
     ended: Option<Instant>,
-    addr: SocketAddr,
+    /// The upstream's index in the snapshot and the endpoint's in the upstream, whose
+    /// address the span names: two words written when the try opens, where the address was
+    /// four (a `SocketAddr` copied as the caller built it, which stalled its load: 0.09 % of
+    /// the serving core at 1 % sampling).
+    endpoint: (usize, usize),
     number: u32,
     retry_reason: Option<&'static str>,
     status: Option<u16>,
     error: Option<&'static str>,
 }
 
-/// A traced request's state, from its head to its end.
+/// A traced request's state, from its head to its end, held in the request's record.
+///
+/// In the record, not in a box of its own: the record's lines are the ones the proxy touches
+/// when a try starts and ends (the endpoint, the upstream's time and status), so the trace's
+/// are fetched with them. A box, even one the thread reused, was a pointer to follow into
+/// lines the upstream's round trip had let go cold: at 1 % sampling, when a try ended, the
+/// two loads of `tried` and the try's slot were 0.19 % of the serving core, its slot's write
+/// when it opened 0.16 %, and the box's first read at the request's start 0.08 % (PGO
+/// `262727c`, the outermost tracer line of each sample, `addr2line -i`). A retried request's
+/// later tries go to a vector, allocated at its first retry.
 #[derive(Debug)]
 pub struct RequestTrace {
     /// The SERVER span's context; `sampled` is the head decision, what upstreams are told.
@@ -113,7 +133,10 @@ pub struct RequestTrace {
     carried_traceparent: bool,
     /// `server.address`.
     host: HostText,
-    tries: [Option<Try>; MAX_TRY_SPANS],
+    /// The first try, once it opened.
+    first_try: Option<Try>,
+    /// The tries after the first, up to [`MAX_TRY_SPANS`] in all.
+    retries: Vec<Try>,
     /// Tries made, kept or not.
     tried: u32,
     /// Why the next try is made (set when a retry is decided).
@@ -126,6 +149,10 @@ pub struct RequestTrace {
 /// (253) or IP literal; a longer `Host` is not a host name, and is cut.
 const HOST_TEXT_MAX: usize = 255;
 
+/// The bytes of a host kept in the record itself; a longer one (rare: few names are longer
+/// than 62 bytes) takes an allocation of its own.
+const HOST_INLINE: usize = 62;
+
 /// The host a request named (`server.address`: the `Host` field, or the authority of an
 /// absolute-form target, without its port), copied out of the request's head while the head
 /// is in cache. Read from the head at the request's end, as it was before, its first byte
@@ -133,16 +160,18 @@ const HOST_TEXT_MAX: usize = 255;
 /// the span's own lines are prefetched, see `tailguard_trace`'s recorder), and holding the
 /// header value took and gave back a reference to the head's buffer (two atomic operations)
 /// on every traced request.
-#[derive(Clone, Copy)]
 struct HostText {
     len: u8,
-    bytes: [u8; HOST_TEXT_MAX],
+    inline: [u8; HOST_INLINE],
+    /// A host longer than [`HOST_INLINE`] bytes.
+    long: Option<Box<[u8]>>,
 }
 
 impl HostText {
     const EMPTY: HostText = HostText {
         len: 0,
-        bytes: [0; HOST_TEXT_MAX],
+        inline: [0; HOST_INLINE],
+        long: None,
     };
 
     /// `host` (a `Host` value, port and all), its port cut off and its first
@@ -150,13 +179,22 @@ impl HostText {
     fn set(&mut self, host: &[u8]) {
         let host = tailguard_trace::host_without_port(host);
         let kept = &host[..host.len().min(HOST_TEXT_MAX)];
-        self.bytes[..kept.len()].copy_from_slice(kept);
         self.len = u8::try_from(kept.len()).expect("at most HOST_TEXT_MAX (255) bytes kept");
+        match self.inline.get_mut(..kept.len()) {
+            Some(room) => {
+                room.copy_from_slice(kept);
+                self.long = None;
+            }
+            None => self.long = Some(kept.into()),
+        }
     }
 
     /// The host; empty when the request named none.
     fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
+        match &self.long {
+            Some(long) => long,
+            None => &self.inline[..usize::from(self.len)],
+        }
     }
 }
 
@@ -174,65 +212,26 @@ thread_local! {
     /// ([`with_ip_text`]).
     static CLIENT_IP: RefCell<IpText> = const { RefCell::new(IpText::EMPTY) };
     static ENDPOINT_IP: RefCell<IpText> = const { RefCell::new(IpText::EMPTY) };
-    /// Finished requests' trace boxes, for this thread's next requests: a traced request
-    /// then neither allocates nor frees (~400 instructions of a 1 %-sampled request's
-    /// ~2,500 on its serving thread, in callgrind).
-    // The boxes themselves are what is reused: a request holds its trace as a box.
-    #[allow(clippy::vec_box)]
-    static SPARE_TRACES: RefCell<Vec<Box<RequestTrace>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Spare boxes kept per thread (~1.25 KiB each): more than one thread's requests in flight
-/// usually differ by between two moments.
-const SPARE_TRACES_KEPT: usize = 64;
-
-/// A box for a new request's trace: a spare one (its `tries` left as they were: only the
-/// first `tried` are read) or a new one.
-fn trace_box() -> Box<RequestTrace> {
-    SPARE_TRACES.with_borrow_mut(Vec::pop).unwrap_or_else(|| {
-        Box::new(RequestTrace {
-            context: SpanContext {
-                trace_id: TraceId([0; 16]),
-                span_id: SpanId([0; 8]),
-                sampled: false,
-            },
-            parent: None,
-            hint: None,
-            tracestate: None,
-            carried_tracestate_or_b3: false,
-            carried_traceparent: false,
-            host: HostText::EMPTY,
-            tries: [None; MAX_TRY_SPANS],
-            tried: 0,
-            next_reason: None,
-            local: false,
-        })
-    })
-}
-
-/// A finished request's box back to this thread's spares, holding no header value (it
-/// would keep the request's buffer alive).
-fn give_back(mut trace: Box<RequestTrace>) {
-    trace.tracestate = None;
-    SPARE_TRACES.with_borrow_mut(|spare| {
-        if spare.len() < SPARE_TRACES_KEPT {
-            spare.push(trace);
-        }
-    });
-}
-
-/// Reads the incoming context and starts the request's trace; none when tracing is off.
-/// `host_field` is the request's `Host` field, which the caller looked up for routing.
+/// Reads the incoming context and starts the request's trace in `trace` (the record's);
+/// leaves it empty when tracing is off. `host_field` is the request's `Host` field, which
+/// the caller looked up for routing.
 pub(crate) fn start<B>(
     t: &SnapshotTracing,
     req: &Request<B>,
     host_field: Option<&HeaderValue>,
-) -> Option<Box<RequestTrace>> {
+    trace: &mut Option<RequestTrace>,
+) {
     if !t.tracer.is_enabled() {
-        return None;
+        return;
     }
     let found = extract(req.headers());
-    if let Some(m) = t.tracer.metrics() {
+    // The tracer's metrics are another line to fetch: looked at only when there is
+    // something to count.
+    if found.malformed.contains(&true)
+        && let Some(m) = t.tracer.metrics()
+    {
         for header in found.malformed() {
             m.context_invalid(header);
         }
@@ -246,36 +245,37 @@ pub(crate) fn start<B>(
         span_id: SpanId::random(),
         sampled,
     };
-    let mut trace = trace_box();
+    let host = host_field
+        .map(HeaderValue::as_bytes)
+        .or_else(|| req.uri().host().map(str::as_bytes))
+        .unwrap_or_default();
+    // A trace already started is kept (a record is started once; knowing the slot empty,
+    // the compiler drops nothing).
+    if trace.is_some() {
+        return;
+    }
+    // Written field by field into the record's bytes over a constant: a trace built aside
+    // was copied in, 16 bytes at a time over fields just written narrower, and each such
+    // load stalled (the host's copy 0.06 %, the rest 0.05 % of the serving core at 1 %
+    // sampling).
+    let trace = trace.insert(RequestTrace::EMPTY);
     trace.context = context;
     trace.parent = found.parent;
     trace.hint = found.sampling_hint;
     trace.tracestate = found.tracestate;
     trace.carried_tracestate_or_b3 = found.carried_tracestate_or_b3;
     trace.carried_traceparent = found.carried_traceparent;
-    let host = host_field
-        .map(HeaderValue::as_bytes)
-        .or_else(|| req.uri().host().map(str::as_bytes))
-        .unwrap_or_default();
     trace.host.set(host);
-    trace.tried = 0;
-    trace.next_reason = None;
-    trace.local = false;
-    Some(trace)
 }
 
 /// The request was routed to route `index`: its own `tracing` applies (`false` ends the
 /// trace).
-pub(crate) fn routed(t: &SnapshotTracing, trace: &mut Option<Box<RequestTrace>>, index: usize) {
-    let Some(tr) = trace.as_mut() else {
+pub(crate) fn routed(t: &SnapshotTracing, trace: &mut Option<RequestTrace>, index: usize) {
+    let Some(tr) = trace.as_mut().filter(|_| t.routes_differ) else {
         return;
     };
     match t.routes.get(index) {
-        Some(RouteTracing::Off) => {
-            if let Some(off) = trace.take() {
-                give_back(off);
-            }
-        }
+        Some(RouteTracing::Off) => *trace = None,
         Some(RouteTracing::Ratio(ratio)) => {
             let sampler = Sampler {
                 ratio: *ratio,
@@ -288,6 +288,26 @@ pub(crate) fn routed(t: &SnapshotTracing, trace: &mut Option<Box<RequestTrace>>,
 }
 
 impl RequestTrace {
+    /// A trace with no context yet, [`start`] fills it in.
+    const EMPTY: RequestTrace = RequestTrace {
+        context: SpanContext {
+            trace_id: TraceId::INVALID,
+            span_id: SpanId::INVALID,
+            sampled: false,
+        },
+        parent: None,
+        hint: None,
+        tracestate: None,
+        carried_tracestate_or_b3: false,
+        carried_traceparent: false,
+        host: HostText::EMPTY,
+        first_try: None,
+        retries: Vec::new(),
+        tried: 0,
+        next_reason: None,
+        local: false,
+    };
+
     /// The ids the access log prints: the trace and the SERVER span.
     pub(crate) fn ids(&self) -> ([u8; 16], [u8; 8]) {
         (self.context.trace_id.0, self.context.span_id.0)
@@ -298,10 +318,15 @@ impl RequestTrace {
         self.local = true;
     }
 
-    /// A try to `addr` is about to be sent: a new CLIENT span, named in the `traceparent`
-    /// the upstream receives.
-    pub(crate) fn try_started(&mut self, headers: &mut HeaderMap, addr: SocketAddr, at: Instant) {
-        let ctx = self.open_try(addr, at);
+    /// A try to `endpoint` is about to be sent: a new CLIENT span, named in the
+    /// `traceparent` the upstream receives.
+    pub(crate) fn try_started(
+        &mut self,
+        headers: &mut HeaderMap,
+        endpoint: (usize, usize),
+        at: Instant,
+    ) {
+        let ctx = self.open_try(endpoint, at);
         inject_known(
             headers,
             &ctx,
@@ -316,10 +341,10 @@ impl RequestTrace {
     pub(crate) fn try_started_h1(
         &mut self,
         headers: &mut HeaderMap,
-        addr: SocketAddr,
+        endpoint: (usize, usize),
         at: Instant,
     ) -> [u8; TRACEPARENT_LINE_LEN] {
-        let ctx = self.open_try(addr, at);
+        let ctx = self.open_try(endpoint, at);
         inject_beside_line(
             headers,
             self.tracestate.as_ref(),
@@ -331,7 +356,7 @@ impl RequestTrace {
 
     /// Ends the open try and opens a new CLIENT span, both `at` (a moment the caller read
     /// already: the dispatch's); its context is what the upstream is told.
-    fn open_try(&mut self, addr: SocketAddr, at: Instant) -> SpanContext {
+    fn open_try(&mut self, endpoint: (usize, usize), at: Instant) -> SpanContext {
         end_open_try(self, None, Some("_OTHER"), at);
         let span_id = SpanId::random();
         let ctx = SpanContext {
@@ -339,20 +364,39 @@ impl RequestTrace {
             ..self.context
         };
         self.tried += 1;
-        let slot = usize::try_from(self.tried - 1).unwrap_or(usize::MAX);
-        if let Some(slot) = self.tries.get_mut(slot) {
-            *slot = Some(Try {
-                span_id,
-                started: at,
-                ended: None,
-                addr,
-                number: self.tried,
-                retry_reason: self.next_reason.take(),
-                status: None,
-                error: None,
-            });
+        let opened = Try {
+            span_id,
+            started: at,
+            ended: None,
+            endpoint,
+            number: self.tried,
+            retry_reason: self.next_reason.take(),
+            status: None,
+            error: None,
+        };
+        if self.tried == 1 {
+            self.first_try = Some(opened);
+        } else if self.retries.len() + 1 < MAX_TRY_SPANS {
+            // Room for all the retries kept, once: a retried request often retries again.
+            self.retries.reserve_exact(MAX_TRY_SPANS - 1);
+            self.retries.push(opened);
         }
         ctx
+    }
+
+    /// The try opened last, if it is kept (the first [`MAX_TRY_SPANS`] are).
+    fn open_try_mut(&mut self) -> Option<&mut Try> {
+        match self.tried {
+            0 => None,
+            1 => self.first_try.as_mut(),
+            n if usize::try_from(n).is_ok_and(|n| n <= MAX_TRY_SPANS) => self.retries.last_mut(),
+            _ => None,
+        }
+    }
+
+    /// The kept tries, in order.
+    fn tries(&self) -> impl Iterator<Item = &Try> {
+        self.first_try.iter().chain(&self.retries)
     }
 
     /// The open try ended `at`, with the upstream's `status`, or an `error` (its kind).
@@ -377,11 +421,7 @@ fn end_open_try(
     error: Option<&'static str>,
     at: Instant,
 ) {
-    let Some(Some(t)) = usize::try_from(trace.tried)
-        .ok()
-        .and_then(|n| n.checked_sub(1))
-        .and_then(|i| trace.tries.get_mut(i))
-    else {
+    let Some(t) = trace.open_try_mut() else {
         return;
     };
     if t.ended.is_some() {
@@ -402,6 +442,8 @@ pub(crate) struct Ended<'a> {
     pub(crate) version: http::Version,
     pub(crate) remote: SocketAddr,
     pub(crate) route: Option<&'a str>,
+    /// The snapshot's upstreams, which name each try's endpoint.
+    pub(crate) upstreams: &'a [Upstream<RequestBody>],
     pub(crate) status: u16,
     pub(crate) error: Option<&'static str>,
     pub(crate) upstream_status: Option<u16>,
@@ -422,12 +464,7 @@ fn outcome(record: &Ended<'_>, trace: &RequestTrace) -> &'static str {
 
 /// The request ended: its spans are recorded if the head sampler or the tail rule keeps
 /// them.
-pub(crate) fn finish(t: &SnapshotTracing, mut trace: Box<RequestTrace>, record: &Ended<'_>) {
-    record_spans(t, &mut trace, record);
-    give_back(trace);
-}
-
-fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_>) {
+pub(crate) fn finish(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_>) {
     let duration = u64::try_from(
         record
             .end
@@ -462,8 +499,7 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
             server.end_unix_nanos = end_unix;
             server_span(&mut server, trace, record, method, failed);
         }
-        let tried = usize::try_from(trace.tried).unwrap_or(usize::MAX);
-        for one in trace.tries.iter().take(tried).flatten() {
+        for one in trace.tries() {
             let ctx = SpanContext {
                 span_id: one.span_id,
                 ..trace.context
@@ -477,7 +513,7 @@ fn record_spans(t: &SnapshotTracing, trace: &mut RequestTrace, record: &Ended<'_
                 .ended
                 .map_or(end_unix, unix)
                 .max(client.start_unix_nanos + 1);
-            client_span(&mut client, one, method);
+            client_span(&mut client, one, record.upstreams, method);
         }
     });
 }
@@ -501,7 +537,7 @@ fn server_span(
     }
     server.int("http.response.status_code", i64::from(record.status));
     server.bytes("url.path", record.uri.path().as_bytes());
-    if trace.host.len > 0 {
+    if !trace.host.as_bytes().is_empty() {
         server.bytes("server.address", trace.host.as_bytes());
     }
     with_ip_text(&CLIENT_IP, record.remote, |ip| {
@@ -538,13 +574,23 @@ fn server_span(
 }
 
 /// A try's client span: its name, attributes and status.
-fn client_span(client: &mut SpanWriter<'_>, one: &Try, method: &'static str) {
+fn client_span(
+    client: &mut SpanWriter<'_>,
+    one: &Try,
+    upstreams: &[Upstream<RequestBody>],
+    method: &'static str,
+) {
     client.set_name(method);
     client.str("http.request.method", method);
-    with_ip_text(&ENDPOINT_IP, one.addr, |ip| {
-        client.bytes("server.address", ip)
-    });
-    client.int("server.port", i64::from(one.addr.port()));
+    let (u, e) = one.endpoint;
+    if let Some(addr) = upstreams
+        .get(u)
+        .and_then(|u| u.endpoints.get(e))
+        .map(|e| e.addr)
+    {
+        with_ip_text(&ENDPOINT_IP, addr, |ip| client.bytes("server.address", ip));
+        client.int("server.port", i64::from(addr.port()));
+    }
     client.int("tailguard.try", i64::from(one.number));
     if let Some(reason) = one.retry_reason {
         client.str("tailguard.retry_reason", reason);
@@ -679,8 +725,8 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{
-        ANCHOR_MAX_AGE, CLIENT_IP, HOST_TEXT_MAX, HostText, anchor_is_fresh, ip_text, unix_at,
-        wall_clock_anchor, with_ip_text,
+        ANCHOR_MAX_AGE, CLIENT_IP, HOST_INLINE, HOST_TEXT_MAX, HostText, anchor_is_fresh, ip_text,
+        unix_at, wall_clock_anchor, with_ip_text,
     };
 
     #[test]
@@ -697,10 +743,15 @@ mod tests {
             host.set(given.as_bytes());
             assert_eq!(host.as_bytes(), kept.as_bytes(), "{given}");
         }
-        // Set over a longer one: nothing of the old host is left.
-        host.set(b"a.example.com");
-        host.set(b"b.io");
-        assert_eq!(host.as_bytes(), b"b.io");
+        // Either side of what the record holds itself, and past the bound.
+        for len in [HOST_INLINE - 1, HOST_INLINE, HOST_INLINE + 1, HOST_TEXT_MAX] {
+            let name = "h".repeat(len);
+            host.set(format!("{name}:8443").as_bytes());
+            assert_eq!(host.as_bytes(), name.as_bytes());
+            // A short one after it: nothing of the longer is left.
+            host.set(b"b.io");
+            assert_eq!(host.as_bytes(), b"b.io");
+        }
         let long = "x".repeat(HOST_TEXT_MAX + 40);
         host.set(long.as_bytes());
         assert_eq!(host.as_bytes(), &long.as_bytes()[..HOST_TEXT_MAX]);

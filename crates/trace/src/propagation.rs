@@ -159,6 +159,7 @@ pub fn inject_known(
 /// of a map entry: removes a `traceparent` that came (`carried_traceparent`), and does the
 /// rest as [`inject_known`] does. The usual request, which came with none of the three,
 /// touches the map not at all.
+#[inline]
 pub fn inject_beside_line(
     headers: &mut HeaderMap,
     tracestate: Option<&HeaderValue>,
@@ -183,10 +184,15 @@ pub const TRACEPARENT_LINE_LEN: usize = 70;
 /// `traceparent: 00-{trace-id}-{parent-id}-{flags}\r\n`, the whole field line for an
 /// HTTP/1.1 head.
 pub fn traceparent_line(ctx: &SpanContext) -> [u8; TRACEPARENT_LINE_LEN] {
-    let mut line = [0u8; TRACEPARENT_LINE_LEN];
-    line[..13].copy_from_slice(b"traceparent: ");
-    line[13..68].copy_from_slice(&traceparent_bytes(ctx));
-    line[68..].copy_from_slice(b"\r\n");
+    // The digits written where they go: built from the value's bytes, the line was three
+    // copies of them (0.1 % of the serving core at 1 % sampling, where every request pays
+    // for its line and few for their spans).
+    let mut line = *b"traceparent: 00-00000000000000000000000000000000-0000000000000000-00\r\n";
+    crate::id::hex_into(&ctx.trace_id.0, &mut line[16..48]);
+    crate::id::hex_into(&ctx.span_id.0, &mut line[49..65]);
+    if ctx.sampled {
+        line[67] = b'1';
+    }
     line
 }
 
@@ -648,6 +654,30 @@ mod tests {
             );
             assert_eq!(by_line, by_map, "{incoming:?}");
         }
+    }
+
+    #[test]
+    fn the_field_line_carries_the_value_and_its_flag() {
+        for sampled in [false, true] {
+            let ctx = SpanContext {
+                trace_id: TraceId([0xa7; 16]),
+                span_id: SpanId([0x3c; 8]),
+                sampled,
+            };
+            let mut want = b"traceparent: ".to_vec();
+            want.extend_from_slice(traceparent_value(&ctx).as_bytes());
+            want.extend_from_slice(b"\r\n");
+            assert_eq!(traceparent_line(&ctx).as_slice(), want, "sampled {sampled}");
+        }
+        let line = traceparent_line(&SpanContext {
+            trace_id: TraceId::from_hex(b"4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
+            span_id: SpanId::from_hex(b"00f067aa0ba902b7").expect("hex"),
+            sampled: false,
+        });
+        assert_eq!(
+            line.as_slice(),
+            b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00\r\n"
+        );
     }
 
     mod prop {
