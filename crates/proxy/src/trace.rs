@@ -5,12 +5,12 @@
 //!
 //! Nothing is allocated or recorded while the request runs (a traced request's
 //! [`RequestTrace`] lives in its record; only a retried request, or one naming a host longer
-//! than [`HOST_INLINE`] bytes, allocates), and the wall clock is not read: moments are
+//! than 62 bytes, allocates), and the wall clock is not read: moments are
 //! `Instant`s (one per try start and end), placed on the wall clock when a kept request
 //! finishes, from an anchor the thread reads at most once a second. Spans are written at the
 //! end, only for kept requests, as OTLP protobuf straight into the serving thread's buffer
 //! (`tailguard-trace`'s `SpanWriter`), as an access-log line is formatted into the thread's
-//! log buffer: the exporter thread only copies and sends them. Tracing off (no endpoint)
+//! log buffer: the exporter thread only sends them. Tracing off (no endpoint)
 //! costs one branch: the snapshot's [`Tracer`] is a no-op and the record's trace stays empty.
 //!
 //! A route with `tracing = false` gets no span and its upstream gets the client's
