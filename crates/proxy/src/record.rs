@@ -68,10 +68,10 @@ impl RequestRecord {
     /// A record for a request whose head just arrived. `logged`: the access log is on, so
     /// the headers only it prints (`User-Agent`, `Referer`) are looked up and kept.
     ///
-    /// Boxed: the record (~770 bytes, 340 of them its trace) travels from the data path into the response body's
-    /// `Finish` and through the response's moves to the connection; as a box each of those
-    /// moves is a pointer, not a copy (callgrind: the copies were ~1,000 instructions of
-    /// `memcpy` per request, the box's allocation and free ~100).
+    /// Boxed: the record (~770 bytes, 336 of them its trace) travels from the data path into
+    /// the response body's `Finish` and through the response's moves to the connection; as a
+    /// box each of those moves is a pointer, not a copy (callgrind: the copies were ~1,000
+    /// instructions of `memcpy` per request, the box's allocation and free ~100).
     pub fn new<B>(
         start: Instant,
         remote: SocketAddr,
