@@ -725,9 +725,55 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{
-        ANCHOR_MAX_AGE, CLIENT_IP, HOST_INLINE, HOST_TEXT_MAX, HostText, anchor_is_fresh, ip_text,
-        unix_at, wall_clock_anchor, with_ip_text,
+        ANCHOR_MAX_AGE, CLIENT_IP, HOST_INLINE, HOST_TEXT_MAX, HostText, MAX_TRY_SPANS,
+        RequestTrace, anchor_is_fresh, ip_text, unix_at, wall_clock_anchor, with_ip_text,
     };
+
+    #[test]
+    fn the_first_tries_are_kept_in_order_each_ended_once() {
+        let mut trace = RequestTrace::EMPTY;
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut headers = http::HeaderMap::new();
+        let mut told = Vec::new();
+        for n in 0..MAX_TRY_SPANS + 2 {
+            let at = t0 + ms(10 * n as u64);
+            trace.try_started(&mut headers, (3, n), at);
+            told.push(headers["traceparent"].to_str().unwrap().to_owned());
+            // Even tries end with an answer; odd ones are still open when the next opens.
+            if n % 2 == 0 {
+                trace.try_ended(Some(503), None, at + ms(5));
+                // A second end (the request's, for a try still streaming) changes nothing.
+                trace.try_ended(Some(200), None, at + ms(7));
+            }
+        }
+        assert_eq!(trace.tried, u32::try_from(MAX_TRY_SPANS + 2).unwrap());
+        let kept: Vec<_> = trace.tries().collect();
+        assert_eq!(kept.len(), MAX_TRY_SPANS, "the first {MAX_TRY_SPANS} tries");
+        for (n, one) in kept.iter().enumerate() {
+            let started = t0 + ms(10 * n as u64);
+            assert_eq!(one.number, u32::try_from(n + 1).unwrap());
+            assert_eq!(one.endpoint, (3, n));
+            assert_eq!(one.started, started);
+            if n % 2 == 0 {
+                assert_eq!(
+                    (one.ended, one.status, one.error),
+                    (Some(started + ms(5)), Some(503), None)
+                );
+            } else {
+                assert_eq!(
+                    one.ended,
+                    Some(started + ms(10)),
+                    "ended as the next opened"
+                );
+                assert_eq!((one.status, one.error), (None, Some("_OTHER")));
+            }
+            // Each try's upstream was told its own span as the parent.
+            assert!(told[n].contains(&one.span_id.to_string()), "{}", told[n]);
+        }
+        let ids: std::collections::HashSet<_> = kept.iter().map(|t| t.span_id).collect();
+        assert_eq!(ids.len(), MAX_TRY_SPANS, "distinct span ids");
+    }
 
     #[test]
     fn a_host_is_kept_without_its_port_and_cut_at_its_bound() {
