@@ -411,7 +411,8 @@ async fn a_rate_limited_request_gets_a_server_span_that_says_why() {
         &receiver.endpoint(),
     )));
     // One connection: the limited request is served by the thread that served the first,
-    // and gets the trace box the first one left (its one try must not come back as a span).
+    // right after it (when traces were boxes the thread reused, it got the first one's box;
+    // that request's try must not come back as a span of this one).
     let client = http1_client();
     assert_eq!(send_with(&client, &url, None).await, 200);
     assert_eq!(send_with(&client, &url, None).await, 429);
