@@ -364,6 +364,39 @@ async fn a_route_with_tracing_off_passes_the_incoming_traceparent_unchanged() {
 }
 
 #[tokio::test]
+async fn a_route_with_its_own_ratio_samples_by_it() {
+    // New traces: none sampled by the tracing table's ratio, all by the route's own.
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let text = gateway_config(
+        &[up.addr],
+        "tracing = { sample_ratio = 1.0 }",
+        "sample_ratio = 0.0",
+        &receiver.endpoint(),
+    );
+    let (server, url) = start(config(&text));
+    assert_eq!(send(&url, None).await, 200);
+    let (_, _, flags) = parts(up.seen()[0].as_deref().expect("a traceparent"));
+    assert_eq!(flags, "01", "the route's ratio sampled it");
+    let spans = receiver.wait_for(WAIT, |s| s.len() == 2).await;
+    assert_eq!(by_kind(&spans, SERVER).len(), 1);
+
+    // And the other way round, on the same gateway after a reload.
+    let text = gateway_config(
+        &[up.addr],
+        "tracing = { sample_ratio = 0.0 }",
+        "sample_ratio = 1.0",
+        &receiver.endpoint(),
+    );
+    server.reload(config(&text)).expect("reload");
+    assert_eq!(send(&url, None).await, 200);
+    let (_, _, flags) = parts(up.seen()[1].as_deref().expect("a traceparent"));
+    assert_eq!(flags, "00", "the route's ratio did not sample it");
+    server.gateway().flush_traces().await;
+    assert_eq!(receiver.spans().len(), 2, "no span more");
+}
+
+#[tokio::test]
 async fn unsampled_requests_are_exported_only_when_they_fail() {
     let receiver = OtlpReceiver::http().await;
     let ok = recorder(200).await;
