@@ -7,7 +7,9 @@
 # Instruction counts do not depend on the machine being quiet.
 #   REQUESTS=10000 RATE=500 [TAILGUARD=target/release/tailguard] lab/callgrind.sh
 # EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table, to
-# count what a traced request costs).
+# count what a traced request costs); TRACE_SINK=1 [TRACE_RATIO=] appends one exporting to an
+# OTLP sink (lab/lib.sh `start_otlp_sink`), so the exporter's work is that of a collector
+# that answers.
 # GATEWAY=nginx counts nginx instead, as lab/compare-cpu.sh configures it (lab/nginx/proxy.conf,
 # one process: `master_process off`), so the two gateways' user-space work per request compares
 # by instructions, not by tick-sampled user time. Debian's nginx is stripped: the per-function
@@ -29,6 +31,7 @@ done
 . lab/lib.sh
 trap cleanup EXIT
 start_origin "0-$(($(nproc) - 1))"
+if [ "${TRACE_SINK:-0}" = 1 ]; then start_otlp_sink "0-$(($(nproc) - 1))"; fi
 gw_port=$(free_port)
 { proxy_config "127.0.0.1:$gw_port"; extra_config; } > "$out/gateway.toml"
 if [ "${GATEWAY:-tailguard}" = nginx ]; then
