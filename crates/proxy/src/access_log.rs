@@ -235,35 +235,38 @@ pub(crate) fn log<B>(
     upstreams: &[Upstream<B>],
     end: Instant,
 ) {
-    log.log_with(|| Record {
-        time: SystemTime::now(),
-        remote_addr: Some(r.remote.ip()),
-        remote_user: None,
-        method: r.method.as_str().as_bytes(),
-        target: r
-            .uri
-            .path_and_query()
-            .map_or(b"/".as_slice(), |pq| pq.as_str().as_bytes()),
-        protocol: protocol(r.version),
-        status: r.status,
-        body_bytes_sent: r.bytes_out,
-        // The response head is not counted yet; see docs/access-log.md.
-        bytes_sent: r.bytes_out,
-        request_time: end.duration_since(r.start),
-        upstream_addr: r
-            .endpoint
-            .and_then(|(u, e)| Some(upstreams.get(u)?.endpoints.get(e)?.addr)),
-        earlier_tries: &r.earlier_tries,
-        upstream_status: r.upstream_status,
-        upstream_response_time: r.upstream_time,
-        referer: r.referer.as_ref().map(HeaderValue::as_bytes),
-        user_agent: r.user_agent.as_ref().map(HeaderValue::as_bytes),
-        route: r.route.map(|i| &*router.get(i).id),
-        request_id: r.request_id.as_ref().map(HeaderValue::as_bytes),
-        error: r.error,
-        headers: None,
-        grpc_status: r.grpc_status,
-        trace_id: r.trace_id,
-        span_id: r.span_id,
+    log.log_with(|| {
+        let ids = r.trace_ids();
+        Record {
+            time: SystemTime::now(),
+            remote_addr: Some(r.remote.ip()),
+            remote_user: None,
+            method: r.method.as_str().as_bytes(),
+            target: r
+                .uri
+                .path_and_query()
+                .map_or(b"/".as_slice(), |pq| pq.as_str().as_bytes()),
+            protocol: protocol(r.version),
+            status: r.status,
+            body_bytes_sent: r.bytes_out,
+            // The response head is not counted yet; see docs/access-log.md.
+            bytes_sent: r.bytes_out,
+            request_time: end.duration_since(r.start),
+            upstream_addr: r
+                .endpoint
+                .and_then(|(u, e)| Some(upstreams.get(u)?.endpoints.get(e)?.addr)),
+            earlier_tries: &r.earlier_tries,
+            upstream_status: r.upstream_status,
+            upstream_response_time: r.upstream_time,
+            referer: r.referer.as_ref().map(HeaderValue::as_bytes),
+            user_agent: r.user_agent.as_ref().map(HeaderValue::as_bytes),
+            route: r.route.map(|i| &*router.get(i).id),
+            request_id: r.request_id.as_ref().map(HeaderValue::as_bytes),
+            error: r.error,
+            headers: None,
+            grpc_status: r.grpc_status,
+            trace_id: ids.map(|(trace, _)| trace),
+            span_id: ids.map(|(_, span)| span),
+        }
     });
 }

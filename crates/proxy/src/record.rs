@@ -56,10 +56,6 @@ pub struct RequestRecord {
     pub grpc: bool,
     /// A gRPC call's `grpc-status`: from the upstream's head or trailers, or the gateway's.
     pub grpc_status: Option<u8>,
-    /// The trace id, when the request is traced (`$trace_id` in the access log).
-    pub trace_id: Option<[u8; 16]>,
-    /// The gateway's SERVER span id, when the request is traced (`$span_id`).
-    pub span_id: Option<[u8; 8]>,
     /// The trace's state while the request runs ([`crate::trace`]); none when not traced.
     pub(crate) trace: Option<crate::trace::RequestTrace>,
 }
@@ -107,14 +103,12 @@ impl RequestRecord {
                 completed: false,
                 grpc: false,
                 grpc_status: None,
-                trace_id: None,
-                span_id: None,
                 trace: None,
             },
         )
     }
 
-    /// Starts the request's trace (a no-op when tracing is off), its ids kept for the log.
+    /// Starts the request's trace (a no-op when tracing is off).
     /// `host_field`: the request's `Host` field, looked up by the caller.
     pub(crate) fn start_trace<B>(
         &mut self,
@@ -123,19 +117,17 @@ impl RequestRecord {
         host_field: Option<&HeaderValue>,
     ) {
         crate::trace::start(tracing, head, host_field, &mut self.trace);
-        self.sync_trace_ids();
     }
 
     /// Applies the matched route's `tracing`.
     pub(crate) fn trace_routed(&mut self, tracing: &crate::trace::SnapshotTracing, route: usize) {
         crate::trace::routed(tracing, &mut self.trace, route);
-        self.sync_trace_ids();
     }
 
-    fn sync_trace_ids(&mut self) {
-        let ids = self.trace.as_ref().map(|t| t.ids());
-        self.trace_id = ids.map(|(t, _)| t);
-        self.span_id = ids.map(|(_, s)| s);
+    /// The trace id and the gateway's SERVER span id, when the request is traced
+    /// (`$trace_id` and `$span_id` in the access log).
+    pub fn trace_ids(&self) -> Option<([u8; 16], [u8; 8])> {
+        self.trace.as_ref().map(|t| t.ids())
     }
 
     /// A try to `endpoint` (the upstream's index and the endpoint's) is about to be sent
