@@ -64,7 +64,7 @@ impl RequestRecord {
     /// A record for a request whose head just arrived. `logged`: the access log is on, so
     /// the headers only it prints (`User-Agent`, `Referer`) are looked up and kept.
     ///
-    /// Boxed: the record (~770 bytes, 336 of them its trace) travels from the data path into
+    /// Boxed: the record (~730 bytes, 320 of them its trace) travels from the data path into
     /// the response body's `Finish` and through the response's moves to the connection; as a
     /// box each of those moves is a pointer, not a copy (callgrind: the copies were ~1,000
     /// instructions of `memcpy` per request, the box's allocation and free ~100).
@@ -77,7 +77,7 @@ impl RequestRecord {
     ) -> Box<RequestRecord> {
         let header = |name| logged.then(|| head.headers().get(name).cloned()).flatten();
         // Allocated first, then written: `Box::new` built the record aside and copied it
-        // in, all ~770 bytes, the untraced request's empty trace included.
+        // in, all ~730 bytes, the untraced request's empty trace included.
         let slot = Box::<RequestRecord>::new_uninit();
         Box::write(
             slot,
