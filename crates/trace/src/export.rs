@@ -148,7 +148,8 @@ fn extra_headers(config: &ExportConfig) -> Result<HeaderMap, Error> {
 /// An export request as it is sent: its parts one after another (the header, then slices
 /// of the recorder's buffers), sent as they are over OTLP/HTTP, never gathered into one
 /// buffer: hyper writes them with `writev`, at most 16 a call (a batch of 2048 spans, 32
-/// buffers and the header, takes three calls: `strace` of the exporter). A retry sends a clone: reference counts.
+/// buffers and the header, takes three calls: `strace` of the exporter). A retry sends a
+/// clone: reference counts.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Parts {
     parts: VecDeque<Bytes>,

@@ -181,6 +181,9 @@ pub fn inject_beside_line(
 /// Bytes of a [`traceparent_line`].
 pub const TRACEPARENT_LINE_LEN: usize = 70;
 
+/// Bytes of `traceparent: ` at the start of a [`traceparent_line`].
+const TRACEPARENT_NAME_LEN: usize = 13;
+
 /// `traceparent: 00-{trace-id}-{parent-id}-{flags}\r\n`, the whole field line for an
 /// HTTP/1.1 head.
 pub fn traceparent_line(ctx: &SpanContext) -> [u8; TRACEPARENT_LINE_LEN] {
@@ -196,20 +199,11 @@ pub fn traceparent_line(ctx: &SpanContext) -> [u8; TRACEPARENT_LINE_LEN] {
     line
 }
 
-/// `00-{trace-id}-{parent-id}-{flags}`.
+/// `00-{trace-id}-{parent-id}-{flags}`: the value of [`traceparent_line`], one layout for
+/// both.
 pub fn traceparent_value(ctx: &SpanContext) -> HeaderValue {
-    HeaderValue::from_bytes(&traceparent_bytes(ctx))
+    HeaderValue::from_bytes(&traceparent_line(ctx)[TRACEPARENT_NAME_LEN..TRACEPARENT_LINE_LEN - 2])
         .expect("hex digits and dashes are a valid header value")
-}
-
-fn traceparent_bytes(ctx: &SpanContext) -> [u8; 55] {
-    let mut buf = *b"00-00000000000000000000000000000000-0000000000000000-00";
-    buf[3..35].copy_from_slice(&ctx.trace_id.to_hex());
-    buf[36..52].copy_from_slice(&ctx.span_id.to_hex());
-    if ctx.sampled {
-        buf[54] = b'1';
-    }
-    buf
 }
 
 /// Parses one `traceparent` value (W3C Trace Context Level 1 §3.2.2, and §4.3's rules for
@@ -677,6 +671,15 @@ mod tests {
         assert_eq!(
             line.as_slice(),
             b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00\r\n"
+        );
+        let sampled = traceparent_value(&SpanContext {
+            trace_id: TraceId::from_hex(b"4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
+            span_id: SpanId::from_hex(b"00f067aa0ba902b7").expect("hex"),
+            sampled: true,
+        });
+        assert_eq!(
+            sampled.as_bytes(),
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         );
     }
 
