@@ -272,7 +272,15 @@ impl TracingConfig {
             .queue_max_spans
             .as_ref()
             .map_or(DEFAULT_QUEUE_MAX_SPANS, |q| {
-                if let Some(batch) = batch_set.filter(|batch| q.get_ref() < batch) {
+                // Refused here, not only below a set batch: with the batch defaulting to the
+                // queue, a queue of 0 would otherwise pass as "drop every span".
+                if *q.get_ref() == 0 {
+                    bad(
+                        Some(q.span()),
+                        "tracing.queue_max_spans",
+                        "must be at least 1".to_owned(),
+                    );
+                } else if let Some(batch) = batch_set.filter(|batch| q.get_ref() < batch) {
                     bad(
                         Some(q.span()),
                         "tracing.queue_max_spans",
@@ -789,6 +797,13 @@ batch_interval_ms = 0
         assert_eq!(
             errors(&text, &[]),
             ["gw.toml:12:19: tracing.queue_max_spans: 1024 is below batch_max_spans (4096)"]
+        );
+        let text = format!(
+            "{BASE}\n[tracing]\nendpoint = \"http://127.0.0.1:4318\"\nqueue_max_spans = 0\n"
+        );
+        assert_eq!(
+            errors(&text, &[]),
+            ["gw.toml:11:19: tracing.queue_max_spans: must be at least 1"]
         );
     }
 }
