@@ -36,10 +36,14 @@ pub struct TracingConfig {
     /// default). Failed requests always are.
     #[serde(default)]
     pub slow_ms: Option<Spanned<u64>>,
-    /// Spans per export request (default 2048, or the queue's bound if that is less; the
+    /// Spans per export request (default 4096, or the queue's bound if that is less; the
     /// exporter sends at most half the queue in one).
     #[serde(default)]
     pub batch_max_spans: Option<Spanned<usize>>,
+    /// An export request's bytes, at most (default 4 MiB, the OpenTelemetry Collector's
+    /// limit on a gRPC message): a batch closes before the span that would pass it.
+    #[serde(default)]
+    pub batch_max_bytes: Option<Spanned<usize>>,
     /// The longest a recorded span waits before export (default 1000 ms).
     #[serde(default)]
     pub batch_interval_ms: Option<Spanned<u64>>,
@@ -104,6 +108,8 @@ pub struct Tracing {
     pub slow_ms: u64,
     /// Spans per export.
     pub batch_max_spans: usize,
+    /// Bytes per export, at most; none: the exporter's default (4 MiB).
+    pub batch_max_bytes: Option<usize>,
     /// Export interval.
     pub batch_interval_ms: u64,
     /// Queue bound.
@@ -125,15 +131,18 @@ pub struct Tracing {
 /// A problem: its span in the file (none: from the environment), field, message.
 pub type Problem = (Option<Range<usize>>, String, String);
 
-// 2048, not the SDK's 512 (the OpenTelemetry Collector's batch processor sends 8192): the
-// exporter shares the serving threads' cores, and a quarter as many export requests cost it
-// a third to a half less (fewer wake-ups, preemptions and sends). At 15,000 req/s, every span
-// exported, the tracer's share of a PGO gateway's core went from 3.42-4.53 % to 2.94-3.07 %
-// in two sets of rounds (docs/benchmarks/2026-11-27-trace, eleventh pass). A request is then
-// ~0.55 MB (2 MiB at most, 1 KiB a span), within collectors' default limits (the
-// Collector's HTTP receiver: 20 MiB; gRPC: 4 MiB). With a queue set below it, a batch is the
-// queue.
-const DEFAULT_BATCH_MAX_SPANS: usize = 2048;
+// 4096, not the SDK's 512 (the OpenTelemetry Collector's batch processor sends 8192): the
+// exporter shares the serving threads' cores, and fewer, larger export requests cost it less
+// (fewer wake-ups, preemptions and sends). At 15,000 req/s, every span exported, the
+// tracer's share of a PGO gateway's core went from 3.42-4.53 % (512) to 2.94-3.07 % (2048;
+// docs/benchmarks/2026-11-27-trace, eleventh pass) and to 2.64 % (4096; twelfth pass). A
+// request is then ~2.2 MB (~530 bytes a span); `batch_max_bytes` (4 MiB, the Collector's
+// default gRPC limit) closes a batch of larger spans early. With a queue set below it, a
+// batch is the queue; with the default queue (8192), the exporter sends at most half of it.
+const DEFAULT_BATCH_MAX_SPANS: usize = 4096;
+// A span takes up to 1 KiB, and a request's header a few hundred bytes: below this a
+// request would hold hardly a span.
+const MIN_BATCH_MAX_BYTES: usize = 4096;
 // 1 s, not the SDK's 5 s: a gateway's operator looks for a request's trace right after
 // sending it, and at high rates batches fill long before the interval anyway.
 const DEFAULT_BATCH_INTERVAL_MS: u64 = 1000;
@@ -291,6 +300,19 @@ impl TracingConfig {
             });
         let batch_max_spans =
             batch_set.unwrap_or_else(|| DEFAULT_BATCH_MAX_SPANS.min(queue_max_spans.max(1)));
+        let batch_max_bytes = self.batch_max_bytes.as_ref().map(|b| {
+            if *b.get_ref() < MIN_BATCH_MAX_BYTES {
+                bad(
+                    Some(b.span()),
+                    "tracing.batch_max_bytes",
+                    format!(
+                        "{} is below {MIN_BATCH_MAX_BYTES} (a span takes up to 1 KiB)",
+                        b.get_ref()
+                    ),
+                );
+            }
+            *b.get_ref()
+        });
 
         let headers = match &self.headers {
             Some(h) => {
@@ -388,6 +410,7 @@ impl TracingConfig {
             sample_ratio,
             slow_ms: self.slow_ms.as_ref().map_or(0, |s| *s.get_ref()),
             batch_max_spans,
+            batch_max_bytes,
             batch_interval_ms,
             queue_max_spans,
             headers,
@@ -772,7 +795,8 @@ batch_interval_ms = 0
         let t = c.tracing.expect("on");
         assert_eq!(t.slow_ms, 250);
         assert_eq!(t.headers, [("x-token".to_owned(), "t".to_owned())]);
-        assert_eq!((t.batch_max_spans, t.queue_max_spans), (2048, 8192));
+        assert_eq!((t.batch_max_spans, t.queue_max_spans), (4096, 8192));
+        assert_eq!(t.batch_max_bytes, None, "the exporter's default");
     }
 
     fn batch_and_queue(lines: &str) -> (usize, usize) {
@@ -804,6 +828,25 @@ batch_interval_ms = 0
         assert_eq!(
             errors(&text, &[]),
             ["gw.toml:11:19: tracing.queue_max_spans: must be at least 1"]
+        );
+    }
+
+    #[test]
+    fn batch_max_bytes_is_taken_from_4096_up() {
+        let text = format!(
+            "{BASE}\n[tracing]\nendpoint = \"http://127.0.0.1:4318\"\nbatch_max_bytes = 1048576\n"
+        );
+        let lookup = |_: &str| None;
+        let c = Config::parse_with_env(&text, "gw.toml", Path::new("."), &lookup).expect("valid");
+        assert_eq!(c.tracing.expect("on").batch_max_bytes, Some(1 << 20));
+        let text = format!(
+            "{BASE}\n[tracing]\nendpoint = \"http://127.0.0.1:4318\"\nbatch_max_bytes = 4095\n"
+        );
+        assert_eq!(
+            errors(&text, &[]),
+            [
+                "gw.toml:11:19: tracing.batch_max_bytes: 4095 is below 4096 (a span takes up to 1 KiB)"
+            ]
         );
     }
 }

@@ -75,6 +75,9 @@ pub fn export_config(t: &crate::config::Tracing) -> tailguard_trace::ExportConfi
     c.timeout = std::time::Duration::from_millis(t.timeout_ms);
     c.gzip = t.gzip;
     c.batch_max_spans = t.batch_max_spans;
+    if let Some(bytes) = t.batch_max_bytes {
+        c.batch_max_bytes = bytes;
+    }
     c.batch_interval = std::time::Duration::from_millis(t.batch_interval_ms);
     c.queue_max_spans = t.queue_max_spans;
     c.tls = tailguard_trace::TlsFiles {

@@ -61,6 +61,12 @@ pub struct Received {
     pub request: ExportTraceServiceRequest,
     /// The HTTP headers (or gRPC metadata) it came with, names lowercase.
     pub headers: Vec<(String, String)>,
+    /// The request's protobuf length: as received over HTTP (after gunzip); over gRPC, as
+    /// prost encodes the decoded message again (tonic decodes before the service sees it).
+    pub body_len: usize,
+    /// Each span's field length (tag, length, span) in the order the spans came, measured
+    /// the same way as `body_len`.
+    pub span_lens: Vec<usize>,
 }
 
 /// The receiver; stops when dropped.
@@ -357,8 +363,78 @@ async fn accept_tls(
     }
 }
 
-fn record(shared: &Shared, request: ExportTraceServiceRequest, headers: Vec<(String, String)>) {
-    lock(&shared.requests).push(Received { request, headers });
+fn record(
+    shared: &Shared,
+    request: ExportTraceServiceRequest,
+    headers: Vec<(String, String)>,
+    raw: &[u8],
+) {
+    lock(&shared.requests).push(Received {
+        request,
+        headers,
+        body_len: raw.len(),
+        span_lens: span_field_lens(raw),
+    });
+}
+
+/// The length of every `ResourceSpans.scope_spans.spans` field in an encoded
+/// `ExportTraceServiceRequest`, walked by hand: prost's decoded spans do not say how many
+/// bytes each took on the wire (a sender may write fields prost would leave out).
+fn span_field_lens(raw: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    // (path of field numbers to descend, depth): requests -> resource_spans (1) ->
+    // scope_spans (2) -> spans (2).
+    fn walk(bytes: &[u8], depth: usize, out: &mut Vec<usize>) {
+        let want = [1u64, 2, 2][depth];
+        let mut at = 0;
+        while at < bytes.len() {
+            let start = at;
+            let Some(tag) = varint(bytes, &mut at) else {
+                return;
+            };
+            let (field, wire) = (tag >> 3, tag & 7);
+            let len = match wire {
+                0 => {
+                    if varint(bytes, &mut at).is_none() {
+                        return;
+                    }
+                    0
+                }
+                1 => 8,
+                5 => 4,
+                2 => match varint(bytes, &mut at) {
+                    Some(len) => usize::try_from(len).unwrap_or(usize::MAX),
+                    None => return,
+                },
+                _ => return,
+            };
+            let Some(end) = at.checked_add(len).filter(|end| *end <= bytes.len()) else {
+                return;
+            };
+            if wire == 2 && field == want {
+                if depth == 2 {
+                    out.push(end - start);
+                } else {
+                    walk(&bytes[at..end], depth + 1, out);
+                }
+            }
+            at = end;
+        }
+    }
+    fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *bytes.get(*at)?;
+            *at += 1;
+            value |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Some(value);
+            }
+        }
+        None
+    }
+    walk(raw, 0, &mut out);
+    out
 }
 
 async fn answer_http(
@@ -422,7 +498,7 @@ async fn answer_http(
         };
         match ExportTraceServiceRequest::decode(raw.as_slice()) {
             Ok(request) => {
-                record(shared, request, headers);
+                record(shared, request, headers, &raw);
                 response(
                     200,
                     Bytes::from(ExportTraceServiceResponse::default().encode_to_vec()),
@@ -463,7 +539,9 @@ impl TraceService for Grpc {
                 unreachable!("pending never completes")
             }
             ACCEPT => {
-                record(shared, request.into_inner(), headers);
+                let request = request.into_inner();
+                let raw = request.encode_to_vec();
+                record(shared, request, headers, &raw);
                 Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
             }
             503 => Err(tonic::Status::unavailable("503")),

@@ -52,6 +52,10 @@ impl Default for Retry {
     }
 }
 
+/// [`ExportConfig::batch_max_bytes`]'s default: 4 MiB, the OpenTelemetry Collector's
+/// default limit on a gRPC message it receives (its HTTP receiver takes up to 20 MiB).
+pub const DEFAULT_BATCH_MAX_BYTES: usize = 4 << 20;
+
 /// The exporter's settings.
 #[derive(Debug, Clone)]
 pub struct ExportConfig {
@@ -72,6 +76,12 @@ pub struct ExportConfig {
     pub gzip: bool,
     /// Spans per export request.
     pub batch_max_spans: usize,
+    /// An export request's encoded bytes (before gzip), at most: a batch closes before the
+    /// span that would pass it, so that no request is refused for its size. The default,
+    /// [`DEFAULT_BATCH_MAX_BYTES`], is the OpenTelemetry Collector's (and tonic's) default
+    /// limit on a gRPC message. A span larger than the bound on its own (only a bound
+    /// below [`MAX_SPAN_BYTES`](crate::MAX_SPAN_BYTES) allows one) goes alone.
+    pub batch_max_bytes: usize,
     /// Export at least this often when spans are waiting (and collect idle threads'
     /// buffers this often).
     pub batch_interval: Duration,
@@ -103,6 +113,7 @@ impl ExportConfig {
             // The OpenTelemetry SDK's BatchSpanProcessor defaults: 512 per export, every
             // 5 s, 2048 queued.
             batch_max_spans: 512,
+            batch_max_bytes: DEFAULT_BATCH_MAX_BYTES,
             batch_interval: Duration::from_secs(5),
             queue_max_spans: 2048,
             // 64 spans (~60 KiB) per thread buffer: the pool's lock is taken once per 64

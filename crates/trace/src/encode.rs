@@ -157,7 +157,7 @@ impl Encoder {
 
     /// The header's length: the two fields' tags and lengths, and the fixed fields after
     /// each.
-    fn header_len(&self, spans_len: usize) -> usize {
+    pub(crate) fn header_len(&self, spans_len: usize) -> usize {
         let (resource_spans_len, scope_spans_len) = self.lens(spans_len);
         1 + varint_len(resource_spans_len as u64)
             + self.resource_field.len()
@@ -487,27 +487,33 @@ impl Drop for SpanWriter<'_> {
     }
 }
 
-/// The byte length of the first `n` `ScopeSpans.spans` fields of `fields` (spans as
-/// [`SpanWriter`] writes them, one after the other): where a batch that takes only `n` of
-/// them cuts.
-pub(crate) fn span_fields_len(fields: &[u8], n: usize) -> usize {
+/// How much of `fields` (spans as [`SpanWriter`] writes them, one after the other) a batch
+/// with room for `max_spans` spans and `max_bytes` bytes takes: the first spans, as many as
+/// fit both bounds, and their byte length (where the batch cuts). A span is never cut.
+pub(crate) fn spans_within(fields: &[u8], max_spans: usize, max_bytes: usize) -> (usize, usize) {
     let mut at = 0;
-    for _ in 0..n {
+    let mut spans = 0;
+    while spans < max_spans && at < fields.len() {
         // The tag, then the length's varint.
-        at += 1;
+        let mut end = at + 1;
         let mut len = 0usize;
         let mut shift = 0;
-        while let Some(&b) = fields.get(at) {
-            at += 1;
+        while let Some(&b) = fields.get(end) {
+            end += 1;
             len |= usize::from(b & 0x7f) << shift;
             shift += 7;
             if b < 0x80 {
                 break;
             }
         }
-        at += len;
+        let end = (end + len).min(fields.len());
+        if end > max_bytes {
+            break;
+        }
+        at = end;
+        spans += 1;
     }
-    at.min(fields.len())
+    (spans, at)
 }
 
 /// `parts` joined by a space as UTF-8 text, each bad sequence replaced by U+FFFD as
@@ -959,7 +965,7 @@ mod tests {
             ) {
                 let (field, dropped) = written(&parts, &sets, parent);
                 prop_assert!(field.len() <= MAX_SPAN_BYTES);
-                prop_assert_eq!(span_fields_len(&field, 1), field.len());
+                prop_assert_eq!(spans_within(&field, 1, usize::MAX), (1, field.len()));
                 let spans = proto::ScopeSpans::decode(field.as_slice()).expect("decodes").spans;
                 prop_assert_eq!(spans.len(), 1);
                 let one = &spans[0];
@@ -1044,7 +1050,7 @@ mod tests {
         }
 
         #[test]
-        fn a_batch_cuts_between_spans() {
+        fn a_batch_cuts_between_spans_by_count_and_by_bytes() {
             let mut out = Vec::new();
             let ctx = SpanContext::random();
             for name in [&b"first"[..], &[b'x'; 200][..], b"third"] {
@@ -1052,16 +1058,30 @@ mod tests {
                     w.set_name_parts(&[name]);
                 });
             }
-            let two = span_fields_len(&out, 2);
-            let first = proto::ScopeSpans::decode(&out[..two])
-                .expect("decodes")
-                .spans;
-            assert_eq!(first.len(), 2);
-            let rest = proto::ScopeSpans::decode(&out[two..])
-                .expect("decodes")
-                .spans;
-            assert_eq!(rest[0].name, "third");
-            assert_eq!(span_fields_len(&out, 3), out.len());
+            let names = |fields: &[u8]| -> Vec<String> {
+                proto::ScopeSpans::decode(fields)
+                    .expect("decodes")
+                    .spans
+                    .into_iter()
+                    .map(|s| s.name)
+                    .collect()
+            };
+            let (spans, two) = spans_within(&out, 2, usize::MAX);
+            assert_eq!(spans, 2);
+            assert_eq!(names(&out[..two])[0], "first");
+            assert_eq!(names(&out[..two]).len(), 2);
+            assert_eq!(names(&out[two..]), ["third"]);
+            assert_eq!(spans_within(&out, 3, usize::MAX), (3, out.len()));
+            assert_eq!(spans_within(&out, 9, usize::MAX), (3, out.len()));
+
+            // By bytes: the first two spans exactly, or a byte less (only the first), and
+            // nothing when not even the first fits.
+            assert_eq!(spans_within(&out, 9, two), (2, two));
+            let (spans, one) = spans_within(&out, 9, two - 1);
+            assert_eq!(spans, 1);
+            assert_eq!(names(&out[..one]), ["first"]);
+            assert_eq!(spans_within(&out, 9, one - 1), (0, 0));
+            assert_eq!(spans_within(&out, 0, usize::MAX), (0, 0));
         }
     }
 

@@ -1,7 +1,11 @@
 //! The exporter thread: its own OS thread and current-thread runtime, serving no traffic.
 //! It takes full buffers from the queue when a batch's worth waits there, collects idle
 //! threads' buffers every interval, batches by size and interval, and exports with bounded
-//! retries; on shutdown it exports what is left within a deadline.
+//! retries; on shutdown it exports what is left within a deadline. A batch closes at
+//! `batch_max_spans` spans or before the span that would take its request past
+//! `batch_max_bytes`, whichever comes first: a collector refuses a request over its size
+//! limit (4 MiB for the Collector's gRPC receiver) whole, and does not say which spans it
+//! would have taken.
 //!
 //! While an export waits (a slow or dead collector), the queue is not read: the pool runs
 //! out and serving threads drop new spans (`queue_full`) instead of memory growing. A batch
@@ -19,7 +23,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::ExportConfig;
-use crate::encode::{Encoder, span_fields_len};
+use crate::encode::{Encoder, spans_within};
 use crate::error::Error;
 use crate::export::{Failure, Parts, Transport};
 use crate::metrics::{DropReason, TraceMetrics};
@@ -78,8 +82,10 @@ impl Exporter {
                     tailguard_metrics::Priority::Idle,
                     "trace exporter",
                 );
+                let encoder = Encoder::new(&config.resource);
                 let run = Run {
-                    encoder: Encoder::new(&config.resource),
+                    batch_span_bytes: span_bytes_within(&encoder, config.batch_max_bytes),
+                    encoder,
                     config,
                     transport,
                     receiver,
@@ -172,6 +178,15 @@ struct Run {
     batches: std::collections::VecDeque<Batch>,
     /// Spans in `batches`.
     pending_spans: usize,
+    /// A batch's spans' bytes, at most: `batch_max_bytes` less the request's header.
+    batch_span_bytes: usize,
+}
+
+/// The bytes of spans a request of at most `max_bytes` holds beside its header.
+fn span_bytes_within(encoder: &Encoder, max_bytes: usize) -> usize {
+    // The header's length grows (by a byte of a varint) with the spans' length, so the
+    // header of the largest request is the largest header.
+    max_bytes.saturating_sub(encoder.header_len(max_bytes))
 }
 
 /// The spans of one export request: slices of the recorder's buffers, lent
@@ -186,6 +201,9 @@ struct Batch {
     parts: Vec<Bytes>,
     bytes: usize,
     spans: usize,
+    /// Takes no more spans: it reached `batch_max_spans`, or the next span would have
+    /// taken it past `batch_max_bytes`.
+    closed: bool,
 }
 
 impl Run {
@@ -198,7 +216,11 @@ impl Run {
         mut control: mpsc::UnboundedReceiver<Control>,
         mut stop: oneshot::Receiver<()>,
     ) {
-        let mut tick = tokio::time::interval(self.config.batch_interval);
+        // The first collect one interval after the start, not at once: nothing has been
+        // recorded yet, and taking a thread's open buffer while it records is what can put
+        // its spans out of order (see `collect_all`).
+        let interval = self.config.batch_interval;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -206,8 +228,7 @@ impl Run {
                     self.take_queued();
                     // A full batch goes at once: the queue's bound counts one batch held
                     // by the exporter, not two.
-                    let max = self.batch_max();
-                    while self.batches.front().is_some_and(|b| b.spans >= max) {
+                    while self.batches.front().is_some_and(|b| b.closed) {
                         self.export_one().await;
                     }
                 }
@@ -237,7 +258,11 @@ impl Run {
         }
     }
 
-    /// Every queued buffer and every thread's open buffer into `batches`.
+    /// Every queued buffer and every thread's open buffer into `batches`. A thread's spans
+    /// otherwise reach the collector in the order it recorded them, but not across this:
+    /// a thread that queues a full buffer between the two steps has that buffer's spans
+    /// sent after those of its open buffer, taken here. OTLP gives the order of spans no
+    /// meaning.
     fn collect_all(&mut self) {
         self.take_queued();
         for buf in self.receiver.shared.collect() {
@@ -262,7 +287,7 @@ impl Run {
         self.config.batch_max_spans.min(half_pool).max(1)
     }
 
-    /// A buffer's spans into `batches` (a new batch when the last is full), lent: the
+    /// A buffer's spans into `batches` (a new batch when the last is closed), lent: the
     /// buffer goes back to the pool once the batches holding its spans are sent.
     fn take(&mut self, buf: SpanBuf) {
         let mut left = buf.len();
@@ -270,11 +295,13 @@ impl Run {
             self.receiver.shared.give(buf);
             return;
         }
-        let max = self.batch_max();
+        let max_spans = self.batch_max();
+        let max_bytes = self.batch_span_bytes;
         let mut rest = self.receiver.shared.lend(buf);
-        while left > 0 {
+        // `rest` holds `left` whole spans; checking both keeps this loop finite whatever.
+        while left > 0 && !rest.is_empty() {
             let batch = match self.batches.back_mut() {
-                Some(open) if open.spans < max => open,
+                Some(open) if !open.closed => open,
                 _ => {
                     self.batches.push_back(Batch::default());
                     self.batches
@@ -282,18 +309,28 @@ impl Run {
                         .expect("a batch was pushed just above")
                 }
             };
-            let taken = (max - batch.spans).min(left);
-            let cut = if taken == left {
-                rest.len()
+            let room_spans = max_spans - batch.spans;
+            let room_bytes = max_bytes.saturating_sub(batch.bytes);
+            let (mut taken, mut cut) = if left <= room_spans && rest.len() <= room_bytes {
+                // The whole rest fits: no need to walk its spans.
+                (left, rest.len())
             } else {
-                span_fields_len(&rest, taken)
+                spans_within(&rest, room_spans.min(left), room_bytes)
             };
-            let part = rest.split_to(cut);
-            batch.bytes += part.len();
-            batch.parts.push(part);
-            batch.spans += taken;
-            self.pending_spans += taken;
-            left -= taken;
+            if taken == 0 && batch.spans == 0 {
+                // A span larger than the byte bound on its own still goes, alone.
+                (taken, cut) = spans_within(&rest, 1, usize::MAX);
+            }
+            if taken > 0 {
+                let part = rest.split_to(cut);
+                batch.bytes += part.len();
+                batch.parts.push(part);
+                batch.spans += taken;
+                self.pending_spans += taken;
+                left -= taken;
+            }
+            // Spans left over mean this batch had no room for the next one.
+            batch.closed = left > 0 || batch.spans >= max_spans;
         }
     }
 

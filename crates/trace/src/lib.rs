@@ -95,7 +95,7 @@ mod recorder;
 mod sampler;
 mod span;
 
-pub use config::{ExportConfig, Protocol, Retry, TlsFiles};
+pub use config::{DEFAULT_BATCH_MAX_BYTES, ExportConfig, Protocol, Retry, TlsFiles};
 pub use context::{CurrentSpan, SpanContext};
 pub use encode::{MAX_SPAN_BYTES, Resource, SpanWriter, encode_request};
 pub use error::Error;

@@ -144,6 +144,113 @@ async fn batches_hold_at_most_batch_max_spans_and_every_span_arrives_once_in_ord
     exporter.shutdown();
 }
 
+/// Records a span numbered `n` whose `url.path` is `path_len` bytes long, written in place
+/// (a [`Span`] built apart holds at most `ARENA_BYTES` of attributes).
+fn record_sized(tracer: &tailguard_trace::Tracer, n: i64, path_len: usize) {
+    let ctx = SpanContext {
+        trace_id: TraceId::random(),
+        span_id: SpanId::random(),
+        sampled: true,
+    };
+    let path = "p".repeat(path_len);
+    tracer.record_with(|recording| {
+        let mut writer = recording
+            .start(SpanKind::Server, &ctx, None)
+            .expect("the queue has room");
+        writer.set_name("GET");
+        writer.int("n", n);
+        writer.bytes("url.path", path.as_bytes());
+    });
+}
+
+/// The spans' `n`, request by request, as the receiver got them.
+fn numbers_by_request(receiver: &OtlpReceiver) -> Vec<Vec<i64>> {
+    receiver
+        .received()
+        .iter()
+        .map(|r| {
+            r.request.resource_spans[0].scope_spans[0]
+                .spans
+                .iter()
+                .map(|s| attr_int(s, "n").expect("every span has n"))
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_closes_before_the_span_that_would_take_it_past_batch_max_bytes() {
+    let receiver = OtlpReceiver::http().await;
+    let mut c = config(receiver.endpoint());
+    const MAX_BYTES: usize = 8 * 1024;
+    c.batch_max_bytes = MAX_BYTES;
+    c.batch_max_spans = 1000;
+    c.queue_max_spans = 4096;
+    c.buffer_spans = 16;
+    c.batch_interval = Duration::from_secs(3600);
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(c, metrics.clone()).expect("starts");
+    let tracer = exporter.tracer();
+    // Spans of different sizes, so that batches do not cut at a multiple of one size.
+    let sizes: Vec<usize> = (0..300).map(|i| 20 + (i * 37) % 400).collect();
+    for (i, len) in sizes.iter().enumerate() {
+        record_sized(&tracer, i as i64, *len);
+    }
+    exporter.flush().await;
+    receiver.wait_for(WAIT, |s| s.len() == 300).await;
+    let requests = receiver.received();
+    let numbers = numbers_by_request(&receiver);
+    assert_eq!(numbers.concat(), (0..300).collect::<Vec<_>>());
+    // Every request within the bound, and every one but the last closed only because the
+    // next span would not fit: a request plus the next span's field passes the bound.
+    assert!(requests.len() >= 2, "{} requests", requests.len());
+    for (i, r) in requests.iter().enumerate() {
+        assert!(r.body_len <= MAX_BYTES, "request {i}: {} bytes", r.body_len);
+        assert_eq!(r.span_lens.len(), numbers[i].len());
+        if let Some(next) = requests.get(i + 1) {
+            let next_len = next.span_lens[0];
+            assert!(
+                r.body_len + next_len > MAX_BYTES,
+                "request {i} closed at {} bytes with room for the next span ({next_len})",
+                r.body_len
+            );
+        }
+    }
+    assert_eq!(metrics.exported_total(), 300);
+    assert_eq!(metrics.queued(), 0);
+    exporter.shutdown();
+}
+
+#[tokio::test]
+async fn large_batches_stay_within_the_grpc_message_limit_by_default() {
+    // tonic's server refuses a message over 4 MiB, the OpenTelemetry Collector's default
+    // limit too. 6000 spans of ~1 KiB in one batch of spans would be ~6 MB: refused whole.
+    let receiver = OtlpReceiver::grpc().await;
+    let mut c = config(receiver.endpoint());
+    c.protocol = Protocol::Grpc;
+    c.batch_max_spans = 8192;
+    c.queue_max_spans = 16384;
+    c.batch_interval = Duration::from_secs(3600);
+    // A 4 MiB request decoded by a debug build: no attempt may time out and be sent twice.
+    c.timeout = Duration::from_secs(30);
+    let metrics = TraceMetrics::unregistered();
+    let exporter = Exporter::start(c, metrics.clone()).expect("starts");
+    let tracer = exporter.tracer();
+    for i in 0..6000 {
+        record_sized(&tracer, i, 900);
+    }
+    exporter.flush().await;
+    assert_eq!(metrics.dropped_total(DropReason::ExportFailed), 0);
+    assert_eq!(metrics.exported_total(), 6000);
+    let numbers = numbers_by_request(&receiver);
+    assert_eq!(numbers.concat(), (0..6000).collect::<Vec<_>>());
+    assert!(numbers.len() >= 2, "{} requests", numbers.len());
+    for r in receiver.received() {
+        assert!(r.body_len <= tailguard_trace::DEFAULT_BATCH_MAX_BYTES);
+    }
+    exporter.shutdown();
+}
+
 #[tokio::test]
 async fn a_503_collector_is_retried_then_the_batch_is_dropped_and_counted() {
     let receiver = OtlpReceiver::http().await;
