@@ -63,12 +63,12 @@ wait_port() { # port [seconds, default 10]
 # its queue $TRACE_QUEUE spans (default 8192, the gateway's): a larger one rides out the
 # moments the exporter, at SCHED_IDLE on the serving core, gets no CPU (a burst of load, the
 # profiler), so that no span is dropped while a cost is measured; $TRACE_BATCH spans a batch
-# (default 4096, the gateway's).
+# (default 2048, the gateway's).
 extra_config() {
   if [ -n "${EXTRA_CONFIG:-}" ]; then cat "$EXTRA_CONFIG"; fi
   if [ "${TRACE_SINK:-0}" = 1 ]; then
     printf '\n[tracing]\nendpoint = "http://127.0.0.1:%s"\nprotocol = "http/protobuf"\nsample_ratio = %s\nqueue_max_spans = %s\nbatch_max_spans = %s\n' \
-      "$sink_port" "${TRACE_RATIO:-1.0}" "${TRACE_QUEUE:-8192}" "${TRACE_BATCH:-4096}"
+      "$sink_port" "${TRACE_RATIO:-1.0}" "${TRACE_QUEUE:-8192}" "${TRACE_BATCH:-2048}"
   fi
 }
 

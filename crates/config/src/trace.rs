@@ -36,7 +36,7 @@ pub struct TracingConfig {
     /// default). Failed requests always are.
     #[serde(default)]
     pub slow_ms: Option<Spanned<u64>>,
-    /// Spans per export request (default 4096, or the queue's bound if that is less; the
+    /// Spans per export request (default 2048, or the queue's bound if that is less; the
     /// exporter sends at most half the queue in one).
     #[serde(default)]
     pub batch_max_spans: Option<Spanned<usize>>,
@@ -131,15 +131,17 @@ pub struct Tracing {
 /// A problem: its span in the file (none: from the environment), field, message.
 pub type Problem = (Option<Range<usize>>, String, String);
 
-// 4096, not the SDK's 512 (the OpenTelemetry Collector's batch processor sends 8192): the
-// exporter shares the serving threads' cores, and fewer, larger export requests cost it less
-// (fewer wake-ups, preemptions and sends). At 15,000 req/s, every span exported, the
-// tracer's share of a PGO gateway's core went from 3.42-4.53 % (512) to 2.94-3.07 % (2048;
-// docs/benchmarks/2026-11-27-trace, eleventh pass) and to 2.64 % (4096; twelfth pass). A
-// request is then ~2.2 MB (~530 bytes a span); `batch_max_bytes` (4 MiB, the Collector's
-// default gRPC limit) closes a batch of larger spans early. With a queue set below it, a
-// batch is the queue; with the default queue (8192), the exporter sends at most half of it.
-const DEFAULT_BATCH_MAX_SPANS: usize = 4096;
+// 2048, not the SDK's 512 (the OpenTelemetry Collector's batch processor sends 8192): the
+// exporter shares the serving threads' cores, and a quarter as many export requests cost it
+// a third to a half less (fewer wake-ups, preemptions and sends). At 15,000 req/s, every span
+// exported, the tracer's share of a PGO gateway's core went from 3.42-4.53 % to 2.94-3.07 %
+// in two sets of rounds (docs/benchmarks/2026-11-27-trace, eleventh pass). 4096 was no
+// cheaper in 24 rounds (2.57 % against 2.64 %, thirteenth pass) and, being half the default
+// queue, leaves the serving threads half the room while a batch is out. A request is ~0.55 MB
+// (~530 bytes a request's two spans); `batch_max_bytes` (4 MiB, the Collector's default gRPC
+// limit) closes a batch of larger spans early. With a queue set below it, a batch is the
+// queue.
+const DEFAULT_BATCH_MAX_SPANS: usize = 2048;
 // A span takes up to 1 KiB, and a request's header a few hundred bytes: below this a
 // request would hold hardly a span.
 const MIN_BATCH_MAX_BYTES: usize = 4096;
@@ -795,7 +797,7 @@ batch_interval_ms = 0
         let t = c.tracing.expect("on");
         assert_eq!(t.slow_ms, 250);
         assert_eq!(t.headers, [("x-token".to_owned(), "t".to_owned())]);
-        assert_eq!((t.batch_max_spans, t.queue_max_spans), (4096, 8192));
+        assert_eq!((t.batch_max_spans, t.queue_max_spans), (2048, 8192));
         assert_eq!(t.batch_max_bytes, None, "the exporter's default");
     }
 
