@@ -382,8 +382,8 @@ fn record(
 /// bytes each took on the wire (a sender may write fields prost would leave out).
 fn span_field_lens(raw: &[u8]) -> Vec<usize> {
     let mut out = Vec::new();
-    // (path of field numbers to descend, depth): requests -> resource_spans (1) ->
-    // scope_spans (2) -> spans (2).
+    // The field wanted at each depth: the request's resource_spans (1), their scope_spans
+    // (2), their spans (2); every other field is skipped by its wire type.
     fn walk(bytes: &[u8], depth: usize, out: &mut Vec<usize>) {
         let want = [1u64, 2, 2][depth];
         let mut at = 0;
