@@ -663,20 +663,17 @@ mod tests {
             want.extend_from_slice(b"\r\n");
             assert_eq!(traceparent_line(&ctx).as_slice(), want, "sampled {sampled}");
         }
-        let line = traceparent_line(&SpanContext {
+        let spelled_out = |sampled| SpanContext {
             trace_id: TraceId::from_hex(b"4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
             span_id: SpanId::from_hex(b"00f067aa0ba902b7").expect("hex"),
-            sampled: false,
-        });
+            sampled,
+        };
+        let line = traceparent_line(&spelled_out(false));
         assert_eq!(
             line.as_slice(),
             b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00\r\n"
         );
-        let sampled = traceparent_value(&SpanContext {
-            trace_id: TraceId::from_hex(b"4bf92f3577b34da6a3ce929d0e0e4736").expect("hex"),
-            span_id: SpanId::from_hex(b"00f067aa0ba902b7").expect("hex"),
-            sampled: true,
-        });
+        let sampled = traceparent_value(&spelled_out(true));
         assert_eq!(
             sampled.as_bytes(),
             b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
