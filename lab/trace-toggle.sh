@@ -16,7 +16,8 @@
 # sink's `[tracing]` table ($TRACE_RATIO, default every request; $TRACE_QUEUE, $TRACE_BATCH:
 # lab/lib.sh `extra_config`); "off" is the same config without it. $SETTLE s after each
 # reload (the exporter sends what the last window recorded within its 1 s batch interval),
-# then $WINDOW s measured; $PAIRS pairs. Every process at nice -10 when root.
+# then $WINDOW s measured; $PAIRS pairs. The gateway, the origin and the sink at nice -10 when
+# root; the load generator at its own priority, as in lab/syscalls.sh.
 #
 #   [B=target/release/tailguard] [RATE=15000] [PAIRS=20] [WINDOW=4] [SETTLE=2] \
 #   [TRACE_RATIO=1.0] lab/trace-toggle.sh

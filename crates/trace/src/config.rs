@@ -79,8 +79,9 @@ pub struct ExportConfig {
     /// An export request's encoded bytes (before gzip), at most: a batch closes before the
     /// span that would pass it, so that no request is refused for its size. The default,
     /// [`DEFAULT_BATCH_MAX_BYTES`], is the OpenTelemetry Collector's (and tonic's) default
-    /// limit on a gRPC message. A span larger than the bound on its own (only a bound
-    /// below [`MAX_SPAN_BYTES`](crate::MAX_SPAN_BYTES) allows one) goes alone.
+    /// limit on a gRPC message. A span that does not fit beside the request's header on its
+    /// own (only a bound near [`MAX_SPAN_BYTES`](crate::MAX_SPAN_BYTES) or below allows one)
+    /// goes alone.
     pub batch_max_bytes: usize,
     /// Export at least this often when spans are waiting (and collect idle threads'
     /// buffers this often).
