@@ -20,17 +20,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Response, header::CONNECTION};
+use tailguard_http::error::Error;
 use tailguard_metrics::Registry;
 use tailguard_overload::{
     Breaker, Class, Clock, Controller, CpuReader, MonotonicClock, OverloadConfig, OverloadMetrics,
     OverloadMode, OwnedBreakerPermit, OwnedLimitPermit, OwnedPermit, RetryBudget, SamplerHandle,
     Shedder, UpstreamLimit, failure_status,
 };
-
-use crate::route::Router;
-use tailguard_http::error::Error;
 use tailguard_upstream::balance::Outcome;
 use tailguard_upstream::shard::PerThread;
+
+use crate::route::Router;
 
 /// Retries may add this share of an upstream's requests (SRE book: 10 %)...
 const RETRY_RATIO: f64 = 0.1;
@@ -443,11 +443,6 @@ impl Dispatched {
             Outcome::Aborted => drop(p),
         }
     }
-}
-
-/// `--overload off|adaptive|gozero`.
-pub fn parse_mode(s: &str) -> Result<OverloadMode, String> {
-    OverloadMode::parse(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -16,12 +16,12 @@ use http::{HeaderValue, Version};
 use tailguard_access_log::{
     AccessLog, Config as LogConfig, LogMetrics, Metrics, Output, Record, Reopener, Stats, Writer,
 };
+use tailguard_config::{Config, Diagnostic};
+use tailguard_http::error::Error;
+use tailguard_policy::route::Router;
+use tailguard_upstream::upstream::Upstream;
 
-use crate::config::{Config, Diagnostic};
-use crate::error::Error;
 use crate::record::RequestRecord;
-use crate::route::Router;
-use crate::upstream::Upstream;
 
 /// How long a stop waits for the writers to write and fsync: 5 s covers a healthy disk with
 /// every buffer full (32 x 64 KiB) many times over; past it the disk is stalled, and the
@@ -49,7 +49,7 @@ pub struct Attached {
 
 /// The settings a listener logs with: its own `access_log` table, else the top-level one.
 fn effective(config: &Config) -> Vec<&LogConfig> {
-    crate::config::access_log::effective(&config.access_log, &config.listeners)
+    tailguard_config::access_log::effective(&config.access_log, &config.listeners)
 }
 
 impl AccessLogs {
@@ -154,7 +154,7 @@ impl AccessLogs {
 
 /// How a log is named in messages and metric labels: its resolved path, `-` or `off`.
 fn cli_error(field: &str, e: impl std::fmt::Display) -> Error {
-    Error::Config(vec![crate::config::diagnostic::command_line(
+    Error::Config(vec![tailguard_config::diagnostic::command_line(
         field,
         e.to_string(),
     )])

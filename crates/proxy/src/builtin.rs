@@ -16,8 +16,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::config::BuiltinConfig;
-use crate::error::Error;
+use tailguard_config::BuiltinConfig;
+use tailguard_http::error::Error;
 
 /// A running responder on its own thread (with its own current-thread runtime, so it never
 /// competes with a serving thread's tasks); it stops when this is dropped.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use arc_swap::ArcSwap;
+use tailguard_http::headers;
 
-use crate::headers;
 use crate::snapshot::Snapshot;
 
 /// Per downstream connection: the snapshot it started with, so a request touches only this
@@ -25,7 +25,7 @@ pub(crate) struct ConnCtx {
     /// The listener's access log (a handle per connection, not per request).
     pub(crate) access_log: tailguard_access_log::AccessLog,
     /// The listener's rate limit, if it has one.
-    pub(crate) rate_limit: Option<Arc<crate::rate_limit::Limiter>>,
+    pub(crate) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
 }
 
 /// How a request holds its snapshot until its response finishes.

@@ -4,12 +4,12 @@
 //! 1. **parse**: the head arrives parsed (the HTTP/1.1 engine through `crate::handler`,
 //!    hyper for HTTP/2); `GET /healthz` is answered at once. The request holds its
 //!    snapshot (`crate::conn::hold`) and starts its [`RequestRecord`];
-//! 2. **rate limit** of the listener (`crate::rate_limit::Limiter::check`; a `429` from
+//! 2. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
 //!    `crate::respond::rate_limited`);
-//! 3. **route**: `crate::route::Router::find`, then the route's own rate limit;
+//! 3. **route**: `tailguard_policy::route::Router::find`, then the route's own rate limit;
 //! 4. **local answer**: a route with `redirect` or `respond` answers here
-//!    ([`answer_locally`], the answer built by `crate::policy`);
-//! 5. **admit**: `crate::admission::admit` (the shedder); refused, a `503`;
+//!    ([`answer_locally`], the answer built by `tailguard_policy::policy`);
+//! 5. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
 //! 6. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
 //!    `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
 //!    retries are `crate::retry`'s loops;
@@ -26,17 +26,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Method, Request, Response, StatusCode};
+use tailguard_config::Protocol;
+use tailguard_http::body::RequestBody;
+use tailguard_http::error::Error;
+use tailguard_http::grpc;
+use tailguard_http::headers;
 use tailguard_http1::timer::LazyTimer;
+use tailguard_policy::admission::{self, AdmitGuard};
 
-use crate::admission::{self, AdmitGuard};
-use crate::body::RequestBody;
-use crate::config::Protocol;
 use crate::conn::{ConnCtx, Held};
-use crate::error::Error;
 use crate::finish::Finish;
 use crate::forward::check_forwardable;
-use crate::grpc;
-use crate::headers;
 use crate::record::RequestRecord;
 use crate::respond::{error_response, local_response};
 use crate::response_body::ResponseBody;
@@ -81,7 +81,7 @@ pub(crate) async fn serve(
     if let Some(limit) = &conn.rate_limit
         && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
     {
-        record.grpc = crate::grpc::is_grpc(req.headers());
+        record.grpc = tailguard_http::grpc::is_grpc(req.headers());
         return Ok(crate::respond::rate_limited(limited, record, held));
     }
     // Route. Matched once: admission (the route's group and class) and forwarding both use it.
@@ -106,12 +106,12 @@ pub(crate) async fn serve(
         && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
     {
         record.route = Some(r);
-        record.grpc = crate::grpc::is_grpc(req.headers());
+        record.grpc = tailguard_http::grpc::is_grpc(req.headers());
         return Ok(crate::respond::rate_limited(limited, record, held));
     }
     // Local answer.
     if let Some(r) = route
-        && crate::policy::answers_locally(held.snapshot().router.get(r))
+        && tailguard_policy::policy::answers_locally(held.snapshot().router.get(r))
     {
         return Ok(answer_locally(conn, held, req, r, record));
     }
@@ -122,7 +122,7 @@ pub(crate) async fn serve(
             // Only a routed request is refused: its metrics, log line and span name the
             // route it was shed from, as a rate-limited request's do.
             record.route = route;
-            record.grpc = crate::grpc::is_grpc(req.headers());
+            record.grpc = tailguard_http::grpc::is_grpc(req.headers());
             return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
         }
     };
@@ -142,7 +142,7 @@ pub(crate) async fn serve(
                 return Ok(Box::into_pin(h2).await);
             }
         }
-        None => record.grpc = crate::grpc::is_grpc(req.headers()),
+        None => record.grpc = tailguard_http::grpc::is_grpc(req.headers()),
     }
     // Not boxed: the HTTP/1.1 connection awaits this future in place, in its own task's
     // state, so it is never moved once running (hyper's server moved each request's
@@ -248,7 +248,7 @@ fn answer_locally(
         let Some(p) = route.policy.as_deref() else {
             return error_response(Error::NoRoute, record, held, None);
         };
-        let mut vars = crate::policy::Vars::capture(route, &req);
+        let mut vars = tailguard_policy::policy::Vars::capture(route, &req);
         if logged || p.needs_request_id {
             let id = headers::request_id(req.headers_mut()).clone();
             if logged {
@@ -256,8 +256,8 @@ fn answer_locally(
             }
             vars.request_id = Some(id);
         }
-        let mut resp = crate::policy::local_response(p, &req);
-        crate::policy::on_response(route, resp.headers_mut(), &conn.client, &vars);
+        let mut resp = tailguard_policy::policy::local_response(p, &req);
+        tailguard_policy::policy::on_response(route, resp.headers_mut(), &conn.client, &vars);
         resp
     };
     record.status = resp.status().as_u16();

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use tailguard_http1::client::Connection;
+use tailguard_policy::admission::AdmitGuard;
 
-use crate::admission::AdmitGuard;
 use crate::conn::Held;
 use crate::record::RequestRecord;
 use crate::snapshot::Snapshot;

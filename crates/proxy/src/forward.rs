@@ -25,17 +25,18 @@ use tokio::io::AsyncWriteExt as _;
 /// An upstream response whose body streams from its connection.
 type UpstreamBody = client::UpstreamBody<RequestBody>;
 
-use crate::balance::Outcome;
-use crate::body::RequestBody;
-use crate::config::Limits;
+use tailguard_config::Limits;
+use tailguard_http::body::RequestBody;
+use tailguard_http::error::Error;
+use tailguard_http::headers;
+use tailguard_http::recycle;
+use tailguard_policy::route::Route;
+use tailguard_upstream::balance::Outcome;
+use tailguard_upstream::pool::EndpointPool;
+
 use crate::conn::ConnCtx;
-use crate::error::Error;
-use crate::headers;
-use crate::pool::EndpointPool;
 use crate::record::RequestRecord;
-use crate::recycle;
 use crate::retry::retry_endpoint;
-use crate::route::Route;
 use crate::snapshot::Snapshot;
 
 /// What a request passes before it goes to any upstream, whatever the upstream's protocol:
@@ -121,7 +122,7 @@ pub(crate) async fn forward(
         .remove::<OnUpgrade>()
         .and_then(|on| Some((headers::upgrade_requested(&req)?, on)));
     let version = req.version();
-    let mut vars = crate::policy::Vars::capture(route, &req);
+    let mut vars = tailguard_policy::policy::Vars::capture(route, &req);
     let headers = req.headers_mut();
     headers::remove_hop_by_hop(headers);
     if let Some((protocol, _)) = &upgrade {
@@ -168,7 +169,7 @@ pub(crate) async fn forward(
     let gateway_lines = lines
         .as_ref()
         .map_or([&[][..]; 3], |lines| lines.parts(&conn.client));
-    crate::policy::on_request(route, &mut req, &conn.client, &mut vars);
+    tailguard_policy::policy::on_request(route, &mut req, &conn.client, &mut vars);
     // Origin form on the wire (`GET /path?q HTTP/1.1`): the connection already says where.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let path = req
@@ -239,7 +240,7 @@ pub(crate) async fn forward(
                     // A client still sending its body is the slow one (408), not the
                     // upstream waiting for it.
                     Err(match &record.bytes_in {
-                        Some(count) if !crate::body::body_ended(count) => {
+                        Some(count) if !tailguard_http::body::body_ended(count) => {
                             Error::DownstreamTimeout { phase: "request" }
                         }
                         _ => Error::UpstreamTimeout {
@@ -347,7 +348,7 @@ pub(crate) async fn forward(
     headers::remove_hop_by_hop(resp.headers_mut());
     let via = headers::via_value(resp.version());
     resp.headers_mut().append(VIA, via);
-    crate::policy::on_response_h1(route, &mut resp, &conn.client, &vars);
+    tailguard_policy::policy::on_response_h1(route, &mut resp, &conn.client, &vars);
     Ok((resp, first))
 }
 

@@ -15,16 +15,16 @@ use std::time::Instant;
 use http::header::{HOST, TE, VIA};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
+use tailguard_config::Protocol;
+use tailguard_http::body::{H2Body, RequestBody};
+use tailguard_http::error::Error;
+use tailguard_http::grpc;
+use tailguard_http::headers;
 use tailguard_http1::server::OnUpgrade;
+use tailguard_upstream::balance::Outcome;
 
-use crate::balance::Outcome;
-use crate::body::{H2Body, RequestBody};
-use crate::config::Protocol;
 use crate::conn::ConnCtx;
-use crate::error::Error;
 use crate::forward::{check_forwardable, limit_request_body};
-use crate::grpc;
-use crate::headers;
 use crate::record::RequestRecord;
 use crate::retry::retry_endpoint;
 use crate::snapshot::Snapshot;
@@ -34,7 +34,7 @@ use crate::snapshot::Snapshot;
 fn authority(
     rewrite: Option<&HeaderValue>,
     req: &Request<RequestBody>,
-    endpoint: &crate::upstream::Endpoint<RequestBody>,
+    endpoint: &tailguard_upstream::upstream::Endpoint<RequestBody>,
 ) -> Authority {
     let named = rewrite
         .or_else(|| req.headers().get(HOST))
@@ -78,7 +78,7 @@ pub(crate) async fn forward(
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
     });
     let version = req.version();
-    let mut vars = crate::policy::Vars::capture(route, &req);
+    let mut vars = tailguard_policy::policy::Vars::capture(route, &req);
     let authority = authority(
         route.host_rewrite.as_ref(),
         &req,
@@ -96,7 +96,7 @@ pub(crate) async fn forward(
         record.request_id = Some(id.clone());
     }
     headers::add_forwarding(headers, &conn.client, version);
-    crate::policy::on_request(route, &mut req, &conn.client, &mut vars);
+    tailguard_policy::policy::on_request(route, &mut req, &conn.client, &mut vars);
     let scheme = match upstream.protocol {
         Protocol::H2 => Scheme::HTTPS,
         _ => Scheme::HTTP,
@@ -196,7 +196,7 @@ pub(crate) async fn forward(
                     Ok(r) => r,
                     Err(_) => Err(match &record.bytes_in {
                         // A client still sending its body is the slow one, not the upstream.
-                        Some(count) if !crate::body::body_ended(count) && !record.grpc => {
+                        Some(count) if !tailguard_http::body::body_ended(count) && !record.grpc => {
                             Error::DownstreamTimeout { phase: "request" }
                         }
                         _ => Error::UpstreamTimeout {
@@ -248,7 +248,7 @@ pub(crate) async fn forward(
     parts
         .headers
         .append(VIA, headers::via_value(Version::HTTP_2));
-    crate::policy::on_response(route, &mut parts.headers, &conn.client, &vars);
+    tailguard_policy::policy::on_response(route, &mut parts.headers, &conn.client, &vars);
     // gRPC: the whole call within its deadline, and no read timeout between messages;
     // anything else: `timeouts.read_ms` between two reads, as from HTTP/1.1.
     let body = if record.grpc {

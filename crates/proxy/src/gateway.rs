@@ -5,12 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use arc_swap::ArcSwap;
+use tailguard_config::Config;
+use tailguard_http::body::RequestBody;
+use tailguard_http::error::Error;
+use tailguard_upstream::dns::Resolver;
+use tailguard_upstream::health::checker::{Current, Hub, Upstreams};
 
-use crate::body::RequestBody;
-use crate::config::Config;
-use crate::dns::Resolver;
-use crate::error::Error;
-use crate::health::checker::{Current, Hub, Upstreams};
 use crate::metrics::GatewayMetrics;
 use crate::snapshot::{Snapshot, TlsFiles};
 
@@ -64,12 +64,12 @@ impl Tracing {
 }
 
 /// The exporter's settings from `[tracing]` (and the `OTEL_*` variables).
-pub fn export_config(t: &crate::config::Tracing) -> tailguard_trace::ExportConfig {
+pub fn export_config(t: &tailguard_config::Tracing) -> tailguard_trace::ExportConfig {
     let mut c = tailguard_trace::ExportConfig::new(t.endpoint.clone(), t.service_name.clone());
     c.traces_url = t.traces_url.clone();
     c.protocol = match t.protocol {
-        crate::config::OtlpProtocol::HttpProtobuf => tailguard_trace::Protocol::HttpProtobuf,
-        crate::config::OtlpProtocol::Grpc => tailguard_trace::Protocol::Grpc,
+        tailguard_config::OtlpProtocol::HttpProtobuf => tailguard_trace::Protocol::HttpProtobuf,
+        tailguard_config::OtlpProtocol::Grpc => tailguard_trace::Protocol::Grpc,
     };
     c.headers = t.headers.clone();
     c.timeout = std::time::Duration::from_millis(t.timeout_ms);
@@ -214,7 +214,7 @@ impl Gateway {
         }
         // Health states the new snapshot did not take over are retired; the checker
         // follows the new one (started now if it is the first with a health table).
-        crate::health::handover::retire_missing(&old.upstreams, &new.upstreams);
+        tailguard_upstream::health::handover::retire_missing(&old.upstreams, &new.upstreams);
         self.health
             .follow(&new.upstreams, current_upstreams(self.this.clone()));
     }
@@ -278,7 +278,7 @@ fn current_upstreams(gateway: Weak<Gateway>) -> Current<RequestBody> {
 
 /// What the resolver thread calls when an answer changed: a refresh of `gateway`, which it
 /// holds weakly (the thread must not keep the gateway alive).
-fn refresh_on_change(gateway: Weak<Gateway>) -> crate::dns::OnChange {
+fn refresh_on_change(gateway: Weak<Gateway>) -> tailguard_upstream::dns::OnChange {
     Box::new(move || {
         if let Some(gateway) = gateway.upgrade() {
             gateway.refresh_endpoints();

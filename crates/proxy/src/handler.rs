@@ -5,13 +5,13 @@
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
+use tailguard_http::body::{IncomingBody, RequestBody};
+use tailguard_http::error::Error;
+use tailguard_http::recycle;
 use tailguard_http1::server::{self as http1_server, H1Body};
 use tailguard_http1::timer::LazyTimer;
 
-use crate::body::{IncomingBody, RequestBody};
 use crate::conn::ConnCtx;
-use crate::error::Error;
-use crate::recycle;
 use crate::response_body::ResponseBody;
 
 /// A downstream HTTP/1.1 connection's handler: the gateway behind the HTTP/1.1 engine.

@@ -1,21 +1,23 @@
 //! The gateway: routes, the HTTP data path and the server, built from a config, over the
-//! upstream side of `tailguard-upstream` (endpoints, DNS, pools, health, balancers;
-//! re-exported here under its old module names: [`upstream`], [`balance`], [`pool`] ...).
+//! upstream side of `tailguard-upstream` (endpoints, DNS, pools, health, balancers), the
+//! HTTP vocabulary of `tailguard-http` and the route policy of `tailguard-policy`.
 //!
-//! A [`Config`] (the `tailguard-config` crate, re-exported as [`config`]: parsed and
-//! validated from TOML, every error with file:line:column) is built into a [`snapshot::Snapshot`]: a [`route::Router`] with the routes in precedence
-//! order, the [`upstream::Upstream`]s with their endpoints and [`balance::Balance`]r, and a
-//! pooled keep-alive upstream client. A [`Server`] binds the listeners and serves each
-//! connection (HTTP/1.1, h2c, or TLS with ALPN) through the current snapshot;
-//! [`Server::reload`] swaps in a new one atomically (binding, keeping or closing listeners
-//! as the new config says) and [`Server::shutdown`] drains.
+//! A [`Config`] (the `tailguard-config` crate: parsed and validated from TOML, every error
+//! with file:line:column) is built into a [`snapshot::Snapshot`]: a
+//! [`Router`](tailguard_policy::route::Router) with the routes in precedence order, the
+//! [`Upstream`](tailguard_upstream::upstream::Upstream)s with their endpoints and
+//! [`Balance`](tailguard_upstream::balance::Balance)r, and a pooled keep-alive upstream
+//! client. A [`Server`] binds the listeners and serves each connection (HTTP/1.1, h2c, or
+//! TLS with ALPN) through the current snapshot; [`Server::reload`] swaps in a new one
+//! atomically (binding, keeping or closing listeners as the new config says) and
+//! [`Server::shutdown`] drains.
 //!
 //! A request goes through the data path's stages (`data_path.rs`, `serve`): head parsed →
-//! rate limit → route → local answer → [`admission::admit`] → forward with retries
-//! (hop-by-hop headers removed, forwarding headers added, body streamed under its limit)
-//! → response streamed back → [`finish::finish`]. Failures are [`Error`]s, each with a
-//! blame and one status ([`Error::status`]). See `docs/life-of-a-request.md`; the modules'
-//! floors are in ARCHITECTURE.md ("Layers").
+//! rate limit → route → local answer → [`admit`](tailguard_policy::admission::admit) →
+//! forward with retries (hop-by-hop headers removed, forwarding headers added, body
+//! streamed under its limit) → response streamed back → [`finish::finish`]. Failures are
+//! [`Error`]s, each with a blame and one status ([`Error::status`]). See
+//! `docs/life-of-a-request.md`; the modules' floors are in ARCHITECTURE.md ("Layers").
 //!
 //! ```
 //! use std::path::Path;
@@ -66,24 +68,10 @@ pub mod sni;
 pub mod tls;
 pub mod trace;
 
-pub(crate) use tailguard_http::recycle;
-/// The HTTP vocabulary's modules (`tailguard-http`), so that `crate::error::X`,
-/// `crate::body::X` and the like keep working.
-pub use tailguard_http::{body, error, grpc, headers, replay};
-/// The policy floor's modules (`tailguard-policy`), so that `crate::route::X`,
-/// `crate::rate_limit::X` and the like keep working.
-pub use tailguard_policy::{admission, overload, policy, rate_limit, retry_policy, route};
-
-pub use error::{Blame, Error};
 pub use gateway::Gateway;
 pub use metrics::GatewayMetrics;
 pub use server::Server;
-/// The config crate, so that `config::X` paths (`crate::config::Config`) keep working.
-pub use tailguard_config as config;
+// The config a `Server` is built from and the error every function here returns: the types
+// of this crate's own API, at its root.
 pub use tailguard_config::Config;
-/// The upstream side's modules (`tailguard-upstream`), so that `crate::balance::X`,
-/// `crate::upstream_tls::X` and the like keep working.
-pub use tailguard_upstream::{
-    balance, dns, error as upstream_error, h2 as upstream_h2, health, outcome, pool, pool_metrics,
-    shard, tls as upstream_tls, upstream,
-};
+pub use tailguard_http::{Blame, Error};

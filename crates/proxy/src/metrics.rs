@@ -13,13 +13,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use std::time::{Duration, Instant};
 
+use tailguard_http::error::{Blame, Error};
 use tailguard_metrics::{
     Counter, Desc, Family, Gauge, Histogram, LATENCY_BUCKETS, MetricsError, Registry,
     StatusCounters, register_process_metrics,
 };
+use tailguard_upstream::pool_metrics::{PoolMetrics, UpstreamGuard};
 
-use crate::error::{Blame, Error};
-use crate::pool_metrics::{PoolMetrics, UpstreamGuard};
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
@@ -95,7 +95,7 @@ impl GrpcCounters {
     /// Counts one call that ended with `status` (`None`: without one).
     fn inc(&self, status: Option<u8>) {
         let slot = status.map_or(GRPC_STATUS_LABELS.len() - 1, |s| {
-            usize::from(s.min(crate::grpc::MAX_CODE))
+            usize::from(s.min(tailguard_http::grpc::MAX_CODE))
         });
         self.table[slot]
             .get_or_init(|| {
@@ -158,7 +158,7 @@ pub struct GatewayMetrics {
     routes: Mutex<HashMap<Arc<str>, Arc<RouteHandles>>>,
     endpoints: Mutex<HashMap<EndpointKey, Arc<EndpointHandles>>>,
     synthetic: OnceLock<Synthetic>,
-    pub(crate) rate_limit: crate::rate_limit::RateLimitMetrics,
+    pub(crate) rate_limit: tailguard_policy::rate_limit::RateLimitMetrics,
 }
 
 fn internal(e: MetricsError) -> Error {
@@ -317,7 +317,7 @@ impl GatewayMetrics {
             routes: Mutex::default(),
             endpoints: Mutex::default(),
             synthetic: OnceLock::new(),
-            rate_limit: crate::rate_limit::RateLimitMetrics::register(r)?,
+            rate_limit: tailguard_policy::rate_limit::RateLimitMetrics::register(r)?,
         }))
     }
 
@@ -452,7 +452,7 @@ impl GatewayMetrics {
     }
 
     /// The rate limits' families (their handles are made when a limit is built).
-    pub fn rate_limit(&self) -> &crate::rate_limit::RateLimitMetrics {
+    pub fn rate_limit(&self) -> &tailguard_policy::rate_limit::RateLimitMetrics {
         &self.rate_limit
     }
 
@@ -503,7 +503,7 @@ impl SnapshotMetrics {
     pub(crate) fn build<B>(
         gateway: &Arc<GatewayMetrics>,
         routes: impl Iterator<Item = Arc<str>>,
-        upstreams: &[crate::upstream::Upstream<B>],
+        upstreams: &[tailguard_upstream::upstream::Upstream<B>],
     ) -> Result<SnapshotMetrics, Error> {
         Ok(SnapshotMetrics {
             gateway: Arc::clone(gateway),

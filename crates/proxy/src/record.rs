@@ -185,9 +185,9 @@ impl RequestRecord {
 
     /// Request body bytes read so far.
     pub fn bytes_in(&self) -> u64 {
-        self.bytes_in
-            .as_ref()
-            .map_or(0, |b| b.load(Ordering::Relaxed) & !crate::body::BODY_ENDED)
+        self.bytes_in.as_ref().map_or(0, |b| {
+            b.load(Ordering::Relaxed) & !tailguard_http::body::BODY_ENDED
+        })
     }
 }
 

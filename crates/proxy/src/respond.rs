@@ -5,13 +5,13 @@
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
+use tailguard_http::error::Error;
+use tailguard_http::grpc;
+use tailguard_policy::admission::AdmitGuard;
+use tailguard_policy::rate_limit::Limited;
 
-use crate::admission::AdmitGuard;
 use crate::conn::Held;
-use crate::error::Error;
 use crate::finish::Finish;
-use crate::grpc;
-use crate::rate_limit::Limited;
 use crate::record::RequestRecord;
 use crate::response_body::ResponseBody;
 
@@ -87,7 +87,7 @@ pub(crate) fn error_response(
             // The same for a rate limit's refusals: a flood of them is what it is for.
             (Error::Overloaded | Error::RateLimited { .. }, _) => line!(debug),
             // A client's mistake is routine for the gateway; an upstream's or our own is not.
-            (_, crate::error::Blame::Downstream) => line!(info),
+            (_, tailguard_http::error::Blame::Downstream) => line!(info),
             _ => line!(warn),
         }
     }

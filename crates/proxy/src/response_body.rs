@@ -8,11 +8,11 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use tailguard_http::body::{H2Body, RequestBody};
+use tailguard_http::error::Error;
 use tailguard_http1::client::{RawFields, UpstreamBody};
 use tailguard_http1::server::OutgoingBody;
 
-use crate::body::{H2Body, RequestBody};
-use crate::error::Error;
 use crate::finish::Finish;
 
 #[derive(Debug)]
@@ -117,7 +117,7 @@ impl ResponseBody {
         // As for errors before the head (`respond::error_response`): the client's own
         // failure is routine, the upstream's is not.
         match err.blame() {
-            crate::error::Blame::Downstream => line!(info),
+            tailguard_http::error::Blame::Downstream => line!(info),
             _ => line!(warn),
         }
     }
@@ -161,7 +161,7 @@ impl Body for ResponseBody {
                     Some(Ok(frame)) => {
                         if let Some(trailers) = frame.trailers_ref() {
                             f.record.grpc_status =
-                                crate::grpc::status(trailers).or(f.record.grpc_status);
+                                tailguard_http::grpc::status(trailers).or(f.record.grpc_status);
                         }
                         Poll::Ready(polled)
                     }
@@ -172,7 +172,7 @@ impl Body for ResponseBody {
                         let message = e.grpc_message();
                         f.record.grpc_status = Some(code);
                         this.failed(e);
-                        Poll::Ready(Some(Ok(Frame::trailers(crate::grpc::trailers(
+                        Poll::Ready(Some(Ok(Frame::trailers(tailguard_http::grpc::trailers(
                             code, message,
                         )))))
                     }

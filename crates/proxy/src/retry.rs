@@ -1,7 +1,7 @@
 //! The exchanges that retry a failed try on another endpoint (HTTP/1.1 and HTTP/2
-//! upstreams) under a route's `retry`, as [`crate::retry_policy`] built it from the config
-//! (`timeouts = { connect_ms, request_ms, read_ms }` and `retry = { attempts, on,
-//! backoff_ms, buffer_bytes }`; [`crate::config::retry`] has them and their checks).
+//! upstreams) under a route's `retry`, as [`tailguard_policy::retry_policy`] built it from
+//! the config (`timeouts = { connect_ms, request_ms, read_ms }` and `retry = { attempts,
+//! on, backoff_ms, buffer_bytes }`; [`tailguard_config::retry`] has them and their checks).
 //!
 //! What a route pays: a route without `timeouts` and `retry` reads three `None`s and one
 //! more on the request path (the plain exchange of `forward.rs`, unchanged, with its one
@@ -20,11 +20,12 @@
 //!   `maxAttempts`): `attempts = 3` is Envoy's `num_retries = 2`.
 //! - Only an idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) is retried, and every
 //!   retry takes one from the upstream's retry budget
-//!   ([`crate::overload::Overload::may_retry`]).
+//!   ([`tailguard_policy::overload::Overload::may_retry`]).
 //! - A request body of at most `buffer_bytes` is kept while a try that may be retried is in
-//!   flight (`crate::replay`: it still streams to the first try as it arrives), within a
-//!   byte budget per serving thread ([`crate::replay::THREAD_BUDGET_BYTES`]); a larger one,
-//!   or one the budget has no room for, is forwarded all the same and not retried. A route
+//!   flight (`tailguard_http::replay`: it still streams to the first try as it arrives),
+//!   within a byte budget per serving thread
+//!   ([`tailguard_http::replay::THREAD_BUDGET_BYTES`]); a larger one, or one the budget has
+//!   no room for, is forwarded all the same and not retried. A route
 //!   that retries only `connect` keeps no body: a failed connect gives the request back
 //!   unsent.
 //! - A try that met a condition and is not retried for its method, its body or the budget
@@ -47,20 +48,20 @@ use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tailguard_access_log::UpstreamTry;
+use tailguard_http::body::{IncomingBody, RequestBody};
+use tailguard_http::error::Error;
+use tailguard_http::replay::{self, Kept};
 use tailguard_http1::client::{self, SendError};
 use tailguard_http1::timer::LazyTimer;
+use tailguard_policy::retry_policy::{Reason, RetryPolicy, Skip};
+use tailguard_policy::route::Route;
+use tailguard_upstream::balance::Outcome;
+use tailguard_upstream::h2::{H2Pool, StreamGuard};
+use tailguard_upstream::pool::EndpointPool;
+use tailguard_upstream::upstream::Upstream;
 
-use crate::balance::Outcome;
-use crate::body::{IncomingBody, RequestBody};
-use crate::error::Error;
-use crate::pool::EndpointPool;
 use crate::record::RequestRecord;
-use crate::replay::{self, Kept};
-use crate::retry_policy::{Reason, RetryPolicy, Skip};
-use crate::route::Route;
 use crate::snapshot::Snapshot;
-use crate::upstream::Upstream;
-use crate::upstream_h2::{H2Pool, StreamGuard};
 
 /// How an exchange that got no answer ended, for the balancer and ejection.
 fn outcome_of(e: &Error) -> Outcome {
@@ -110,7 +111,7 @@ enum Resend {
 impl Resend {
     /// Decides for `req` under `policy`; a body kept is replaced by its first try's reader.
     fn prepare(req: &mut Request<RequestBody>, policy: &RetryPolicy) -> Resend {
-        if !crate::overload::idempotent(req.method()) {
+        if !tailguard_policy::overload::idempotent(req.method()) {
             return Resend::Never(Skip::Method);
         }
         if req.body().is_end_stream() {
@@ -215,7 +216,7 @@ fn decide_retry(
 
 /// A copy of a request's head, for a try that may not give the request back.
 fn copy_head<B>(req: &Request<B>) -> Box<Request<RequestBody>> {
-    let mut copy = crate::recycle::request(req.headers().len());
+    let mut copy = tailguard_http::recycle::request(req.headers().len());
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();
@@ -338,7 +339,7 @@ pub(crate) fn note_connect_retry(
 /// streams are the upstream's to answer).
 fn timed_out(record: &RequestRecord, addr: std::net::SocketAddr) -> Error {
     match &record.bytes_in {
-        Some(count) if !crate::body::body_ended(count) && !record.grpc => {
+        Some(count) if !tailguard_http::body::body_ended(count) && !record.grpc => {
             Error::DownstreamTimeout { phase: "request" }
         }
         _ => Error::UpstreamTimeout {
@@ -480,7 +481,7 @@ pub(crate) async fn exchange_http1(
         let again = match (back, spare) {
             (Some(back), spare) => {
                 if let Some(unused) = spare {
-                    crate::recycle::give_request(unused);
+                    tailguard_http::recycle::give_request(unused);
                 }
                 Some(back)
             }
@@ -505,7 +506,7 @@ pub(crate) async fn exchange_http1(
             (Some(next), Some(again)) => (next, again),
             (_, again) => {
                 if let Some(req) = again {
-                    crate::recycle::give_request(req);
+                    tailguard_http::recycle::give_request(req);
                 }
                 let result = match ended {
                     Ended::Answer(resp) => Ok(resp),

@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use tailguard_config::Config;
+use tailguard_http::error::Error;
 use tokio::runtime::Handle;
 
 use crate::access_log::AccessLogs;
-use crate::config::Config;
-use crate::error::Error;
 use crate::gateway::Gateway;
 use listener::{Bound, Listeners};
 use settings::{settings, tls_acceptors};
@@ -88,8 +88,11 @@ impl Server {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let tls = tls_acceptors(&config)?;
         let (access_logs, logs) = AccessLogs::start(&config, Some(&log_metrics))?;
-        let limits =
-            crate::rate_limit::listener_limits(&config.listeners, |_| None, metrics.rate_limit())?;
+        let limits = tailguard_policy::rate_limit::listener_limits(
+            &config.listeners,
+            |_| None,
+            metrics.rate_limit(),
+        )?;
         let settings = settings(&config, tls, logs, limits);
         let connections = config.limits.connections;
         let gateway = Gateway::with_metrics(config, metrics)?;

@@ -8,20 +8,21 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::body::RequestBody;
+use tailguard_config::{BuiltinConfig, Config, Timeouts, UpstreamConfig};
+use tailguard_http::body::RequestBody;
+use tailguard_http::error::Error;
+use tailguard_policy::overload::Overload;
+use tailguard_policy::route::{Route, Router};
+use tailguard_upstream::dns::{Names, Target};
+use tailguard_upstream::h2::{H2Pool, H2Settings};
+use tailguard_upstream::health::EndpointHealth;
+use tailguard_upstream::health::checker::{Hub, Upstreams};
+use tailguard_upstream::pool::{EndpointPool, PoolSettings};
+use tailguard_upstream::tls::{ALPN_H2, ALPN_HTTP1, TlsTarget, UpstreamTls};
+use tailguard_upstream::upstream::{EndpointAddr, Upstream};
+
 use crate::builtin::Responder;
-use crate::config::{BuiltinConfig, Config, Timeouts, UpstreamConfig};
-use crate::dns::{Names, Target};
-use crate::error::Error;
-use crate::health::EndpointHealth;
-use crate::health::checker::{Hub, Upstreams};
 use crate::metrics::{GatewayMetrics, SnapshotMetrics};
-use crate::overload::Overload;
-use crate::pool::{EndpointPool, PoolSettings};
-use crate::route::{Route, Router};
-use crate::upstream::{EndpointAddr, Upstream};
-use crate::upstream_h2::{H2Pool, H2Settings};
-use crate::upstream_tls::{self, TlsTarget, UpstreamTls};
 
 fn millis(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
@@ -50,7 +51,7 @@ pub struct Snapshot {
     /// Metric handles of the routes and endpoints, by index.
     pub(crate) metrics: SnapshotMetrics,
     /// Rate limits of the routes, by index (unchanged ones carried over from the previous).
-    pub(crate) rate_limits: crate::rate_limit::RateLimits,
+    pub(crate) rate_limits: tailguard_policy::rate_limit::RateLimits,
     /// Tracing: the process's tracer (the exporter and its queue outlive snapshots) and
     /// this config's sampling.
     pub tracing: crate::trace::SnapshotTracing,
@@ -154,7 +155,7 @@ impl Snapshot {
                 .iter()
                 .map(|a| a.addr)
                 .map(|addr| {
-                    match crate::health::handover::carry(
+                    match tailguard_upstream::health::handover::carry(
                         previous.map(|p| &p.upstreams[..]),
                         name,
                         addr,
@@ -234,7 +235,7 @@ impl Snapshot {
             previous.map(|p| &p.overload),
             metrics.registry(),
         );
-        let rate_limits = crate::rate_limit::RateLimits::build(
+        let rate_limits = tailguard_policy::rate_limit::RateLimits::build(
             router.routes().iter().map(|r| {
                 let config = config.routes.iter().find(|c| **c.id.get_ref() == *r.id);
                 (&*r.id, config.and_then(|c| c.rate_limit.as_ref()))
@@ -373,8 +374,8 @@ fn upstream_tls_of(
     }
     // ALPN says which protocol the endpoints must speak inside TLS.
     let alpn = match u.protocol.get_ref() {
-        crate::config::Protocol::H2 => upstream_tls::ALPN_H2,
-        _ => upstream_tls::ALPN_HTTP1,
+        tailguard_config::Protocol::H2 => ALPN_H2,
+        _ => ALPN_HTTP1,
     };
     let loaded = UpstreamTls::load(&config.base_dir, tls, alpn)
         .map_err(|e| Error::Tls(format!("upstream `{name}`: {e}")))?;

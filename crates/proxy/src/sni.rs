@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-pub use crate::config::sni::{Names, ServerName};
+pub use tailguard_config::sni::{Names, ServerName};
 
 /// A listener's certificates, picked per handshake by SNI (rustls calls
 /// [`ResolvesServerCert::resolve`] with the ClientHello).

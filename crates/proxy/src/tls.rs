@@ -1,5 +1,5 @@
 //! TLS for listeners: a listener's `tls` config (one certificate, or several picked by SNI;
-//! its type, loading and checks are the config's, [`crate::config::tls`]) built into a
+//! its type, loading and checks are the config's, [`tailguard_config::tls`]) built into a
 //! rustls server config (ring provider) that offers ALPN `h2` and `http/1.1`.
 //!
 //! Every certificate chain and key is read, parsed and matched when the config loads (and
@@ -9,12 +9,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::ListenerConfig;
-use crate::config::tls::load_entry;
-use crate::error::Error;
+use tailguard_config::ListenerConfig;
+use tailguard_config::tls::load_entry;
+use tailguard_http::error::Error;
+
 use crate::sni::{CertResolver, Names, ServerName};
 
-pub use crate::config::tls::{ListenerTls, TlsVersion};
+pub use tailguard_config::tls::{ListenerTls, TlsVersion};
 
 /// Builds the rustls server config of a listener: `None` for a plain listener.
 pub fn server_config(

@@ -29,9 +29,9 @@ use tailguard_trace::{
     traceparent_line, unix_nanos,
 };
 
-use crate::body::RequestBody;
-use crate::route::Router;
-use crate::upstream::Upstream;
+use tailguard_http::body::RequestBody;
+use tailguard_policy::route::Router;
+use tailguard_upstream::upstream::Upstream;
 
 /// Client spans kept per request; tries beyond are counted in `tailguard.tries` only.
 /// 8: a retry policy of more attempts is rare.

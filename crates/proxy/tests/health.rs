@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt as _;
-use tailguard_proxy::health::EndpointHealth;
 use tailguard_proxy::{Config, Server};
 use tailguard_test_support::{SwitchableUpstream, TestCa, TlsUpstream, http1_client};
+use tailguard_upstream::health::EndpointHealth;
 
 use crate::support::{get, start, with_listener};
 

@@ -143,7 +143,7 @@ async fn p2c_ewma_prefers_the_fast_endpoint() {
         .await;
     let fast = Upstream::start().await;
     let mut config = proxy_to(&[slow.addr, fast.addr], "");
-    config.upstreams[0].balance = tailguard_proxy::config::BalanceKind::P2cEwma;
+    config.upstreams[0].balance = tailguard_config::BalanceKind::P2cEwma;
     let (server, url) = start(config);
     let client = http1_client();
     for _ in 0..40 {

@@ -1,7 +1,7 @@
 //! Route precedence: the Kubernetes Gateway API HTTPRoute rules, with priority first.
 
 use http::{HeaderMap, HeaderValue, Method};
-use tailguard_proxy::route::{Route, Router};
+use tailguard_policy::route::{Route, Router};
 use tailguard_test_support::{Upstream, http1_client};
 
 use crate::support;

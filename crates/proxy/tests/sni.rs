@@ -11,9 +11,9 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName};
-use tailguard_proxy::upstream_tls::AnyCertificate;
 use tailguard_proxy::{Config, Server};
 use tailguard_test_support::Upstream;
+use tailguard_upstream::tls::AnyCertificate;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use tailguard_proxy::config::Error;
+use tailguard_config::Error;
 use tailguard_proxy::{Config, Server};
 use tailguard_test_support::TestBody;
 

@@ -59,20 +59,12 @@ fn lines_about(addr: SocketAddr) -> Vec<String> {
 
 /// One upstream `up` at `addr` with `[upstreams.tls]` = `tls` (TOML lines), files relative
 /// to `dir`.
-fn tls_config(
-    dir: &Path,
-    addr: SocketAddr,
-    tls: &str,
-) -> Result<Config, tailguard_proxy::config::Error> {
+fn tls_config(dir: &Path, addr: SocketAddr, tls: &str) -> Result<Config, tailguard_config::Error> {
     tls_config_at(dir, &addr.to_string(), tls)
 }
 
 /// [`tls_config`] with the endpoint's address as written (`IP:PORT` or `NAME:PORT`).
-fn tls_config_at(
-    dir: &Path,
-    addr: &str,
-    tls: &str,
-) -> Result<Config, tailguard_proxy::config::Error> {
+fn tls_config_at(dir: &Path, addr: &str, tls: &str) -> Result<Config, tailguard_config::Error> {
     Config::parse(
         &format!(
             "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\

@@ -89,8 +89,13 @@ pub(crate) struct RunArgs {
     synthetic_series: Option<usize>,
     /// Overload protection: off, adaptive, or gozero (go-zero's formulas, for A/B runs);
     /// overrides `[overload] mode`.
-    #[arg(long, value_name = "off|adaptive|gozero", value_parser = tailguard_proxy::overload::parse_mode)]
+    #[arg(long, value_name = "off|adaptive|gozero", value_parser = parse_overload_mode)]
     overload: Option<tailguard_overload::OverloadMode>,
+}
+
+/// `--overload off|adaptive|gozero`.
+fn parse_overload_mode(s: &str) -> Result<tailguard_overload::OverloadMode, String> {
+    tailguard_overload::OverloadMode::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_priority(s: &str) -> Result<Priority, String> {

@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tailguard_http::headers::Client;
 use tailguard_http1::server as downstream;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
@@ -16,7 +17,6 @@ use super::settings::Settings;
 use crate::conn::ConnCtx;
 use crate::drain::Drain;
 use crate::gateway::Gateway;
-use crate::headers::Client;
 use crate::park::Parker;
 
 /// One listener's accept loop on one serving thread.
@@ -165,8 +165,9 @@ fn client_fields(ip: IpAddr, tls: bool, trusted: bool) -> Client {
 
 #[cfg(test)]
 mod tests {
+    use tailguard_http::headers::Client;
+
     use super::client_fields;
-    use crate::headers::Client;
 
     /// The fields served from the thread's last ones are those `Client::new` makes, and a
     /// change of address, scheme or trust makes new ones.

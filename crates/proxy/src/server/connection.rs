@@ -11,6 +11,7 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tailguard_http::body::{IncomingBody, RequestBody};
 use tailguard_http1::server::{self as downstream, Reader};
 use tailguard_http1::timer::LazyTimer;
 use tokio::net::TcpStream;
@@ -19,7 +20,6 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsAcceptor;
 
 use super::settings::{Http2, Settings};
-use crate::body::{IncomingBody, RequestBody};
 use crate::conn::ConnCtx;
 use crate::drain::Watch;
 use crate::handler::Http1Handler;

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tailguard_access_log::Metrics as LogMetrics;
+use tailguard_config::Config;
+use tailguard_http::error::Error;
 use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, watch};
@@ -14,8 +16,6 @@ use tokio::task::JoinHandle;
 use super::accept::Acceptor;
 use super::settings::{Settings, settings, tls_acceptors};
 use crate::access_log::AccessLogs;
-use crate::config::Config;
-use crate::error::Error;
 use crate::gateway::Gateway;
 
 /// Backlog of each listening socket: connections over the limit wait here.
@@ -126,7 +126,7 @@ fn register(
 }
 
 /// The address a validated listener asks for.
-fn wanted(listener: &crate::config::ListenerConfig) -> Result<SocketAddr, Error> {
+fn wanted(listener: &tailguard_config::ListenerConfig) -> Result<SocketAddr, Error> {
     listener.address.get_ref().parse().map_err(|_| {
         Error::Internal(format!(
             "unvalidated address {}",
@@ -262,7 +262,7 @@ impl Listeners {
                 .and_then(|s| s.rate_limit.clone()),
             _ => None,
         };
-        let limits = crate::rate_limit::listener_limits(
+        let limits = tailguard_policy::rate_limit::listener_limits(
             &config.listeners,
             running_limit,
             gateway.metrics().rate_limit(),

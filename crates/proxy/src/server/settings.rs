@@ -9,8 +9,8 @@ use tailguard_access_log::AccessLog;
 use tailguard_http1::server as downstream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Config, Limits, Timeouts};
-use crate::error::Error;
+use tailguard_config::{Config, Limits, Timeouts};
+use tailguard_http::error::Error;
 
 /// HTTP/2 connections are hyper's; HTTP/1.1 ones are served by [`downstream`].
 pub(super) type Http2 = hyper::server::conn::http2::Builder<TokioExecutor>;
@@ -26,7 +26,7 @@ pub(super) struct Settings {
     pub(super) http1: downstream::Limits,
     pub(super) access_log: AccessLog,
     /// The listener's rate limit (kept by a reload that leaves it unchanged).
-    pub(super) rate_limit: Option<Arc<crate::rate_limit::Limiter>>,
+    pub(super) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -63,7 +63,7 @@ fn http1(limits: &Limits, timeouts: &Timeouts) -> downstream::Limits {
 /// The TLS acceptor of a listener's config (`None` for plain TCP).
 fn tls_acceptor(
     config: &Config,
-    listener: &crate::config::ListenerConfig,
+    listener: &tailguard_config::ListenerConfig,
 ) -> Result<Option<Arc<TlsAcceptor>>, Error> {
     crate::tls::server_config(&config.base_dir, listener)
         .map(|c| c.map(|c| Arc::new(TlsAcceptor::from(c))))
@@ -84,7 +84,7 @@ pub(super) fn settings(
     config: &Config,
     tls: Vec<Option<Arc<TlsAcceptor>>>,
     logs: Vec<AccessLog>,
-    rate_limits: Vec<Option<Arc<crate::rate_limit::Limiter>>>,
+    rate_limits: Vec<Option<Arc<tailguard_policy::rate_limit::Limiter>>>,
 ) -> Vec<Arc<Settings>> {
     let http2 = Arc::new(http2(&config.limits));
     let http1 = http1(&config.limits, &config.timeouts);
