@@ -2,10 +2,13 @@
 //! and of the scripts that install its tools.
 
 mod access_log;
+mod container;
+mod debian;
 mod deploy;
 mod etcd;
 mod etcd_tls;
 mod gateway;
+mod helm;
 mod install_tools;
 mod listeners;
 mod load;

@@ -177,3 +177,42 @@ pub(crate) fn proxy_config(addrs: &[SocketAddr], extra: &str) -> String {
         eps.join(", ")
     )
 }
+
+/// The binary the image and package tests ship: `$TAILGUARD_PACKAGE_BIN` (CI sets the
+/// release binary it builds for valgrind; a relative path is taken from the workspace root),
+/// else this test build's own binary. Either way its debug info is stripped when packaged.
+pub(crate) fn package_binary() -> std::path::PathBuf {
+    match std::env::var_os("TAILGUARD_PACKAGE_BIN") {
+        Some(path) => workspace_root().join(path),
+        None => env!("CARGO_BIN_EXE_tailguard").into(),
+    }
+}
+
+/// The repository's root directory.
+pub(crate) fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs a command to its end: success, and stdout followed by stderr.
+pub(crate) fn output(cmd: &mut Command) -> (bool, String) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// GET with curl: the HTTP status (0 when no answer came) and the body.
+pub(crate) fn curl_get(url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl (installed by scripts/install-tools)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
