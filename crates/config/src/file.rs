@@ -39,6 +39,9 @@ pub struct Config {
     pub access_log: tailguard_access_log::Config,
     /// The metrics exporter (`[metrics]`; read at startup, a reload does not move it).
     pub metrics: tailguard_metrics::MetricsConfig,
+    /// The status page on the metrics listener (`[status]`; read at startup like
+    /// `[metrics]`).
+    pub status: crate::status::StatusConfig,
     /// Overload protection (`[overload]`).
     pub overload: tailguard_overload::OverloadConfig,
     /// Peers whose `X-Forwarded-For`, `Forwarded` and `X-Real-IP` are kept (the gateway's

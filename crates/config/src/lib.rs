@@ -17,8 +17,8 @@
 //!
 //! The modules, as floors (each names only modules below it):
 //! - [`diagnostic`], [`limits`] (`[timeouts]`, `[limits]`), [`cidr`], [`dns`], [`health`],
-//!   [`rate_limit`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`): one section or value
-//!   each, with its check;
+//!   [`rate_limit`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`), [`status`]: one
+//!   section or value each, with its check;
 //! - [`error`], [`retry`], [`tls`], [`upstream`];
 //! - [`listener`], [`route`]: a listener and a route as written;
 //! - [`policy`] (a route's policy compiled and checked), [`access_log`],
@@ -94,6 +94,7 @@ pub mod rate_limit;
 pub mod retry;
 pub mod route;
 pub mod sni;
+pub mod status;
 pub mod tls;
 pub mod trace;
 pub mod upstream;
@@ -107,6 +108,7 @@ pub use limits::{Limits, Timeouts};
 pub use listener::ListenerConfig;
 pub use parse::{DEFAULT_CONFIG, DEFAULT_CONFIG_NAME};
 pub use route::{HeaderMatch, PathMatch, RouteConfig};
+pub use status::{StatusAccess, StatusConfig};
 pub use tls::TlsConfig;
 pub use trace::{OtlpProtocol, RouteTracing, Tracing, TracingConfig};
 pub use upstream::{BalanceKind, BuiltinConfig, EndpointConfig, Protocol, UpstreamConfig};

@@ -74,6 +74,7 @@ impl Config {
         let mut limits = Limits::default();
         let mut access_log = tailguard_access_log::Config::default();
         let mut metrics = tailguard_metrics::MetricsConfig::default();
+        let mut status = crate::status::StatusConfig::default();
         let mut overload = tailguard_overload::OverloadConfig::default();
         let mut trusted_proxies = Vec::new();
         let mut dns = DnsConfig::default();
@@ -126,6 +127,11 @@ impl Config {
                         metrics = m;
                     }
                 }
+                "status" => {
+                    if let Some(s) = one_of(&mut diags, "status", value) {
+                        status = s;
+                    }
+                }
                 "overload" => {
                     if let Some(o) = one_of(&mut diags, "overload", value) {
                         overload = o;
@@ -146,13 +152,17 @@ impl Config {
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
-                     `timeouts`, `limits`, `access_log`, `metrics`, `overload`, \
-                     `trusted_proxies`, `dns`, `tracing`",
+                     `timeouts`, `limits`, `access_log`, `metrics`, `status`, \
+                     `overload`, `trusted_proxies`, `dns`, `tracing`",
                 ),
             }
         }
 
         dns.locate(base_dir);
+        status.locate(base_dir);
+        if let Err((span, field, message)) = status.access() {
+            diags.push(span, field, message);
+        }
         let tracing = match tracing_file.resolve(base_dir, env) {
             Ok(t) => t,
             Err(problems) => {
@@ -182,6 +192,7 @@ impl Config {
             limits,
             access_log,
             metrics,
+            status,
             overload,
             trusted_proxies,
             dns,

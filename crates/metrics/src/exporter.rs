@@ -7,6 +7,9 @@
 //! the slowest client's channel, so memory stays bounded whatever the series count. A scrape
 //! that outlives its `X-Prometheus-Scrape-Timeout-Seconds` budget is aborted (the connection
 //! is reset, so the client can never mistake a truncated body for a whole one).
+//!
+//! Any [`Page`](crate::Page) in [`ExporterConfig::pages`] is asked first, and ticked on this
+//! thread at its own interval.
 
 use std::convert::Infallible;
 use std::io::Write as _;
@@ -32,7 +35,7 @@ use tokio::time::Instant;
 use crate::family::lock;
 use crate::negotiate::{accepts_gzip, negotiate_format, scrape_budget};
 use crate::render::{Format, Render};
-use crate::{MetricsError, Registry};
+use crate::{MetricsError, Pages, Registry};
 
 /// Scheduling priority of the exporter thread.
 ///
@@ -96,6 +99,8 @@ pub struct ExporterConfig {
     pub default_budget: Duration,
     /// How often idle series of TTL families are swept. Default 1 s.
     pub sweep_every: Duration,
+    /// Pages served beside the exposition, asked before it (default: none).
+    pub pages: Pages,
 }
 
 impl Default for ExporterConfig {
@@ -108,6 +113,7 @@ impl Default for ExporterConfig {
             chunk_bytes: 64 * 1024,
             default_budget: Duration::from_secs(30),
             sweep_every: Duration::from_secs(1),
+            pages: Pages::default(),
         }
     }
 }
@@ -301,6 +307,24 @@ async fn serve(
             }
         })
     };
+    let tickers: Vec<_> = hub
+        .config
+        .pages
+        .0
+        .iter()
+        .filter_map(|page| {
+            let every = page.tick_every()?;
+            let page = Arc::clone(page);
+            Some(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    page.tick();
+                }
+            }))
+        })
+        .collect();
     loop {
         tokio::select! {
             _ = &mut stopped => break,
@@ -321,6 +345,9 @@ async fn serve(
         }
     }
     sweeper.abort();
+    for ticker in tickers {
+        ticker.abort();
+    }
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<ExpositionBody> {
@@ -336,6 +363,20 @@ fn plain(status: StatusCode, text: &'static str) -> Response<ExpositionBody> {
 }
 
 fn handle(hub: &Arc<Hub>, req: Request<Incoming>) -> Response<ExpositionBody> {
+    if !hub.config.pages.0.is_empty() {
+        let (parts, body) = req.into_parts();
+        for page in &hub.config.pages.0 {
+            if let Some(response) = page.respond(&parts) {
+                let head = parts.method == Method::HEAD;
+                return response.map(|bytes| ExpositionBody::Full((!head).then_some(bytes)));
+            }
+        }
+        return exposition(hub, Request::from_parts(parts, body));
+    }
+    exposition(hub, req)
+}
+
+fn exposition(hub: &Arc<Hub>, req: Request<Incoming>) -> Response<ExpositionBody> {
     if req.uri().path() != hub.config.path {
         return plain(StatusCode::NOT_FOUND, "not found\n");
     }
@@ -497,6 +538,14 @@ enum ExpositionBody {
 impl http_body::Body for ExpositionBody {
     type Data = Bytes;
     type Error = std::io::Error;
+
+    /// A fixed text's length, so it goes out with `Content-Length` rather than chunked.
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            ExpositionBody::Full(Some(bytes)) => http_body::SizeHint::with_exact(bytes.len() as u64),
+            _ => http_body::SizeHint::default(),
+        }
+    }
 
     fn poll_frame(
         self: Pin<&mut Self>,

@@ -23,6 +23,9 @@
 //!   its extensions (axum's `MatchedPath`, see `examples/axum.rs`), or
 //!   [`RouteMetrics::layer`] fixed to one route. [`register_process_metrics`] adds
 //!   `process_*` from `/proc`.
+//! - Beside the exposition the exporter serves any [`Page`] it is given (the gateway's status
+//!   page), on its own thread; a page reads values back from a [`Snapshot`]
+//!   ([`Snapshot::family`]), summing the same shards a scrape sums.
 //!
 //! # Why this is hand-written
 //!
@@ -83,7 +86,9 @@ mod family;
 mod layer;
 mod metric;
 mod negotiate;
+mod page;
 mod process;
+mod read;
 mod registry;
 mod render;
 mod shard;
@@ -99,7 +104,9 @@ pub use layer::{
 };
 pub use metric::{Counter, FloatCounter, FloatGauge, Gauge, Histogram, Metric};
 pub use negotiate::{accepts_gzip, negotiate_format, scrape_budget};
+pub use page::{Page, Pages};
 pub use process::register_process_metrics;
 pub use registry::{Registry, RegistryBuilder};
+pub use read::{FamilyReading, SeriesReading};
 pub use render::{Format, Render, Snapshot};
 pub use shard::use_shared_shard;

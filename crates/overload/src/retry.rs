@@ -83,4 +83,20 @@ impl RetryBudget {
             }
         })
     }
+
+    /// The window's retries taken and requests counted, as of `now` (changes nothing the
+    /// budget decides with: a window that moved on is emptied, as any call would).
+    pub fn usage(&self, now: Duration) -> (u64, u64) {
+        self.with(now, |r| {
+            r.slots
+                .iter()
+                .fold((0, 0), |(ret, req), s| (ret + s.retries, req + s.requests))
+        })
+    }
+
+    /// Retries the window allows with `requests` counted in it: `min_per_sec` x 10 s plus
+    /// `ratio` of the requests.
+    pub fn allowed(&self, requests: u64) -> f64 {
+        (self.min_per_sec * 10) as f64 + self.ratio * requests as f64
+    }
 }

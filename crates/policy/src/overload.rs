@@ -64,6 +64,25 @@ impl Retries {
         self.requests.get().fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Retries taken and allowed in the budget's window as of `now`, counting the requests
+    /// not yet handed to it as if they were (the status page; never the request path).
+    fn room(&self, now: Duration) -> RetryRoom {
+        let total: u64 = self
+            .requests
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum();
+        let seen = self.synced.lock().unwrap_or_else(|e| e.into_inner()).0;
+        let (used, requests) = self.budget.usage(now);
+        RetryRoom {
+            used,
+            allowed: self
+                .budget
+                .allowed(requests + total.saturating_sub(seen))
+                .floor() as u64,
+        }
+    }
+
     /// Hands the requests counted since the last call to the budget, then takes a retry.
     fn withdraw(&self, now: Duration) -> bool {
         let total: u64 = self
@@ -88,6 +107,17 @@ impl Retries {
         }
         self.budget.try_withdraw(now)
     }
+}
+
+
+/// An upstream's retry budget as the status page shows it: retries taken over the last 10 s
+/// and how many the budget allows over that window (10 % of its requests plus 3 per second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryRoom {
+    /// Retries taken in the window.
+    pub used: u64,
+    /// Retries the window allows.
+    pub allowed: u64,
 }
 
 /// GET, HEAD, OPTIONS, PUT and DELETE: sending one twice has the effect of sending it once
@@ -279,6 +309,14 @@ impl Overload {
             .filter_map(|r| r.breaker.as_ref())
             .find(|b| b.name() == name)
             .cloned()
+    }
+
+    /// The retry budget of upstream `upstream` (its index in the snapshot), for the status
+    /// page: reads the per-thread counts and takes the budget's lock for a copy, which a
+    /// serving thread takes only when it considers a retry.
+    pub fn retry_budget(&self, upstream: usize) -> Option<RetryRoom> {
+        let (_, r) = self.retries.get(upstream)?;
+        Some(r.room(MonotonicClock.now()))
     }
 
     /// The shedder (for metrics), when on.
@@ -497,6 +535,13 @@ mod tests {
         // 10 % of 500 + 3/s x 10 s; refused ones take nothing.
         assert_eq!(granted(&o, now, 0), 50 + 30);
         assert_eq!(granted(&o, now, 1), 30, "each upstream has its own budget");
+        assert_eq!(
+            o.retries[0].1.room(now),
+            RetryRoom {
+                used: 80,
+                allowed: 80
+            }
+        );
         // Requests counted later (on any thread) reach the budget at the next decision.
         std::thread::scope(|s| {
             s.spawn(|| (0..100).for_each(|_| o.count_request(0)));

@@ -35,6 +35,8 @@ pub struct Gateway {
     /// for the process's life: a reload changes only the sampling, never the exporter or
     /// its queue. Taken only off the request path (start, reload, shutdown).
     tracing: Mutex<Tracing>,
+    /// The last reloads and their outcome (the status page lists them).
+    reloads: crate::reloads::Reloads,
 }
 
 /// The exporter, if started, and the tracer snapshots are built with.
@@ -121,6 +123,7 @@ impl Gateway {
             health,
             this: this.clone(),
             tracing: Mutex::new(tracing),
+            reloads: crate::reloads::Reloads::default(),
         });
         gateway.resolver.watch(
             &gateway.snapshot().config,
@@ -136,6 +139,11 @@ impl Gateway {
     /// The gateway's metrics.
     pub fn metrics(&self) -> &Arc<GatewayMetrics> {
         &self.metrics
+    }
+
+    /// The last reloads (recorded by whoever applies a config: `tailguard run`'s reload path).
+    pub fn reloads(&self) -> &crate::reloads::Reloads {
+        &self.reloads
     }
 
     /// Swaps in a new config. Requests already running finish on the old snapshot; every

@@ -59,6 +59,7 @@ pub(crate) mod handler;
 pub mod metrics;
 pub(crate) mod park;
 pub mod record;
+pub mod reloads;
 pub(crate) mod respond;
 pub mod response_body;
 pub mod retry;

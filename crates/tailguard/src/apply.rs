@@ -14,12 +14,23 @@ pub(crate) fn apply(
     if loaded.is_err() {
         server.gateway().metrics().reloaded(false);
     }
-    match loaded.and_then(|config| server.reload(config)) {
+    let result = loaded.and_then(|config| server.reload(config));
+    let reloads = server.gateway().reloads();
+    match result {
         Ok(()) => {
+            reloads.record(name, Ok(()));
             tracing::info!("tailguard: reloaded {name}");
             true
         }
         Err(Error::Config(diags)) => {
+            reloads.record(
+                name,
+                Err(diags
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n")),
+            );
             for d in &diags {
                 tracing::error!("{d}");
             }
@@ -30,6 +41,7 @@ pub(crate) fn apply(
             false
         }
         Err(e) => {
+            reloads.record(name, Err(e.to_string()));
             tracing::error!("tailguard: reload of {name} failed: {e}; {running} keeps serving");
             false
         }

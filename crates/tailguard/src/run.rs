@@ -11,11 +11,15 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use tailguard_config::Config;
-use tailguard_metrics::{Exporter, ExporterConfig, Listen, MetricsConfig, Priority, Registry};
+use tailguard_metrics::{
+    Exporter, ExporterConfig, Listen, MetricsConfig, Page, Pages, Priority, Registry,
+};
+use tailguard_status::StatusPage;
 use tailguard_proxy::{Error, GatewayMetrics, Server};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -229,12 +233,16 @@ pub(crate) fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let n = metrics.add_synthetic_series(synthetic)?;
         tracing::info!("tailguard: registered {n} synthetic series");
     }
-    let _exporter = start_exporter(&args, &config.metrics, registry)?;
+    let status = status_page(&config, &registry, threads)?;
+    let _exporter = start_exporter(&args, &config.metrics, registry, status.clone())?;
     control.block_on(async {
         // Handlers first: a SIGHUP that arrives once the listening line is out must reload,
         // not kill the process.
         let signals = Signals::register()?;
         let server = Server::start_with_metrics(config, metrics, threads)?;
+        if let Some(page) = &status {
+            page.attach(server.gateway());
+        }
         if let Some(source) = &mut etcd {
             source.started();
         }
@@ -305,11 +313,36 @@ fn start_etcd(
     }
 }
 
-/// Starts the metrics exporter on its own thread (never on the serving runtime).
+/// The status page (`[status]`), served by the exporter; `None` when disabled. Its token or
+/// htpasswd file is read here (the config's check read it too, so a failure now means the
+/// file changed since).
+fn status_page(
+    config: &Config,
+    registry: &Registry,
+    threads: usize,
+) -> anyhow::Result<Option<Arc<StatusPage>>> {
+    if !config.status.enabled {
+        return Ok(None);
+    }
+    let access = config
+        .status
+        .access()
+        .map_err(|(_, field, message)| anyhow::anyhow!("{field}: {message}"))?;
+    let info = tailguard_status::Info {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        threads,
+        started: std::time::Instant::now(),
+    };
+    Ok(Some(StatusPage::new(registry.clone(), info, access)))
+}
+
+/// Starts the metrics exporter on its own thread (never on the serving runtime), with the
+/// status page if there is one.
 fn start_exporter(
     args: &RunArgs,
     section: &MetricsConfig,
     registry: Registry,
+    status: Option<Arc<StatusPage>>,
 ) -> anyhow::Result<Option<Exporter>> {
     // The command line wins over the config file; the config was validated at load.
     let from_config = section.listen().ok().flatten();
@@ -325,6 +358,7 @@ fn start_exporter(
         Some(Listen::At(addr)) => addr,
         None => ExporterConfig::default().listen,
     };
+    let with_status = status.is_some();
     let config = ExporterConfig {
         listen,
         priority: args
@@ -335,6 +369,12 @@ fn start_exporter(
             .metrics_cpus
             .clone()
             .unwrap_or_else(|| section.cpus.clone()),
+        pages: Pages(
+            status
+                .into_iter()
+                .map(|page| -> Arc<dyn Page> { page })
+                .collect(),
+        ),
         ..ExporterConfig::default()
     };
     match Exporter::spawn(registry, config) {
@@ -343,6 +383,12 @@ fn start_exporter(
                 "tailguard: metrics on http://{}/metrics",
                 exporter.local_addr()
             );
+            if with_status {
+                tracing::info!(
+                    "tailguard: status page on http://{}/status",
+                    exporter.local_addr()
+                );
+            }
             Ok(Some(exporter))
         }
         // The default port may be taken (another gateway, a test): serve traffic anyway.

@@ -28,6 +28,20 @@ pub trait Balance: Send + Sync + fmt::Debug {
     fn complete(&self, endpoint: usize, outcome: Outcome, latency: Duration) {
         let _ = (endpoint, outcome, latency);
     }
+
+    /// Requests the balancer counts in flight at `endpoint`, if it counts them (p2c-EWMA
+    /// does; round robin keeps no per-endpoint state a serving thread would have to write).
+    /// Off the request path: the status page reads it.
+    fn in_flight(&self, endpoint: usize) -> Option<i64> {
+        let _ = endpoint;
+        None
+    }
+
+    /// The balancer's latency estimate of `endpoint` (p2c-EWMA's peak EWMA), if it keeps one.
+    fn latency_estimate(&self, endpoint: usize) -> Option<Duration> {
+        let _ = endpoint;
+        None
+    }
 }
 
 /// Smooth weighted round robin (nginx's algorithm), precomputed into a schedule at config
@@ -158,6 +172,14 @@ impl Balance for P2cEwma {
             Outcome::Aborted => self.p2c.release_index(endpoint),
         }
     }
+
+    fn in_flight(&self, endpoint: usize) -> Option<i64> {
+        (endpoint < self.p2c.endpoints().len()).then(|| self.p2c.inflight(endpoint))
+    }
+
+    fn latency_estimate(&self, endpoint: usize) -> Option<Duration> {
+        (endpoint < self.p2c.endpoints().len()).then(|| self.p2c.rtt_estimate(endpoint))
+    }
 }
 
 #[cfg(test)]
@@ -219,5 +241,8 @@ mod tests {
         // (A starved endpoint is forced once a second: at most one pick goes to 0 unless
         // this test stalls for seconds.)
         assert!(to_fast >= 19, "{to_fast}");
+        assert_eq!(b.in_flight(0), Some(0));
+        assert!(b.latency_estimate(0) > b.latency_estimate(1));
+        assert_eq!((b.in_flight(2), RoundRobin::new(&[1]).in_flight(0)), (None, None));
     }
 }

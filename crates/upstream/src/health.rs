@@ -106,6 +106,34 @@ struct Track {
     /// Counted apart from `passes`, so checks that passed before the failures which ejected
     /// the endpoint do not end the ejection at the next check.
     passes_while_ejected: u32,
+    /// The last active check: when, and what it found (the status page shows it).
+    last_check: Option<(Instant, Result<u16, String>, bool)>,
+}
+
+/// The last change of an endpoint's state: when, to what, and why.
+#[derive(Debug, Clone)]
+struct Change {
+    at: Instant,
+    reason: String,
+}
+
+/// What the status page shows of one endpoint's health, read off the request path (the
+/// checker's own lock, which no serving thread takes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthReport {
+    /// `up`, `down` (by checks), `ejected`, or `down+ejected`.
+    pub state: &'static str,
+    /// Why it last changed (the same words as the log line), if it ever did.
+    pub reason: Option<String>,
+    /// How long ago it last changed.
+    pub since: Option<Duration>,
+    /// Time left of the current ejection.
+    pub ejected_for: Option<Duration>,
+    /// The last active check: how long ago, whether it passed, and what it got (`status
+    /// 200`, or why there was no status).
+    pub last_check: Option<(Duration, bool, String)>,
+    /// Consecutive failed requests counted for passive ejection.
+    pub failures: u32,
 }
 
 /// The health of one endpoint of one upstream; see the module doc for who writes what.
@@ -124,6 +152,8 @@ pub struct EndpointHealth {
     /// Wakes the checker thread when `failures` reaches an ejection threshold.
     wake: Arc<Notify>,
     track: Mutex<Track>,
+    /// The last state change (written by whoever changes `down`: the checker thread).
+    changed: Mutex<Option<Change>>,
 }
 
 impl EndpointHealth {
@@ -145,6 +175,43 @@ impl EndpointHealth {
             up_gauge,
             wake,
             track: Mutex::default(),
+            changed: Mutex::default(),
+        }
+    }
+
+    /// What the status page shows, as of `now`. Takes the checker's locks for a copy: the
+    /// exporter thread calls it, never a serving thread.
+    pub fn report(&self, now: Instant) -> HealthReport {
+        let down = self.down.load(Ordering::Relaxed);
+        let (ejected_for, last_check) = {
+            let t = self.track();
+            (
+                t.ejected_until
+                    .filter(|_| down & EJECTED != 0)
+                    .map(|until| until.saturating_duration_since(now)),
+                t.last_check.as_ref().map(|(at, result, passed)| {
+                    let what = match result {
+                        Ok(status) => format!("status {status}"),
+                        Err(why) => why.clone(),
+                    };
+                    (now.saturating_duration_since(*at), *passed, what)
+                }),
+            )
+        };
+        let changed = self
+            .changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        HealthReport {
+            state: state_name(down),
+            since: changed
+                .as_ref()
+                .map(|c| now.saturating_duration_since(c.at)),
+            reason: changed.map(|c| c.reason),
+            ejected_for,
+            last_check,
+            failures: self.failures(),
         }
     }
 
@@ -220,13 +287,14 @@ impl EndpointHealth {
         }
         self.down.store(after, Ordering::Relaxed);
         self.up_gauge.set(i64::from(after == 0));
-        let state = |d: u8| match d {
-            0 => "up",
-            PROBE_DOWN => "down",
-            EJECTED => "ejected",
-            _ => "down+ejected",
-        };
-        let (from, to) = (state(before), state(after));
+        *self
+            .changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Change {
+            at: Instant::now(),
+            reason: format!("{message}: {reason}"),
+        });
+        let (from, to) = (state_name(before), state_name(after));
         if on {
             tracing::warn!(
                 target: "tailguard::health",
@@ -261,6 +329,8 @@ impl EndpointHealth {
             return;
         }
         let mut t = self.track();
+        let passed = matches!(result, Ok(status) if check.passes(status));
+        t.last_check = Some((now, result.clone(), passed));
         let failure = match result {
             Ok(status) if check.passes(status) => None,
             Ok(status) => Some(format!("status {status}")),
@@ -404,6 +474,16 @@ impl EndpointHealth {
     }
 }
 
+/// The name of a `down` value, as the log and the status page say it.
+fn state_name(down: u8) -> &'static str {
+    match down {
+        0 => "up",
+        PROBE_DOWN => "down",
+        EJECTED => "ejected",
+        _ => "down+ejected",
+    }
+}
+
 /// Ends the current ejection in the checker's record at `now`. `by_checks`: passing checks
 /// ended it, which proves the endpoint recovered, so the streak restarts and its next
 /// ejection lasts the base time again (an ejection that merely ran out proves nothing, and
@@ -510,6 +590,43 @@ mod tests {
         h.probed(&c, Ok(399), Instant::now());
         assert!(h.is_up());
         assert_eq!(h.up_gauge.get(), 1);
+    }
+
+    #[test]
+    fn the_report_says_the_state_why_since_when_and_the_last_check() {
+        let h = state();
+        let c = check();
+        let start = Instant::now();
+        let fresh = h.report(start);
+        assert_eq!((fresh.state, fresh.reason, fresh.last_check), ("up", None, None));
+        for _ in 0..3 {
+            h.probed(&c, Err("connection refused".into()), start);
+        }
+        let later = start + Duration::from_millis(1500);
+        let r = h.report(later);
+        assert_eq!(r.state, "down");
+        assert_eq!(
+            r.reason.as_deref(),
+            Some("endpoint fails its checks: 3 consecutive failed checks, last: connection refused")
+        );
+        assert_eq!(
+            r.last_check,
+            Some((Duration::from_millis(1500), false, "connection refused".into()))
+        );
+        assert_eq!(r.ejected_for, None);
+        h.probed(&c, Ok(204), later);
+        let r = h.report(later);
+        assert_eq!(r.last_check, Some((Duration::ZERO, true, "status 204".into())));
+        assert_eq!(r.state, "down", "one pass of two");
+
+        let e = ejection(1, 100);
+        let ejected = state();
+        ejected.record(Outcome::ConnectFailed, 1);
+        ejected.eject(&e, start, true).expect("ejected");
+        let r = ejected.report(start + Duration::from_millis(30));
+        assert_eq!(r.state, "ejected");
+        assert_eq!(r.ejected_for, Some(Duration::from_millis(70)));
+        assert!(r.reason.unwrap().starts_with("endpoint ejected: 1 consecutive failures"));
     }
 
     #[test]
