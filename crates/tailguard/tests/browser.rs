@@ -132,15 +132,41 @@ impl Browser {
             body.len()
         )
         .expect("write to chromedriver");
+        // chromedriver keeps the connection open whatever `Connection` says: read the head,
+        // then exactly the body its framing announces.
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).expect("read chromedriver's answer");
-        let text = String::from_utf8_lossy(&raw);
-        let (head, rest) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-        let json_text = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            dechunk(rest)
-        } else {
-            rest.to_owned()
+        let mut buf = [0u8; 16384];
+        let (head, body_start) = loop {
+            let n = stream.read(&mut buf).expect("read chromedriver's answer");
+            assert!(n > 0, "chromedriver closed the connection: {raw:?}");
+            raw.extend_from_slice(&buf[..n]);
+            if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                break (String::from_utf8_lossy(&raw[..at]).to_ascii_lowercase(), at + 4);
+            }
         };
+        let chunked = head.contains("transfer-encoding: chunked");
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        loop {
+            let body = &raw[body_start..];
+            let complete = match length {
+                Some(n) => body.len() >= n,
+                None if chunked => body.windows(5).any(|w| w == b"0\r\n\r\n"),
+                None => false,
+            };
+            if complete {
+                break;
+            }
+            let n = stream.read(&mut buf).expect("read chromedriver's body");
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&raw[body_start..]).into_owned();
+        let json_text = if chunked { dechunk(&text) } else { text.clone() };
         let answer: Value = serde_json::from_str(&json_text)
             .unwrap_or_else(|e| panic!("chromedriver sent no JSON ({e}): {text}"));
         let value = answer["value"].clone();

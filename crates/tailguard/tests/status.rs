@@ -123,7 +123,12 @@ fn an_endpoint_failing_its_checks_turns_red_in_the_open_page_without_a_reload() 
         true
     );
     if let Some(file) = std::env::var_os("TAILGUARD_STATUS_SCREENSHOT") {
-        std::thread::sleep(Duration::from_secs(20));
+        // Some traffic for the charts first.
+        let end = std::time::Instant::now() + Duration::from_secs(40);
+        while std::time::Instant::now() < end {
+            crate::metrics_get(gateway.addr, "/x");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::fs::write(file, browser.screenshot()).expect("write the screenshot");
     }
     drop(gateway);
