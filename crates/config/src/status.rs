@@ -107,8 +107,8 @@ impl StatusConfig {
                 let error = |m: String| (Some(h.span()), "status.htpasswd".to_owned(), m);
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
-                let users = parse_htpasswd(&text)
-                    .map_err(|m| error(format!("{}: {m}", path.display())))?;
+                let users =
+                    parse_htpasswd(&text).map_err(|m| error(format!("{}: {m}", path.display())))?;
                 Ok(StatusAccess::Htpasswd(users))
             }
             (None, None) => Ok(StatusAccess::Open),

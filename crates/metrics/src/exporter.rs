@@ -542,7 +542,9 @@ impl http_body::Body for ExpositionBody {
     /// A fixed text's length, so it goes out with `Content-Length` rather than chunked.
     fn size_hint(&self) -> http_body::SizeHint {
         match self {
-            ExpositionBody::Full(Some(bytes)) => http_body::SizeHint::with_exact(bytes.len() as u64),
+            ExpositionBody::Full(Some(bytes)) => {
+                http_body::SizeHint::with_exact(bytes.len() as u64)
+            }
             _ => http_body::SizeHint::default(),
         }
     }

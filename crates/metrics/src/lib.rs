@@ -106,7 +106,7 @@ pub use metric::{Counter, FloatCounter, FloatGauge, Gauge, Histogram, Metric};
 pub use negotiate::{accepts_gzip, negotiate_format, scrape_budget};
 pub use page::{Page, Pages};
 pub use process::register_process_metrics;
-pub use registry::{Registry, RegistryBuilder};
 pub use read::{FamilyReading, SeriesReading};
+pub use registry::{Registry, RegistryBuilder};
 pub use render::{Format, Render, Snapshot};
 pub use shard::use_shared_shard;

@@ -175,9 +175,7 @@ mod tests {
             .self_metrics_prefix(None)
             .build()
             .unwrap();
-        let requests = registry
-            .counter("req", "R.", &["route", "status"])
-            .unwrap();
+        let requests = registry.counter("req", "R.", &["route", "status"]).unwrap();
         requests.get_or_create(&["a", "200"]).unwrap().add(3);
         requests
             .get_or_create(&["q\"uo\\te\nx", "500"])
@@ -200,7 +198,10 @@ mod tests {
             .series()
             .map(|s| {
                 (
-                    s.label_values().into_iter().map(|v| v.into_owned()).collect(),
+                    s.label_values()
+                        .into_iter()
+                        .map(|v| v.into_owned())
+                        .collect(),
                     s.value(),
                 )
             })

@@ -109,7 +109,6 @@ impl Retries {
     }
 }
 
-
 /// An upstream's retry budget as the status page shows it: retries taken over the last 10 s
 /// and how many the budget allows over that window (10 % of its requests plus 3 per second).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,12 @@ pub fn config(routes: usize, upstreams: usize, endpoints: usize) -> String {
     let mut text = String::from("[[listeners]]\naddress = \"127.0.0.1:0\"\n\n");
     for u in 0..upstreams {
         let eps: Vec<String> = (0..endpoints)
-            .map(|e| format!("{{ address = \"127.0.0.2:{}\" }}", 10000 + u * endpoints + e))
+            .map(|e| {
+                format!(
+                    "{{ address = \"127.0.0.2:{}\" }}",
+                    10000 + u * endpoints + e
+                )
+            })
             .collect();
         text.push_str(&format!(
             "[[upstreams]]\nname = \"u{u}\"\nendpoints = [{}]\n\n",

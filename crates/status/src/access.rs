@@ -166,7 +166,9 @@ mod tests {
         assert!(!a.allows(&headers(&format!("Basic {}", b64("other:pw")))));
         let good = format!("Basic {}", b64("ops:pw"));
         assert!(a.allows(&headers(&good)));
-        let Access::Basic { accepted, .. } = &a else { unreachable!() };
+        let Access::Basic { accepted, .. } = &a else {
+            unreachable!()
+        };
         assert_eq!(accepted.lock().unwrap().len(), 1);
         assert!(a.allows(&headers(&good)), "remembered");
         assert_eq!(accepted.lock().unwrap().len(), 1);

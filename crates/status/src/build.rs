@@ -12,8 +12,8 @@ use tailguard_proxy::snapshot::Snapshot;
 use crate::model::{
     AccessLogStatus, Alert, BreakerStatus, Chart, CheckStatus, ConcurrencyStatus, ConfigSource,
     EndpointStatus, GatewayStatus, HealthSettingsStatus, History, NamedChart, ReloadStatus,
-    RetryBudgetStatus, RouteStatus, SCHEMA_VERSION, Severity, ShedderStatus, Status,
-    StatusClasses, TracingStatus, UpstreamStatus,
+    RetryBudgetStatus, RouteStatus, SCHEMA_VERSION, Severity, ShedderStatus, Status, StatusClasses,
+    TracingStatus, UpstreamStatus,
 };
 use crate::window::{Rates, Series, Tracker, history_interval};
 
@@ -44,7 +44,10 @@ pub(crate) fn route_upstreams(snapshot: &Snapshot) -> Vec<(String, Option<String
         .routes()
         .iter()
         .map(|r| {
-            let upstream = snapshot.upstreams.get(r.upstream).map(|u| u.name.to_string());
+            let upstream = snapshot
+                .upstreams
+                .get(r.upstream)
+                .map(|u| u.name.to_string());
             (r.id.to_string(), upstream)
         })
         .collect()
@@ -116,15 +119,17 @@ pub(crate) fn build(
             let id = r.id.to_string();
             let n = new.routes.get(&id);
             let o = old.routes.get(&id);
-            let rates = n.map(|n| {
-                Rates::between(&n.traffic, o.map(|o| &o.traffic), seconds, &new.bounds)
-            });
+            let rates =
+                n.map(|n| Rates::between(&n.traffic, o.map(|o| &o.traffic), seconds, &new.bounds));
             let rates = rates.unwrap_or_default();
             let delta = |f: fn(&crate::sample::RouteSample) -> f64| {
                 per_s(n.map_or(0.0, f), o.map_or(0.0, f))
             };
             RouteStatus {
-                upstream: snapshot.upstreams.get(r.upstream).map(|u| u.name.to_string()),
+                upstream: snapshot
+                    .upstreams
+                    .get(r.upstream)
+                    .map(|u| u.name.to_string()),
                 requests_per_s: rates.rate,
                 status_per_s: StatusClasses::from_array(rates.classes),
                 p50_ms: rates.p50_ms,
@@ -275,7 +280,10 @@ pub(crate) fn build(
             OverloadMode::Gozero => "gozero",
         }
         .to_owned(),
-        cpu: new.gauges.cpu.filter(|_| overload.mode != OverloadMode::Off),
+        cpu: new
+            .gauges
+            .cpu
+            .filter(|_| overload.mode != OverloadMode::Off),
         threshold: overload.threshold,
         shed_per_s: per_s(new.totals.shed, old.totals.shed),
         shedding_routes: new.gauges.hot_routes.clone(),
@@ -309,7 +317,11 @@ pub(crate) fn build(
             .iter()
             .map(|u| NamedChart {
                 name: u.name.clone(),
-                chart: tracker.upstreams.get(&u.name).map(chart).unwrap_or_default(),
+                chart: tracker
+                    .upstreams
+                    .get(&u.name)
+                    .map(chart)
+                    .unwrap_or_default(),
             })
             .collect(),
     };
@@ -365,7 +377,9 @@ pub(crate) fn alerts(s: &Status) -> Vec<Alert> {
             Severity::Red,
             "reload_failed",
             "gateway",
-            format!("the last config reload was rejected; the previous config keeps serving ({why})"),
+            format!(
+                "the last config reload was rejected; the previous config keeps serving ({why})"
+            ),
         );
     }
     if s.gateway.config.connected == Some(false) {
@@ -381,7 +395,12 @@ pub(crate) fn alerts(s: &Status) -> Vec<Alert> {
     }
     for u in &s.upstreams {
         if let Some(why) = &u.unavailable {
-            push(Severity::Red, "upstream_down", &u.name, format!("no endpoint: {why}"));
+            push(
+                Severity::Red,
+                "upstream_down",
+                &u.name,
+                format!("no endpoint: {why}"),
+            );
         } else if u.endpoints_total > 0 && u.endpoints_up == 0 {
             push(
                 Severity::Red,
@@ -443,7 +462,10 @@ pub(crate) fn alerts(s: &Status) -> Vec<Alert> {
                 Severity::Red,
                 "route_shedding",
                 &r.id,
-                format!("route {} sheds {:.1} requests / s (503)", r.id, r.shed_per_s),
+                format!(
+                    "route {} sheds {:.1} requests / s (503)",
+                    r.id, r.shed_per_s
+                ),
             );
         } else if r.status_per_s.c5xx > 0.0 {
             push(
@@ -470,7 +492,10 @@ pub(crate) fn alerts(s: &Status) -> Vec<Alert> {
             Severity::Amber,
             "log_lines_dropped",
             "access_log",
-            format!("{:.1} access-log lines / s dropped", s.access_log.dropped_per_s),
+            format!(
+                "{:.1} access-log lines / s dropped",
+                s.access_log.dropped_per_s
+            ),
         );
     }
     out.sort_by_key(|a| a.severity);

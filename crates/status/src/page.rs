@@ -100,7 +100,9 @@ impl StatusPage {
     pub fn json(&self, gzip: bool) -> Option<Bytes> {
         let tick = lock(&self.tracker).ticks();
         let mut cache = lock(&self.cache);
-        let fresh = cache.as_ref().is_some_and(|(t, _, _)| *t == tick && tick > 0);
+        let fresh = cache
+            .as_ref()
+            .is_some_and(|(t, _, _)| *t == tick && tick > 0);
         if !fresh {
             let status = self.status()?;
             let json = serde_json::to_vec(&status).expect("the status serializes");
@@ -153,7 +155,11 @@ impl Page for StatusPage {
                 .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             r
         } else if (!page || self.access.guards_page()) && !self.access.allows(&request.headers) {
-            refused(self.access.challenge().unwrap_or(crate::access::BEARER_CHALLENGE))
+            refused(
+                self.access
+                    .challenge()
+                    .unwrap_or(crate::access::BEARER_CHALLENGE),
+            )
         } else if page {
             let mut r = Response::new(Bytes::from_static(HTML.as_bytes()));
             let h = r.headers_mut();
@@ -161,9 +167,15 @@ impl Page for StatusPage {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/html; charset=utf-8"),
             );
-            h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+            h.insert(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CSP),
+            );
             h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-            h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+            h.insert(
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            );
             r
         } else {
             let gzip = accepts_gzip(

@@ -203,7 +203,11 @@ impl Sample {
     /// Reads `snapshot` (taken by the caller, scrape hooks run) at `at`. `routes` maps each
     /// configured route id to its upstream's name (`None`: it answers by itself), so that an
     /// upstream's requests are its routes'.
-    pub(crate) fn read(snapshot: &Snapshot, at: Instant, routes: &[(String, Option<String>)]) -> Sample {
+    pub(crate) fn read(
+        snapshot: &Snapshot,
+        at: Instant,
+        routes: &[(String, Option<String>)],
+    ) -> Sample {
         let mut by_route: HashMap<String, RouteSample> = routes
             .iter()
             .map(|(id, _)| (id.clone(), RouteSample::default()))
@@ -237,7 +241,11 @@ impl Sample {
             bounds = f.bounds().to_vec();
             for s in f.series() {
                 gateway.latency.add(&s);
-                if let Some(r) = s.label_values().first().and_then(|id| by_route.get_mut(id.as_ref())) {
+                if let Some(r) = s
+                    .label_values()
+                    .first()
+                    .and_then(|id| by_route.get_mut(id.as_ref()))
+                {
                     r.traffic.latency.add(&s);
                 }
             }
@@ -352,20 +360,29 @@ fn gauges(snapshot: &Snapshot) -> Gauges {
     limit("tailguard_upstream_min_rtt_seconds", |l, v| {
         l.min_rtt = (v > 0.0).then_some(v);
     });
-    limit("tailguard_upstream_overloaded", |l, v| l.overloaded = v > 0.0);
+    limit("tailguard_upstream_overloaded", |l, v| {
+        l.overloaded = v > 0.0
+    });
     let mut breakers: HashMap<(String, String), (f64, f64)> = HashMap::new();
     each(snapshot, "tailguard_breaker_state", |labels, s| {
         if let (Some(u), Some(r)) = (labels.first(), labels.get(1)) {
-            breakers.entry((u.to_string(), r.to_string())).or_default().0 = s.value();
+            breakers
+                .entry((u.to_string(), r.to_string()))
+                .or_default()
+                .0 = s.value();
         }
     });
     each(snapshot, "tailguard_breaker_reject_ratio", |labels, s| {
         if let (Some(u), Some(r)) = (labels.first(), labels.get(1)) {
-            breakers.entry((u.to_string(), r.to_string())).or_default().1 = s.value();
+            breakers
+                .entry((u.to_string(), r.to_string()))
+                .or_default()
+                .1 = s.value();
         }
     });
     Gauges {
-        connections_open: single(snapshot, "tailguard_downstream_connections_active").unwrap_or(0.0),
+        connections_open: single(snapshot, "tailguard_downstream_connections_active")
+            .unwrap_or(0.0),
         connections_parked: single(snapshot, "tailguard_downstream_connections_parked")
             .unwrap_or(0.0),
         in_flight: single(snapshot, "tailguard_requests_in_flight").unwrap_or(0.0),
@@ -379,8 +396,7 @@ fn gauges(snapshot: &Snapshot) -> Gauges {
         etcd: single(snapshot, "tailguard_config_etcd_revision").map(|revision| EtcdGauges {
             revision,
             cached: single(snapshot, "tailguard_config_etcd_cached").is_some_and(|v| v > 0.0),
-            connected: single(snapshot, "tailguard_config_etcd_connected")
-                .is_some_and(|v| v > 0.0),
+            connected: single(snapshot, "tailguard_config_etcd_connected").is_some_and(|v| v > 0.0),
         }),
     }
 }
@@ -404,7 +420,11 @@ mod tests {
             buckets: vec![90, 0, 0, 10],
             sum: 0.0,
         };
-        assert_eq!(slow.quantile(&bounds, 0.99), Some(0.4), "+Inf: the last bound");
+        assert_eq!(
+            slow.quantile(&bounds, 0.99),
+            Some(0.4),
+            "+Inf: the last bound"
+        );
         assert!(close(slow.quantile(&bounds, 0.5), 0.1 * 50.0 / 90.0));
         assert_eq!(Latency::default().quantile(&bounds, 0.5), None);
         let older = Latency {

@@ -52,8 +52,19 @@ pub(crate) struct Rates {
 
 impl Rates {
     /// `new` over `old` (`None`: the traffic is newer than the window), `seconds` apart.
-    pub(crate) fn between(new: &Traffic, old: Option<&Traffic>, seconds: f64, bounds: &[f64]) -> Rates {
-        let per_s = |n: f64, o: f64| if seconds > 0.0 { (n - o).max(0.0) / seconds } else { 0.0 };
+    pub(crate) fn between(
+        new: &Traffic,
+        old: Option<&Traffic>,
+        seconds: f64,
+        bounds: &[f64],
+    ) -> Rates {
+        let per_s = |n: f64, o: f64| {
+            if seconds > 0.0 {
+                (n - o).max(0.0) / seconds
+            } else {
+                0.0
+            }
+        };
         let latency = new.latency.since(old.map(|o| &o.latency));
         let count = latency.count();
         let ms = |s: f64| s * 1000.0;
@@ -96,7 +107,7 @@ impl Tracker {
         }
         self.recent.push_back(sample);
         self.ticks += 1;
-        if self.ticks % HISTORY_EVERY == 0 {
+        if self.ticks.is_multiple_of(HISTORY_EVERY) {
             self.add_points();
         }
     }
@@ -111,10 +122,7 @@ impl Tracker {
     pub(crate) fn window(&self) -> Option<(&Sample, &Sample, f64)> {
         let newest = self.recent.back()?;
         let oldest = self.recent.front()?;
-        let seconds = newest
-            .at
-            .saturating_duration_since(oldest.at)
-            .as_secs_f64();
+        let seconds = newest.at.saturating_duration_since(oldest.at).as_secs_f64();
         Some((newest, oldest, seconds))
     }
 
@@ -122,7 +130,8 @@ impl Tracker {
         let Some((new, old, seconds)) = self.window() else {
             return;
         };
-        let gateway = Rates::between(&new.gateway, Some(&old.gateway), seconds, &new.bounds).point();
+        let gateway =
+            Rates::between(&new.gateway, Some(&old.gateway), seconds, &new.bounds).point();
         let upstreams: Vec<(String, Point)> = new
             .upstreams
             .iter()

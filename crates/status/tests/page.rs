@@ -25,7 +25,10 @@ fn endpoint<'a>(doc: &'a serde_json::Value, addr: &str) -> &'a serde_json::Value
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_that_fails_its_checks_shows_down_with_why_and_an_alert() {
-    let (a, b) = (SwitchableUpstream::start().await, SwitchableUpstream::start().await);
+    let (a, b) = (
+        SwitchableUpstream::start().await,
+        SwitchableUpstream::start().await,
+    );
     let dir = tempfile::tempdir().unwrap();
     let h = Harness::start(&two_endpoints(&a, &b, ""), dir.path());
     h.json(&[]).await;
@@ -83,13 +86,17 @@ async fn an_endpoint_that_fails_its_checks_shows_down_with_why_and_an_alert() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reload_stands_out_with_its_error() {
-    let (a, b) = (SwitchableUpstream::start().await, SwitchableUpstream::start().await);
+    let (a, b) = (
+        SwitchableUpstream::start().await,
+        SwitchableUpstream::start().await,
+    );
     let dir = tempfile::tempdir().unwrap();
     let h = Harness::start(&two_endpoints(&a, &b, ""), dir.path());
     let gateway = h.server.gateway();
-    gateway
-        .reloads()
-        .record("gw.toml", Err("gw.toml:3:1: routes[0]: unknown field `bogus`".into()));
+    gateway.reloads().record(
+        "gw.toml",
+        Err("gw.toml:3:1: routes[0]: unknown field `bogus`".into()),
+    );
     gateway.metrics().reloaded(false);
     let doc = wait_for(&h, "the failed reload", &[], |d| {
         d["gateway"]["last_reload_ok"] == false
@@ -109,7 +116,10 @@ async fn a_failed_reload_stands_out_with_its_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_guards_the_data_and_a_wrong_one_is_refused() {
-    let (a, b) = (SwitchableUpstream::start().await, SwitchableUpstream::start().await);
+    let (a, b) = (
+        SwitchableUpstream::start().await,
+        SwitchableUpstream::start().await,
+    );
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("status.token"), "s3cret-token\n").unwrap();
     let h = Harness::start(
@@ -123,14 +133,20 @@ async fn a_token_guards_the_data_and_a_wrong_one_is_refused() {
     ] {
         let r = h.get("/status.json", headers).await;
         assert_eq!(r.status, 401, "{headers:?}");
-        assert!(r.head.contains("www-authenticate: bearer realm=\"tailguard status\""));
+        assert!(
+            r.head
+                .contains("www-authenticate: bearer realm=\"tailguard status\"")
+        );
         assert!(!r.body.contains("upstreams"));
     }
     let good = [("Authorization", "Bearer s3cret-token")];
     let ok = h.get("/status.json", &good).await;
     assert_eq!(ok.status, 200);
     assert!(ok.head.contains("cache-control: no-store"));
-    assert!(!ok.body.contains("s3cret"), "the token is never in the data");
+    assert!(
+        !ok.body.contains("s3cret"),
+        "the token is never in the data"
+    );
     let zipped = h
         .get("/status.json", &[good[0], ("Accept-Encoding", "gzip")])
         .await;
@@ -139,7 +155,10 @@ async fn a_token_guards_the_data_and_a_wrong_one_is_refused() {
     let page = h.get("/status", &[]).await;
     assert_eq!(page.status, 200);
     assert!(page.head.contains("content-type: text/html"));
-    assert!(page.head.contains("content-security-policy: default-src 'none'"));
+    assert!(
+        page.head
+            .contains("content-security-policy: default-src 'none'")
+    );
     assert!(page.body.contains("<title>tailguard status</title>"));
     assert!(!page.body.contains("s3cret"));
     // The exposition beside it is untouched.
@@ -148,7 +167,10 @@ async fn a_token_guards_the_data_and_a_wrong_one_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn htpasswd_guards_the_page_and_its_data() {
-    let (a, b) = (SwitchableUpstream::start().await, SwitchableUpstream::start().await);
+    let (a, b) = (
+        SwitchableUpstream::start().await,
+        SwitchableUpstream::start().await,
+    );
     let dir = tempfile::tempdir().unwrap();
     let hash = bcrypt::hash("correct horse", 4).unwrap();
     std::fs::write(dir.path().join("htpasswd"), format!("ops:{hash}\n")).unwrap();
@@ -165,10 +187,17 @@ async fn htpasswd_guards_the_page_and_its_data() {
     for path in ["/status", "/status.json"] {
         let r = h.get(path, &[]).await;
         assert_eq!(r.status, 401, "{path}");
-        assert!(r.head.contains("www-authenticate: basic realm=\"tailguard status\""));
+        assert!(
+            r.head
+                .contains("www-authenticate: basic realm=\"tailguard status\"")
+        );
         let wrong = basic("ops:battery staple");
         assert_eq!(h.get(path, &[("Authorization", &wrong)]).await.status, 401);
         let right = basic("ops:correct horse");
-        assert_eq!(h.get(path, &[("Authorization", &right)]).await.status, 200, "{path}");
+        assert_eq!(
+            h.get(path, &[("Authorization", &right)]).await.status,
+            200,
+            "{path}"
+        );
     }
 }

@@ -16,9 +16,10 @@ fn schema_path() -> std::path::PathBuf {
 
 /// Validates `doc` with Python's jsonschema; `Err` with its message when invalid.
 fn validate(doc: &serde_json::Value) -> Result<(), String> {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("a temporary directory");
     let file = dir.path().join("status.json");
-    std::fs::write(&file, serde_json::to_vec(doc).unwrap()).unwrap();
+    let json = serde_json::to_vec(doc).expect("a JSON value serializes");
+    std::fs::write(&file, json).expect("write the document");
     let out = Command::new("/usr/bin/python3")
         .args([
             "-c",
@@ -40,7 +41,10 @@ fn validate(doc: &serde_json::Value) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_matches_its_schema_in_an_independent_validator() {
-    let (a, b) = (SwitchableUpstream::start().await, SwitchableUpstream::start().await);
+    let (a, b) = (
+        SwitchableUpstream::start().await,
+        SwitchableUpstream::start().await,
+    );
     let dir = tempfile::tempdir().unwrap();
     // Every kind of object the document can hold: a checked round-robin upstream, a
     // p2c-EWMA one with the adaptive shedder's limits and breakers, a local answer, a rate
@@ -118,13 +122,15 @@ fn every_field_of_the_schema_is_described_in_docs_status_md() {
     let mut names = BTreeSet::new();
     properties(&schema, &mut names);
     assert!(names.len() > 80, "{names:?}");
-    let docs = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/status.md"),
-    )
-    .unwrap();
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/status.md"))
+            .unwrap();
     let missing: Vec<&String> = names
         .iter()
         .filter(|n| !docs.contains(&format!("`{n}`")))
         .collect();
-    assert!(missing.is_empty(), "docs/status.md does not describe {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/status.md does not describe {missing:?}"
+    );
 }

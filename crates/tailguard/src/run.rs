@@ -19,8 +19,8 @@ use tailguard_config::Config;
 use tailguard_metrics::{
     Exporter, ExporterConfig, Listen, MetricsConfig, Page, Pages, Priority, Registry,
 };
-use tailguard_status::StatusPage;
 use tailguard_proxy::{Error, GatewayMetrics, Server};
+use tailguard_status::StatusPage;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::apply::apply;

@@ -141,7 +141,10 @@ impl Browser {
             assert!(n > 0, "chromedriver closed the connection: {raw:?}");
             raw.extend_from_slice(&buf[..n]);
             if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-                break (String::from_utf8_lossy(&raw[..at]).to_ascii_lowercase(), at + 4);
+                break (
+                    String::from_utf8_lossy(&raw[..at]).to_ascii_lowercase(),
+                    at + 4,
+                );
             }
         };
         let chunked = head.contains("transfer-encoding: chunked");
@@ -166,7 +169,11 @@ impl Browser {
             raw.extend_from_slice(&buf[..n]);
         }
         let text = String::from_utf8_lossy(&raw[body_start..]).into_owned();
-        let json_text = if chunked { dechunk(&text) } else { text.clone() };
+        let json_text = if chunked {
+            dechunk(&text)
+        } else {
+            text.clone()
+        };
         let answer: Value = serde_json::from_str(&json_text)
             .unwrap_or_else(|e| panic!("chromedriver sent no JSON ({e}): {text}"));
         let value = answer["value"].clone();

@@ -40,6 +40,9 @@ pub(crate) fn metrics_get(addr: std::net::SocketAddr, path: &str) -> (u16, Strin
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("status");
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
     (status, body)
 }

@@ -97,16 +97,25 @@ fn an_endpoint_failing_its_checks_turns_red_in_the_open_page_without_a_reload() 
     b.set_health_status(500);
     let took = browser.wait_for(
         "the endpoint down",
-        &format!("const b = {}; return !!b && b.dataset.state === 'down'", badge("api", b.addr)),
+        &format!(
+            "const b = {}; return !!b && b.dataset.state === 'down'",
+            badge("api", b.addr)
+        ),
         SHOWS_WITHIN,
     );
     eprintln!("the endpoint showed down {took:?} after it started failing");
-    assert_eq!(browser.eval("return window.noReload"), 48, "the page reloaded");
-    let alert = browser.eval(&format!(
+    assert_eq!(
+        browser.eval("return window.noReload"),
+        48,
+        "the page reloaded"
+    );
+    let alert = browser.eval(
         "const li = document.querySelector('#alerts li.red[data-kind=\"endpoint_down\"]'); \
-         return li ? li.dataset.subject + ' | ' + li.textContent : null"
-    ));
-    let alert = alert.as_str().expect("a red endpoint_down alert at the top");
+         return li ? li.dataset.subject + ' | ' + li.textContent : null",
+    );
+    let alert = alert
+        .as_str()
+        .expect("a red endpoint_down alert at the top");
     assert!(alert.starts_with(&format!("api/{}", b.addr)), "{alert}");
     assert!(alert.contains("status 500"), "{alert}");
     assert_eq!(

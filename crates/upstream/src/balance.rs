@@ -243,6 +243,9 @@ mod tests {
         assert!(to_fast >= 19, "{to_fast}");
         assert_eq!(b.in_flight(0), Some(0));
         assert!(b.latency_estimate(0) > b.latency_estimate(1));
-        assert_eq!((b.in_flight(2), RoundRobin::new(&[1]).in_flight(0)), (None, None));
+        assert_eq!(
+            (b.in_flight(2), RoundRobin::new(&[1]).in_flight(0)),
+            (None, None)
+        );
     }
 }

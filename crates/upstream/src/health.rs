@@ -598,7 +598,10 @@ mod tests {
         let c = check();
         let start = Instant::now();
         let fresh = h.report(start);
-        assert_eq!((fresh.state, fresh.reason, fresh.last_check), ("up", None, None));
+        assert_eq!(
+            (fresh.state, fresh.reason, fresh.last_check),
+            ("up", None, None)
+        );
         for _ in 0..3 {
             h.probed(&c, Err("connection refused".into()), start);
         }
@@ -607,16 +610,25 @@ mod tests {
         assert_eq!(r.state, "down");
         assert_eq!(
             r.reason.as_deref(),
-            Some("endpoint fails its checks: 3 consecutive failed checks, last: connection refused")
+            Some(
+                "endpoint fails its checks: 3 consecutive failed checks, last: connection refused"
+            )
         );
         assert_eq!(
             r.last_check,
-            Some((Duration::from_millis(1500), false, "connection refused".into()))
+            Some((
+                Duration::from_millis(1500),
+                false,
+                "connection refused".into()
+            ))
         );
         assert_eq!(r.ejected_for, None);
         h.probed(&c, Ok(204), later);
         let r = h.report(later);
-        assert_eq!(r.last_check, Some((Duration::ZERO, true, "status 204".into())));
+        assert_eq!(
+            r.last_check,
+            Some((Duration::ZERO, true, "status 204".into()))
+        );
         assert_eq!(r.state, "down", "one pass of two");
 
         let e = ejection(1, 100);
@@ -626,7 +638,11 @@ mod tests {
         let r = ejected.report(start + Duration::from_millis(30));
         assert_eq!(r.state, "ejected");
         assert_eq!(r.ejected_for, Some(Duration::from_millis(70)));
-        assert!(r.reason.unwrap().starts_with("endpoint ejected: 1 consecutive failures"));
+        assert!(
+            r.reason
+                .unwrap()
+                .starts_with("endpoint ejected: 1 consecutive failures")
+        );
     }
 
     #[test]
