@@ -22,7 +22,7 @@ pub struct Reload {
     pub error: Option<String>,
 }
 
-/// The last [`KEPT`] reloads, newest last. Only the reloading thread writes it and only the
+/// The last 10 reloads, newest last. Only the reloading thread writes it and only the
 /// exporter thread reads it: no serving thread ever takes its lock.
 #[derive(Debug, Default)]
 pub struct Reloads {
