@@ -318,6 +318,76 @@ async fn the_upstream_gets_one_traceparent_the_callers_tracestate_and_no_b3() {
     drop(server);
 }
 
+/// Regression (issue 44): `tracestate` keys by Trace Context Level 2 (`@` anywhere after
+/// the first character, a digit first, up to 256 characters), and a forbidden member dropped
+/// alone: Level 1's `tenant@system` check dropped the whole header, members beside included.
+#[tokio::test]
+async fn tracestate_keys_of_level_2_go_on_and_a_forbidden_member_is_dropped_alone() {
+    let receiver = OtlpReceiver::http().await;
+    let up = recorder(200).await;
+    let (server, url) = start(config(&gateway_config(
+        &[up.addr],
+        "",
+        "",
+        &receiver.endpoint(),
+    )));
+    let long = format!("{}@v", "t".repeat(242));
+    let send_state = |fields: Vec<String>| {
+        let url = url.clone();
+        async move {
+            let mut req = http::Request::get(format!("{url}/x"))
+                .header("host", "api.example.com")
+                .header("traceparent", format!("00-{TRACE}-{PARENT_SPAN}-01"));
+            for f in fields {
+                req = req.header("tracestate", f);
+            }
+            let req = req.body(crate::support::empty()).expect("request");
+            let resp = http1_client().request(req).await.expect("a response");
+            assert_eq!(resp.status(), 200);
+            let _ = crate::support::text(resp).await;
+        }
+    };
+    let invalid = |server: &tailguard_proxy::Server| {
+        metrics_text(server)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("tailguard_trace_context_invalid_total{header=\"tracestate\"} ")
+            })
+            .map(str::to_owned)
+    };
+
+    // Every key valid by Level 2 (none by Level 1's form): on as received, none counted.
+    send_state(vec![
+        "foo@=1,a@b@c=2".to_owned(),
+        format!("0abc=3,{long}=4"),
+    ])
+    .await;
+    // A forbidden member beside valid ones: only it is dropped, and the header is counted.
+    send_state(vec![
+        "foo@=1, Bad=2 ,a@b@c=3".to_owned(),
+        format!("{long}=4,@x=5"),
+    ])
+    .await;
+    let heads = up.heads();
+    let states: Vec<Vec<&str>> = heads
+        .iter()
+        .map(|h| {
+            h.get_all("tracestate")
+                .iter()
+                .map(|v| v.to_str().expect("ascii"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            vec![format!("foo@=1,a@b@c=2,0abc=3,{long}=4").as_str()],
+            vec![format!("foo@=1,a@b@c=3,{long}=4").as_str()],
+        ]
+    );
+    assert_eq!(invalid(&server).as_deref(), Some("1"));
+}
+
 #[tokio::test]
 async fn a_malformed_traceparent_starts_a_new_trace_and_is_counted() {
     let receiver = OtlpReceiver::http().await;

@@ -3,11 +3,12 @@
 //!
 //! # How the pieces fit
 //!
-//! - [`extract`] reads a request's `traceparent`/`tracestate` (W3C Trace Context Level 1)
-//!   or `b3` (Zipkin's single header): the caller's [`SpanContext`], or none, and which
-//!   headers were malformed (a new trace is then started, and the caller counts them with
+//! - [`extract`] reads a request's `traceparent`/`tracestate` (W3C Trace Context;
+//!   `tracestate` keys by Level 2) or `b3` (Zipkin's single header): the caller's
+//!   [`SpanContext`], or none, and which headers were malformed (a new trace is then
+//!   started, a forbidden `tracestate` member dropped alone, and the caller counts them with
 //!   [`TraceMetrics::context_invalid`]). [`inject`] writes `traceparent` (and `tracestate`,
-//!   as received) for the next hop.
+//!   as received less its forbidden members) for the next hop.
 //! - [`TraceId::random`] and [`SpanId::random`] come from a per-thread generator.
 //! - The [`Sampler`] takes the head decision (parent-based, a ratio of new traces decided
 //!   from the trace id as OpenTelemetry's `TraceIdRatioBased` does); the [`TailRule`] keeps

@@ -1,11 +1,13 @@
-//! Propagation: W3C Trace Context Level 1 (`traceparent`, `tracestate`) read and written,
-//! and Zipkin's B3 single header (`b3`) read.
+//! Propagation: W3C Trace Context (`traceparent`, `tracestate`; `tracestate` keys by Level
+//! 2's grammar) read and written, and Zipkin's B3 single header (`b3`) read.
 //!
 //! Reading never fails: a malformed header is reported (so the caller can count it) and
 //! treated as absent, which starts a new trace, as the W3C spec asks ("if the vendor failed
 //! to parse traceparent, it MUST NOT attempt to parse tracestate"). `traceparent` wins over
-//! `b3` when both are valid. Writing replaces `traceparent`, passes `tracestate` through as
-//! received and removes `b3`, whose parent would name a span the upstream never saw.
+//! `b3` when both are valid. A `tracestate` member that breaks the grammar is dropped alone,
+//! the members beside it kept. Writing replaces `traceparent`, passes `tracestate` on (as
+//! received when every member was valid) and removes `b3`, whose parent would name a span
+//! the upstream never saw.
 
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
@@ -62,8 +64,8 @@ pub struct Extracted {
     pub parent: Option<SpanContext>,
     /// A sampling decision without ids (`b3: 0`, `b3: 1`, `b3: d`).
     pub sampling_hint: Option<bool>,
-    /// `tracestate`, kept as received (one header, members joined), when `traceparent` was
-    /// valid and the list within the bounds.
+    /// `tracestate`, kept as received (one header, members joined) less the members the
+    /// grammar forbids, when `traceparent` was valid and the list within the bounds.
     pub tracestate: Option<HeaderValue>,
     /// Headers present but malformed, each flagged once.
     pub malformed: [bool; 3],
@@ -118,9 +120,10 @@ pub fn extract(headers: &HeaderMap) -> Extracted {
         }
     }
     if out.parent.is_some() {
-        match tracestate(headers) {
-            Ok(state) => out.tracestate = state,
-            Err(()) => out.flag(ContextHeader::Tracestate),
+        let (state, malformed) = tracestate(headers);
+        out.tracestate = state;
+        if malformed {
+            out.flag(ContextHeader::Tracestate);
         }
         return out;
     }
@@ -243,45 +246,67 @@ pub fn parse_traceparent(value: &[u8]) -> Option<SpanContext> {
     })
 }
 
-/// `tracestate`, every field joined with `,`; `Err` when it breaks the list syntax or the
-/// bounds (the whole list is then dropped, as §3.3.1.1 allows).
-fn tracestate(headers: &HeaderMap) -> Result<Option<HeaderValue>, ()> {
+/// `tracestate`, every field joined with `,`, and whether it was malformed. A member the
+/// grammar forbids (no `=`, a bad key or value) is dropped alone and the others go on
+/// (Level 2's keys; the list is the members' own, §3.3.1.3); over the bounds the whole list
+/// is dropped, as §3.3.1.1 allows. A list with nothing dropped goes on as received.
+fn tracestate(headers: &HeaderMap) -> (Option<HeaderValue>, bool) {
     let mut fields = headers.get_all(&TRACESTATE).iter();
     let Some(first) = fields.next() else {
-        return Ok(None);
+        return (None, false);
     };
     let rest: Vec<&HeaderValue> = fields.collect();
-    let mut members = 0;
-    let mut bytes = 0;
-    for field in std::iter::once(first).chain(rest.iter().copied()) {
-        for member in field.as_bytes().split(|&b| b == b',') {
-            let member = member.trim_ascii();
+    let all = || std::iter::once(first).chain(rest.iter().copied());
+    // Every non-empty member, trimmed: empty ones are allowed and do not count (§3.3.1.1).
+    let members = || {
+        all().flat_map(|field| {
+            field
+                .as_bytes()
+                .split(|&b| b == b',')
+                .map(<[u8]>::trim_ascii)
+                .filter(|m| !m.is_empty())
+        })
+    };
+    let (mut kept, mut bytes, mut dropped) = (0, 0, false);
+    for member in members() {
+        if valid_member(member) {
+            kept += 1;
             bytes += member.len();
-            // Empty members are allowed and do not count (§3.3.1.1).
-            if member.is_empty() {
-                continue;
-            }
-            members += 1;
-            if !valid_member(member) {
-                return Err(());
-            }
+        } else {
+            dropped = true;
         }
     }
-    if members == 0 {
-        return Ok(None);
+    if kept > TRACESTATE_MAX_MEMBERS || bytes > TRACESTATE_MAX_BYTES {
+        return (None, true);
     }
-    if members > TRACESTATE_MAX_MEMBERS || bytes > TRACESTATE_MAX_BYTES {
-        return Err(());
+    if kept == 0 {
+        return (None, dropped);
     }
-    if rest.is_empty() {
-        return Ok(Some(first.clone()));
+    if !dropped && rest.is_empty() {
+        return (Some(first.clone()), false);
     }
-    let mut joined = first.as_bytes().to_vec();
-    for field in rest {
-        joined.push(b',');
-        joined.extend_from_slice(field.as_bytes());
+    let mut joined = Vec::with_capacity(bytes + kept);
+    if dropped {
+        for member in members().filter(|m| valid_member(m)) {
+            if !joined.is_empty() {
+                joined.push(b',');
+            }
+            joined.extend_from_slice(member);
+        }
+    } else {
+        for (i, field) in all().enumerate() {
+            if i > 0 {
+                joined.push(b',');
+            }
+            joined.extend_from_slice(field.as_bytes());
+        }
     }
-    HeaderValue::from_bytes(&joined).map(Some).map_err(|_| ())
+    // Every byte came from header values (a kept member's are printable ASCII): this fails
+    // only for fields joined as received, which a `HeaderValue` already allowed.
+    match HeaderValue::from_bytes(&joined) {
+        Ok(v) => (Some(v), dropped),
+        Err(_) => (None, true),
+    }
 }
 
 /// `key=value` with the key and value grammars of §3.3.1.3.
@@ -293,20 +318,22 @@ fn valid_member(member: &[u8]) -> bool {
     valid_key(key) && valid_value(value)
 }
 
+/// Level 2's key (§3.3.1.3.1): `(lcalpha / DIGIT) 0*255(keychar)`, where `keychar` is
+/// `lcalpha / DIGIT / "_" / "-" / "*" / "/" / "@"`. Level 1's `tenant@system` form, with its
+/// 241- and 14-character parts and `@` at most once, is a special case of it: `foo@=1`,
+/// `a@b@c=1` and a 244-character key with `@` are valid now.
 fn valid_key(key: &[u8]) -> bool {
-    let simple = |k: &[u8], max: usize, first_digit: bool| {
-        !k.is_empty()
-            && k.len() <= max
-            && (k[0].is_ascii_lowercase() || (first_digit && k[0].is_ascii_digit()))
-            && k.iter().all(|&c| {
-                c.is_ascii_lowercase()
-                    || c.is_ascii_digit()
-                    || matches!(c, b'_' | b'-' | b'*' | b'/')
-            })
-    };
-    match key.iter().position(|&b| b == b'@') {
-        None => simple(key, 256, false),
-        Some(at) => simple(&key[..at], 241, true) && simple(&key[at + 1..], 14, false),
+    match key {
+        [first, rest @ ..] => {
+            key.len() <= 256
+                && (first.is_ascii_lowercase() || first.is_ascii_digit())
+                && rest.iter().all(|&c| {
+                    c.is_ascii_lowercase()
+                        || c.is_ascii_digit()
+                        || matches!(c, b'_' | b'-' | b'*' | b'/' | b'@')
+                })
+        }
+        [] => false,
     }
 }
 
@@ -511,6 +538,82 @@ mod tests {
             e.tracestate.is_some(),
             "multi-tenant keys and empty members"
         );
+    }
+
+    /// The value `extract` passes on for these `tracestate` fields, and whether it flagged
+    /// the header.
+    fn state(fields: &[&str]) -> (Option<String>, bool) {
+        let mut pairs = vec![("traceparent", SPEC)];
+        pairs.extend(fields.iter().map(|f| ("tracestate", *f)));
+        let e = extract(&headers(&pairs));
+        let malformed = e.malformed().any(|h| h == ContextHeader::Tracestate);
+        let value = e.tracestate.map(|v| v.to_str().expect("ascii").to_owned());
+        (value, malformed)
+    }
+
+    /// Regression (issue 44): keys were checked by Level 1's `tenant@system` form (241 and
+    /// 14 characters, one `@`, a system part that starts with a letter), so these were lost
+    /// with every member beside them.
+    #[test]
+    fn tracestate_keys_follow_level_2s_grammar() {
+        let long_tenant = format!("{}@v=1", "t".repeat(242));
+        let long_system = format!("t@{}=1", "v".repeat(15));
+        let longest = format!("{}=1", "z".repeat(256));
+        for member in [
+            "foo@=1",
+            "a@b@c=1",
+            "0abc=1",
+            "foo@@bar=1",
+            "foo@bar@baz=1",
+            long_tenant.as_str(),
+            long_system.as_str(),
+            longest.as_str(),
+        ] {
+            let field = format!("{member},bar=2");
+            assert_eq!(state(&[&field]), (Some(field.clone()), false), "{member}");
+        }
+        // The spec's test suite: every character a key and a value may hold.
+        let key = "abcdefghijklmnopqrstuvwxyz0123456789_-*/";
+        let value: String = (0x20u8..=0x7e)
+            .filter(|c| !matches!(c, b',' | b'='))
+            .map(char::from)
+            .collect();
+        for key in [key.to_owned(), format!("{key}@a-z0-9_-*/")] {
+            let member = format!("{key}={value}");
+            assert_eq!(state(&[&member]), (Some(member.clone()), false));
+        }
+    }
+
+    /// A member the grammar forbids is dropped alone: the members beside it, in the same
+    /// field or another, go on (in order, joined by `,`), and the header is counted as
+    /// malformed.
+    #[test]
+    fn a_forbidden_tracestate_member_is_dropped_alone() {
+        let too_long = format!("{}=1", "z".repeat(257));
+        for bad in [
+            "@foo=1",
+            "FOO=1",
+            "foo.bar=1",
+            "foo =1",
+            "_foo=1",
+            "foo=",
+            "foo=bar=baz",
+            "foo",
+            "=1",
+            too_long.as_str(),
+        ] {
+            assert_eq!(
+                state(&[&format!("a=1, {bad} ,b=2"), "c=3"]),
+                (Some("a=1,b=2,c=3".to_owned()), true),
+                "{bad}"
+            );
+            assert_eq!(state(&[bad]), (None, true), "{bad} alone");
+        }
+        // The bounds count the members kept: 32 of them and a bad one go on.
+        let mut members: Vec<String> = (0..32).map(|i| format!("k{i}=v")).collect();
+        let kept = members.join(",");
+        members.insert(7, "Bad=1".to_owned());
+        assert_eq!(state(&[&members.join(",")]), (Some(kept), true));
     }
 
     #[test]
