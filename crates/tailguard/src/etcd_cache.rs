@@ -15,12 +15,18 @@
 //! The header is TOML comments, so the whole file parses as the config it holds, and the
 //! errors of a cached document name the file with line numbers that match it. Each write
 //! goes to a temporary file beside it, is fsynced and renamed over the old one (then the
-//! directory is fsynced): a crash leaves the old revision or the new one, never a mix. A file
-//! whose header is missing, whose length or hash does not match (cut short, edited) or that
-//! holds another key is never served.
+//! directory is fsynced): a crash leaves the old revision or the new one, never a mix. The
+//! temporary file is the writer's own (a name `tempfile` makes unique, created exclusively):
+//! several gateways on one host following one key share the default cache file, and with
+//! one temporary name for all, one writer's rename took another's file away mid-write
+//! (`No such file or directory`), or renamed another's half-written file into place. Each
+//! rename is atomic, so the file always holds one writer's whole revision (the last to
+//! rename wins). A file whose header is missing, whose length or hash does not match (cut
+//! short, edited) or that holds another key is never served.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -160,8 +166,8 @@ impl Cache {
         self.explicit
     }
 
-    /// Replaces the cache with `document` at `revision`: written to a temporary file,
-    /// fsynced, renamed over the cache, and the directory fsynced.
+    /// Replaces the cache with `document` at `revision`: written to a temporary file of this
+    /// write's own, fsynced, renamed over the cache, and the directory fsynced.
     pub(crate) fn store(&self, revision: i64, document: &str) -> std::io::Result<()> {
         let mut text = String::with_capacity(document.len() + 256);
         text.push_str(HEADER);
@@ -181,19 +187,18 @@ impl Cache {
             .path
             .file_name()
             .map_or_else(|| "etcd-cache".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let written = (|| {
-            let mut file = std::fs::File::create(&tmp)?;
-            file.write_all(text.as_bytes())?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, &self.path)?;
-            // The rename itself is durable only once the directory is.
-            std::fs::File::open(dir)?.sync_all()
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
+        // `.NAME.XXXXXX.tmp`, created with O_EXCL (removed again if the write fails), and
+        // the mode `File::create` gives (0666 less the umask), as before.
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".tmp")
+            .permissions(std::fs::Permissions::from_mode(0o666))
+            .tempfile_in(dir)?;
+        tmp.write_all(text.as_bytes())?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(&self.path).map_err(|e| e.error)?;
+        // The rename itself is durable only once the directory is.
+        std::fs::File::open(dir)?.sync_all()
     }
 
     /// The cached revision: `Ok(None)` without a file, `Err` (naming the file) for a file
@@ -304,6 +309,40 @@ mod tests {
         let bare: toml::Table = toml::from_str(doc).unwrap();
         assert_eq!(whole, bare);
         // No temporary file left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Regression (issue 44): writers of one cache file (gateways on one host, one key)
+    /// shared one temporary name, so one's rename took away the file another was writing.
+    /// Eight writers at once, each from its own `Cache` as a process would: every write
+    /// succeeds, the file holds one writer's whole revision, and no temporary file is left.
+    #[test]
+    fn writers_of_one_cache_at_once_never_fail_and_leave_one_whole_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for writer in 0..8_i64 {
+                let (dir, start) = (dir.path(), &start);
+                s.spawn(move || {
+                    let c = cache(dir, "/k");
+                    start.wait();
+                    for round in 0..50 {
+                        let doc = format!("writer = {writer}\nround = {round}\n");
+                        c.store(writer * 1000 + round, &doc)
+                            .unwrap_or_else(|e| panic!("writer {writer}, round {round}: {e}"));
+                    }
+                });
+            }
+        });
+        let cached = cache(dir.path(), "/k").load().unwrap().unwrap();
+        let (writer, round) = (cached.revision / 1000, cached.revision % 1000);
+        assert!(
+            cached
+                .text
+                .ends_with(&format!("writer = {writer}\nround = {round}\n")),
+            "{}",
+            cached.text
+        );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 

@@ -1067,6 +1067,58 @@ fn a_gateway_started_while_etcd_is_down_serves_its_cached_revision_then_follows_
     );
 }
 
+/// Regression (issue 44): gateways on one host following one key share its default cache
+/// file (`$STATE_DIRECTORY/etcd-KEY-HASH.toml`) and wrote it through one temporary name: four
+/// of them logged 25 `cannot write the etcd cache ... No such file or directory` in ten
+/// pushes, and two gave the cache up (`running without one`). Four gateways in one state
+/// directory, each push applied by all four before the next, so they write at once: no
+/// write fails, and the file holds the last revision with no temporary file left.
+#[test]
+fn four_gateways_on_one_host_write_their_shared_etcd_cache_without_a_failure() {
+    let Some(etcd) = Etcd::start() else { return };
+    let up: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    put(&etcd, &document(up, None));
+    let state = tempfile::tempdir().unwrap();
+    let args = [
+        "--etcd",
+        &etcd.url(),
+        "--etcd-key",
+        KEY,
+        "--threads",
+        "1",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let mut gateways: Vec<Gateway> = (0..4)
+        .map(|_| Gateway::run_in_state(&args, state.path()))
+        .collect();
+    let mut last = (0, String::new());
+    for push in 0..20 {
+        let doc = document(up, Some(&format!("push{push}")));
+        let revision = put(&etcd, &doc);
+        for gw in &gateways {
+            wait_gauge(gw, "tailguard_config_etcd_revision", revision as f64);
+        }
+        last = (revision, doc);
+    }
+    // A stop comes after the write of the revision each one applied last.
+    for gw in &mut gateways {
+        gw.signal("TERM");
+        assert!(gw.wait_exit(Duration::from_secs(15)).success());
+    }
+    for gw in &gateways {
+        let log = gw.log();
+        assert!(!log.contains("cannot write the etcd cache"), "{log}");
+    }
+    let files: Vec<String> = std::fs::read_dir(state.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let written = std::fs::read_to_string(state.path().join(&files[0])).unwrap();
+    assert_eq!(written, cache_file(KEY, last.0, &last.1));
+}
+
 #[test]
 fn a_start_without_etcd_refuses_a_missing_corrupt_invalid_or_other_keys_cache() {
     let Some(mut etcd) = Etcd::start() else {

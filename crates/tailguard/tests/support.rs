@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -13,7 +14,9 @@ pub(crate) struct Gateway {
     stderr: Arc<Mutex<String>>,
     /// Its `$STATE_DIRECTORY` (where a gateway on etcd keeps its default cache), so no test
     /// writes to /var/lib/tailguard.
-    state: tempfile::TempDir,
+    state: PathBuf,
+    /// The state directory when it is the gateway's own (removed when it drops).
+    _own_state: Option<tempfile::TempDir>,
 }
 
 impl Gateway {
@@ -36,13 +39,30 @@ impl Gateway {
         Gateway::start(cmd, args, limit)
     }
 
-    fn start(mut cmd: Command, args: &[&str], limit: Duration) -> Gateway {
-        let state = tempfile::tempdir().expect("state dir");
+    /// [`Gateway::run`] with `state` as its `$STATE_DIRECTORY`, which other gateways may
+    /// share (as several gateways on one host do).
+    pub(crate) fn run_in_state(args: &[&str], state: &Path) -> Gateway {
+        let cmd = Command::new(env!("CARGO_BIN_EXE_tailguard"));
+        Gateway::start_in(cmd, args, Duration::from_secs(20), state.to_owned(), None)
+    }
+
+    fn start(cmd: Command, args: &[&str], limit: Duration) -> Gateway {
+        let own = tempfile::tempdir().expect("state dir");
+        Gateway::start_in(cmd, args, limit, own.path().to_owned(), Some(own))
+    }
+
+    fn start_in(
+        mut cmd: Command,
+        args: &[&str],
+        limit: Duration,
+        state: PathBuf,
+        own_state: Option<tempfile::TempDir>,
+    ) -> Gateway {
         let mut child = cmd
             .arg("run")
             .args(args)
             .env("RUST_LOG", "info")
-            .env("STATE_DIRECTORY", state.path())
+            .env("STATE_DIRECTORY", &state)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -75,12 +95,13 @@ impl Gateway {
             addr,
             stderr: log,
             state,
+            _own_state: own_state,
         }
     }
 
     /// Its `$STATE_DIRECTORY`.
-    pub(crate) fn state_dir(&self) -> &std::path::Path {
-        self.state.path()
+    pub(crate) fn state_dir(&self) -> &Path {
+        &self.state
     }
 
     pub(crate) fn url(&self) -> String {
