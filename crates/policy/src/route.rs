@@ -1,5 +1,6 @@
-//! Routing: routes compiled at config load into one list in precedence order, matched
-//! against each request head by a linear scan that allocates nothing.
+//! Routing: routes compiled at config load into one list in precedence order and an
+//! [`index`] over their hosts and paths, so a request head is tested against the few routes
+//! that can match it, never the whole table; matching allocates nothing.
 //!
 //! Precedence follows the Kubernetes Gateway API HTTPRoute rules, with an explicit
 //! `priority` first: higher priority; then a more specific host (exact, then the longest
@@ -14,16 +15,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use tailguard_config::{PathMatch, RouteConfig};
 
-/// Host part of a route's match.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostMatch {
-    /// Any host.
-    Any,
-    /// This host exactly (lowercase, no port).
-    Exact(String),
-    /// Any subdomain of this suffix; holds `.example.com` for `*.example.com`.
-    Suffix(String),
-}
+pub mod index;
+
+pub use index::HostMatch;
+use index::RouteIndex;
 
 /// A route as built at config load.
 ///
@@ -166,22 +161,43 @@ fn path_matches(rule: &PathMatch, path: &str) -> bool {
     }
 }
 
-/// All routes of a config, in precedence order.
+/// All routes of a config, in precedence order, and their index.
 #[derive(Debug, Default)]
 pub struct Router {
     routes: Vec<Route>,
+    index: RouteIndex,
 }
 
 impl Router {
-    /// Orders the routes by precedence (stable: file order breaks ties).
+    /// Orders the routes by precedence (stable: file order breaks ties) and indexes them.
     pub fn new(mut routes: Vec<Route>) -> Router {
         routes.sort_by_key(Route::precedence);
-        Router { routes }
+        let index = RouteIndex::build(routes.iter().map(|r| (&r.host, &r.path)));
+        Router { routes, index }
     }
 
     /// Index of the winning route for a request head, if any matches. `host` is the
-    /// request's host without port.
+    /// request's host without port. The index hands over the routes whose host and path can
+    /// match; the first of them in precedence order that matches in full wins, the route
+    /// [`Router::scan`] finds.
     pub fn find(
+        &self,
+        host: &str,
+        path: &str,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Option<usize> {
+        self.index
+            .find(host, path, |i| {
+                self.routes[i as usize].matches(host, path, method, headers)
+            })
+            .map(|i| i as usize)
+    }
+
+    /// What [`Router::find`] returns, found by testing every route in precedence order:
+    /// the reference the index is proven against (its cost grows with the table; for tests
+    /// and benchmarks, never the request path).
+    pub fn scan(
         &self,
         host: &str,
         path: &str,
@@ -204,3 +220,6 @@ impl Router {
         &self.routes
     }
 }
+
+#[cfg(test)]
+mod tests;
