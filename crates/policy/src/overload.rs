@@ -15,6 +15,7 @@
 //! connect failure on another endpoint is plain proxying, and the budget is what keeps it
 //! from multiplying an overload, so it exists in every mode (see [`Overload::may_retry`]).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -262,6 +263,13 @@ impl Overload {
             })
             .collect();
         let breaker_config = config.breaker_config();
+        // The previous snapshot's breakers by name, found once each (a search per route was
+        // quadratic in the table's size).
+        let kept: HashMap<&str, &Arc<Breaker>> = previous
+            .iter()
+            .flat_map(|p| p.routes.iter().filter_map(|r| r.breaker.as_ref()))
+            .map(|b| (b.name(), b))
+            .collect();
         let routes = router
             .routes()
             .iter()
@@ -270,8 +278,8 @@ impl Overload {
                 let upstream = upstream_names.get(r.upstream);
                 let breaker = breaker_config.as_ref().zip(upstream).map(|(bc, upstream)| {
                     let name = format!("{upstream}/{}", r.id);
-                    previous
-                        .and_then(|p| p.breaker_named(&name))
+                    kept.get(name.as_str())
+                        .map(|b| Arc::clone(b))
                         .unwrap_or_else(|| {
                             let b = Arc::new(
                                 Breaker::new(&name, bc.clone())
@@ -300,14 +308,6 @@ impl Overload {
             routes,
             retries,
         }
-    }
-
-    fn breaker_named(&self, name: &str) -> Option<Arc<Breaker>> {
-        self.routes
-            .iter()
-            .filter_map(|r| r.breaker.as_ref())
-            .find(|b| b.name() == name)
-            .cloned()
     }
 
     /// The retry budget of upstream `upstream` (its index in the snapshot), for the status

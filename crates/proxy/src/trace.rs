@@ -18,11 +18,12 @@
 //! trace.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use http::{HeaderMap, HeaderValue, Request};
-use tailguard_config::{Config, RouteTracing};
+use tailguard_config::{Config, RouteConfig, RouteTracing};
 use tailguard_trace::{
     Sampler, SpanContext, SpanId, SpanKind, SpanWriter, Status, TRACEPARENT_LINE_LEN, TailRule,
     TraceId, Tracer, extract, inject_beside_line, inject_known, method_name, protocol_version,
@@ -53,7 +54,13 @@ pub struct SnapshotTracing {
 
 impl SnapshotTracing {
     /// The sampling of `config` recording into `tracer` (a no-op when tracing is off).
-    pub fn build(config: &Config, router: &Router, tracer: &Tracer) -> SnapshotTracing {
+    /// `by_id` holds the config's routes by id.
+    pub fn build(
+        config: &Config,
+        router: &Router,
+        by_id: &HashMap<&str, &RouteConfig>,
+        tracer: &Tracer,
+    ) -> SnapshotTracing {
         let Some(t) = &config.tracing else {
             return SnapshotTracing::default();
         };
@@ -61,10 +68,8 @@ impl SnapshotTracing {
             .routes()
             .iter()
             .map(|r| {
-                config
-                    .routes
-                    .iter()
-                    .find(|c| **c.id.get_ref() == *r.id)
+                by_id
+                    .get(&*r.id)
                     .and_then(|c| c.tracing.as_ref().map(|t| *t.get_ref()))
                     .unwrap_or(RouteTracing::Default)
             })
