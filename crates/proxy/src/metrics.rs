@@ -75,12 +75,13 @@ const GRPC_STATUS_LABELS: [&str; 18] = [
 ];
 
 /// gRPC calls of one route by `grpc-status`: a dense table of handles, each created on
-/// first use, so counting a call is an index and one relaxed add.
+/// first use, so counting a call is an index and one relaxed add. The table itself is
+/// made at the route's first gRPC call (most routes never see one).
 #[derive(Debug)]
 pub(crate) struct GrpcCounters {
     route: Arc<str>,
     family: Family<Counter>,
-    table: Box<[OnceLock<Counter>]>,
+    table: OnceLock<Box<[OnceLock<Counter>; GRPC_STATUS_LABELS.len()]>>,
 }
 
 impl GrpcCounters {
@@ -88,7 +89,7 @@ impl GrpcCounters {
         GrpcCounters {
             route,
             family,
-            table: GRPC_STATUS_LABELS.iter().map(|_| OnceLock::new()).collect(),
+            table: OnceLock::new(),
         }
     }
 
@@ -97,7 +98,8 @@ impl GrpcCounters {
         let slot = status.map_or(GRPC_STATUS_LABELS.len() - 1, |s| {
             usize::from(s.min(tailguard_http::grpc::MAX_CODE))
         });
-        self.table[slot]
+        self.table
+            .get_or_init(|| Box::new(std::array::from_fn(|_| OnceLock::new())))[slot]
             .get_or_init(|| {
                 self.family
                     .get_or_create(&[&self.route, GRPC_STATUS_LABELS[slot]])
@@ -108,13 +110,64 @@ impl GrpcCounters {
 }
 
 /// The handles of one route.
+///
+/// Its series are made at the route's first finished request, not when the route is built:
+/// a table of 100,000 routes of which a few serve then holds a few routes' series (a
+/// latency histogram is 16 cells on every shard), and a route that has served nothing
+/// costs about its config. Until then its families show no series for it.
 #[derive(Debug)]
 pub(crate) struct RouteHandles {
     requests: StatusCounters,
     grpc: GrpcCounters,
+    series: OnceLock<Box<RouteSeries>>,
+}
+
+/// The series of a route that has finished a request.
+#[derive(Debug)]
+struct RouteSeries {
     duration: Histogram,
     bytes_in: Counter,
     bytes_out: Counter,
+}
+
+impl RouteSeries {
+    fn new(
+        duration: &Family<Histogram>,
+        bytes_in: &Family<Counter>,
+        bytes_out: &Family<Counter>,
+        id: &str,
+    ) -> Result<RouteSeries, MetricsError> {
+        Ok(RouteSeries {
+            duration: duration.get_or_create(&[id])?,
+            bytes_in: bytes_in.get_or_create(&[id])?,
+            bytes_out: bytes_out.get_or_create(&[id])?,
+        })
+    }
+}
+
+impl RouteHandles {
+    fn new(
+        requests: &Family<Counter>,
+        grpc: &Family<Counter>,
+        id: &Arc<str>,
+    ) -> Result<RouteHandles, MetricsError> {
+        Ok(RouteHandles {
+            requests: StatusCounters::new(requests.clone(), id)?,
+            grpc: GrpcCounters::new(grpc.clone(), Arc::clone(id)),
+            series: OnceLock::new(),
+        })
+    }
+
+    /// The route's series, made at its first use (the cold path: one lookup per family,
+    /// once per route and process).
+    fn series(&self, g: &GatewayMetrics) -> &RouteSeries {
+        self.series.get_or_init(|| {
+            Box::new(
+                RouteSeries::new(&g.duration, &g.bytes_in, &g.bytes_out, &self.grpc.route)
+                    .expect("the duration and body bytes families have one label each"),
+            )
+        })
+    }
 }
 
 /// The handles of one endpoint of one upstream.
@@ -282,13 +335,11 @@ impl GatewayMetrics {
         .get_or_create(&[env!("CARGO_PKG_VERSION")])?
         .set(1);
         register_process_metrics(r)?;
-        let unrouted = Arc::new(RouteHandles {
-            requests: StatusCounters::new(requests.clone(), "")?,
-            grpc: GrpcCounters::new(grpc_requests.clone(), Arc::from("")),
-            duration: duration.get_or_create(&[""])?,
-            bytes_in: bytes_in.get_or_create(&[""])?,
-            bytes_out: bytes_out.get_or_create(&[""])?,
-        });
+        let unrouted = RouteHandles::new(&requests, &grpc_requests, &Arc::from(""))?;
+        // The unrouted series exist from the start, as they always have.
+        let _ = unrouted.series.set(Box::new(RouteSeries::new(
+            &duration, &bytes_in, &bytes_out, "",
+        )?));
         Ok(Arc::new(GatewayMetrics {
             registry: r.clone(),
             error_table: (0..ERROR_KINDS.len() * BLAMES.len())
@@ -313,7 +364,7 @@ impl GatewayMetrics {
             connections_parked,
             pool,
             errors,
-            unrouted,
+            unrouted: Arc::new(unrouted),
             routes: Mutex::default(),
             endpoints: Mutex::default(),
             synthetic: OnceLock::new(),
@@ -345,13 +396,8 @@ impl GatewayMetrics {
         if let Some(found) = routes.get(id) {
             return Ok(Arc::clone(found));
         }
-        let handles = Arc::new(RouteHandles {
-            requests: StatusCounters::new(self.requests.clone(), id).map_err(internal)?,
-            grpc: GrpcCounters::new(self.grpc_requests.clone(), Arc::clone(id)),
-            duration: self.duration.get_or_create(&[id]).map_err(internal)?,
-            bytes_in: self.bytes_in.get_or_create(&[id]).map_err(internal)?,
-            bytes_out: self.bytes_out.get_or_create(&[id]).map_err(internal)?,
-        });
+        let handles =
+            Arc::new(RouteHandles::new(&self.requests, &self.grpc_requests, id).map_err(internal)?);
         routes.insert(Arc::clone(id), Arc::clone(&handles));
         Ok(handles)
     }
@@ -537,10 +583,11 @@ pub(crate) fn finish(record: &RequestRecord, m: &SnapshotMetrics, end: Instant) 
     if record.grpc {
         route.grpc.inc(record.grpc_status);
     }
-    route.duration.observe_duration(elapsed);
+    let series = route.series(&m.gateway);
+    series.duration.observe_duration(elapsed);
     let (bytes_in, bytes_out) = (record.bytes_in(), record.bytes_out);
-    route.bytes_in.add(bytes_in);
-    route.bytes_out.add(bytes_out);
+    series.bytes_in.add(bytes_in);
+    series.bytes_out.add(bytes_out);
     if let (Some((u, e)), Some(upstream)) = (record.endpoint, record.upstream_time)
         && let Some(endpoint) = m.endpoints.get(u).and_then(|es| es.get(e))
     {
