@@ -238,6 +238,10 @@ const DELETE_RANGE: &str = "/etcdserverpb.KV/DeleteRange";
 const TXN: &str = "/etcdserverpb.KV/Txn";
 const COMPACT: &str = "/etcdserverpb.KV/Compact";
 const WATCH: &str = "/etcdserverpb.Watch/Watch";
+/// The largest answer taken from etcd (a get, a watch event): 256 MiB, far above any
+/// config document and etcd's 1.5 MiB default request cap (raised with
+/// `--max-request-bytes` for large route tables), yet a bound on what one answer buffers.
+const MAX_ANSWER_BYTES: usize = 256 << 20;
 const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
 const AUTH_ENABLE: &str = "/etcdserverpb.Auth/AuthEnable";
 const USER_ADD: &str = "/etcdserverpb.Auth/UserAdd";
@@ -263,7 +267,11 @@ impl Client {
         // answering is left for the others and reconnected in the background.
         let channel = Channel::balance_list(endpoints.into_iter());
         Ok(Client {
-            grpc: Grpc::new(channel),
+            // tonic refuses an answer over 4 MiB by default, and a config document with
+            // 100,000 routes is about 7 MiB: a get or a watch event of it failed as
+            // "decoded message length too large". etcd's own client allows 2 GiB; the
+            // document is bounded by the server's `--max-request-bytes` anyway.
+            grpc: Grpc::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES),
             auth: options
                 .credentials
                 .clone()
