@@ -175,11 +175,17 @@ fn lowercase<'a>(host: &'a str, buf: &'a mut [u8; HOST_ON_STACK]) -> Cow<'a, str
     Cow::Borrowed(std::str::from_utf8(out).expect("ASCII case folding keeps UTF-8 valid"))
 }
 
+/// A prefix tree's node while routes are added: its routes, its next segments.
+type SegmentBuilder = (Vec<u32>, HashMap<Box<str>, u32>);
+
+/// A wildcard trie's node while routes are added: its paths, its next bytes.
+type SuffixNodeBuilder = (Option<PathsBuilder>, Vec<(u8, u32)>);
+
 /// [`Paths`] while routes are added.
 #[derive(Debug, Default)]
 struct PathsBuilder {
     exact: HashMap<Box<str>, Vec<u32>>,
-    prefixes: Vec<(Vec<u32>, HashMap<Box<str>, u32>)>,
+    prefixes: Vec<SegmentBuilder>,
 }
 
 impl PathsBuilder {
@@ -239,7 +245,7 @@ impl PathsBuilder {
 /// The wildcard trie while routes are added.
 #[derive(Debug, Default)]
 struct SuffixBuilder {
-    nodes: Vec<(Option<PathsBuilder>, Vec<(u8, u32)>)>,
+    nodes: Vec<SuffixNodeBuilder>,
 }
 
 impl SuffixBuilder {
