@@ -57,6 +57,34 @@ async fn a_put_is_read_back_with_its_revisions() {
     );
 }
 
+/// A config document of 100,000 routes is about 7 MiB: over tonic's default 4 MiB answer,
+/// which refused the get ("decoded message length too large"), and over etcd's default
+/// 1.5 MiB request, which a cluster for such a table raises.
+#[tokio::test]
+async fn a_document_of_100000_routes_is_stored_and_read_back() {
+    let Some(etcd) = EtcdServer::builder()
+        .arg("--max-request-bytes=33554432")
+        .start()
+    else {
+        return;
+    };
+    let document: String = (0..100_000)
+        .map(|i| format!("[[routes]]\nid = \"r{i}\"\nupstream = \"u\"\npath = {{ prefix = \"/t{i}/api\" }}\n\n"))
+        .collect();
+    assert!(document.len() > 6 << 20, "{}", document.len());
+    let mut c = client(&etcd.url()).await;
+    bounded(c.put("/big", document.clone())).await.expect("put");
+    let kv = bounded(c.get("/big"))
+        .await
+        .expect("get")
+        .into_first()
+        .expect("the key");
+    assert!(
+        kv.value == document.as_bytes(),
+        "the document came back changed"
+    );
+}
+
 #[tokio::test]
 async fn put_if_mod_revision_writes_only_at_the_expected_revision() {
     let Some(etcd) = EtcdServer::start() else {
