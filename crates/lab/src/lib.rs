@@ -12,6 +12,9 @@
 //! - [`runner::run`] runs a scenario: each condition's load through
 //!   `tailguard_loadgen::load::run_streams`, then one comparison table with P100, an overlaid
 //!   SVG plot and `summary.md`.
+//! - [`routes`] is `tailguard lab routes`: the route table's size against CPU per request,
+//!   memory, start and reload, tailguard beside nginx (its own runner over
+//!   `lab/scenarios/routes/routes.toml`).
 //! - [`cli`] holds the binary's `load`, `lab` and `upstream` subcommands.
 //!
 //! ```
@@ -52,6 +55,7 @@ mod health;
 mod plan;
 pub mod procs;
 mod results;
+pub mod routes;
 pub mod runner;
 pub mod scenario;
 mod slowest;
