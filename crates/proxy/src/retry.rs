@@ -181,24 +181,32 @@ impl Resend {
     }
 }
 
+/// A try that ended, as the retry decision sees it: where and when it went, what it ended
+/// with, and what is left to send again. Both protocols' loops build one.
+struct TryEnd<'e> {
+    endpoint: usize,
+    started: Instant,
+    /// The answer's status, if the try had one.
+    status: Option<u16>,
+    /// Why it got no answer, if it did not.
+    failure: Option<&'e Error>,
+    /// The try gave the request back untouched.
+    unsent: bool,
+    /// A request for the next try is at hand (given back, or copied before the try).
+    at_hand: bool,
+}
+
 /// Decides whether a try that met retry condition `reason` is retried: counts why not if it
-/// is not, else hands over to [`retry_after`] if a request for the next try is at hand
-/// (`at_hand`).
-#[allow(clippy::too_many_arguments)]
+/// is not, else hands over to [`retry_after`] if a request for the next try is at hand.
 fn decide_retry(
     snap: &Snapshot,
     route: &Route,
     resend: &Resend,
-    unsent: bool,
-    at_hand: bool,
     reason: Reason,
-    endpoint: usize,
-    started: Instant,
-    status: Option<u16>,
-    failure: Option<&Error>,
+    end: &TryEnd<'_>,
     record: &mut RequestRecord,
 ) -> Option<usize> {
-    match resend.may_resend(unsent) {
+    match resend.may_resend(end.unsent) {
         Err(skip) => {
             if let Some(skip) = skip {
                 route
@@ -207,10 +215,8 @@ fn decide_retry(
             }
             None
         }
-        Ok(()) if !at_hand => None,
-        Ok(()) => retry_after(
-            snap, route, reason, endpoint, started, status, failure, record,
-        ),
+        Ok(()) if !end.at_hand => None,
+        Ok(()) => retry_after(snap, route, reason, end, record),
     }
 }
 
@@ -256,18 +262,21 @@ fn condition_met(
 
 /// Decides whether a try that ended is retried, and if so does the bookkeeping of the try
 /// it leaves (its pick completed, its outcome recorded, the retry counted and logged) and
-/// returns the endpoint of the next one. `status` is the try's answer, if it had one.
-#[allow(clippy::too_many_arguments)]
+/// returns the endpoint of the next one.
 fn retry_after(
     snap: &Snapshot,
     route: &Route,
     reason: Reason,
-    endpoint: usize,
-    started: Instant,
-    status: Option<u16>,
-    failure: Option<&Error>,
+    end: &TryEnd<'_>,
     record: &mut RequestRecord,
 ) -> Option<usize> {
+    let TryEnd {
+        endpoint,
+        started,
+        status,
+        failure,
+        ..
+    } = *end;
     let upstream: &Upstream<RequestBody> = &snap.upstreams[route.upstream];
     // The budget is asked last: a `true` takes a retry from it. (Method and body were
     // checked by the caller; `may_retry` checks them again, cheaply.)
@@ -487,21 +496,16 @@ pub(crate) async fn exchange_http1(
             }
             (None, spare) => spare,
         };
-        let next = reason.and_then(|reason| {
-            decide_retry(
-                snap,
-                route,
-                &resend,
-                unsent,
-                again.is_some(),
-                reason,
-                endpoint,
-                started,
-                status,
-                failure,
-                record,
-            )
-        });
+        let end = TryEnd {
+            endpoint,
+            started,
+            status,
+            failure,
+            unsent,
+            at_hand: again.is_some(),
+        };
+        let next =
+            reason.and_then(|reason| decide_retry(snap, route, &resend, reason, &end, record));
         let (next, mut again) = match (next, again) {
             (Some(next), Some(again)) => (next, again),
             (_, again) => {
@@ -651,21 +655,16 @@ pub(crate) async fn exchange_h2(
         };
         let unsent = back.is_some();
         let again = back.or(spare);
-        let next = reason.and_then(|reason| {
-            decide_retry(
-                snap,
-                route,
-                &resend,
-                unsent,
-                again.is_some(),
-                reason,
-                endpoint,
-                started,
-                status,
-                failure,
-                record,
-            )
-        });
+        let end = TryEnd {
+            endpoint,
+            started,
+            status,
+            failure,
+            unsent,
+            at_hand: again.is_some(),
+        };
+        let next =
+            reason.and_then(|reason| decide_retry(snap, route, &resend, reason, &end, record));
         let (Some(next), Some(mut again)) = (next, again) else {
             let result = match ended {
                 Ended::Answer(answer) => Ok(answer),
