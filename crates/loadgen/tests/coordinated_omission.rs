@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tailguard_loadgen::load::{LoadConfig, run};
+use tailguard_test_support::blocking;
 use tokio::sync::RwLock;
 
 use crate::support;
@@ -14,7 +15,7 @@ use crate::support;
 fn a_200ms_stall_every_second_shows_in_the_p99_tail() {
     let gate = Arc::new(RwLock::new(()));
     let g = gate.clone();
-    let server = support::start(move |listener| async move {
+    let server = blocking::start(move |listener| async move {
         let stall = g.clone();
         tokio::spawn(async move {
             loop {

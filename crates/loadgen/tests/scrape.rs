@@ -9,6 +9,7 @@ use http_body_util::Full;
 use hyper::Response;
 use tailguard_loadgen::load::{LoadConfig, run};
 use tailguard_loadgen::scrape::ScrapeConfig;
+use tailguard_test_support::blocking;
 use tokio::sync::RwLock;
 
 use crate::support;
@@ -18,7 +19,7 @@ fn requests_overlapping_a_stalling_scrape_get_their_own_percentiles() {
     // /metrics holds the server-wide lock for 150 ms, as a scrape rendered on a serving worker
     // does; every other request takes the lock briefly.
     let gate = Arc::new(RwLock::new(()));
-    let server = support::start(move |listener| {
+    let server = blocking::start(move |listener| {
         support::serve_requests(listener, move |req, _| {
             let gate = gate.clone();
             async move {
@@ -84,7 +85,7 @@ fn the_scraper_primes_before_the_load_starts_and_does_not_report_it() {
     // Every request's path and arrival order, and the connection it came on.
     let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, usize)>::new()));
     let log = seen.clone();
-    let server = support::start(move |listener| {
+    let server = blocking::start(move |listener| {
         support::serve_requests(listener, move |req, connection| {
             let log = log.clone();
             async move {
@@ -133,7 +134,7 @@ fn the_scraper_primes_before_the_load_starts_and_does_not_report_it() {
 #[test]
 fn the_scraper_runs_on_the_generators_cores_and_asks_for_gzip_only_when_told() {
     // /metrics answers 1000 bytes to a client that accepts gzip, 3000 to one that does not.
-    let server = support::start(move |listener| {
+    let server = blocking::start(move |listener| {
         support::serve_requests(listener, |req, _| async move {
             let size = if req.headers().contains_key("accept-encoding") {
                 1000

@@ -17,8 +17,7 @@ use tailguard_loadgen::load::{LoadConfig, run};
 use tailguard_loadgen::report::Report;
 use tailguard_loadgen::schedule::Schedule;
 use tailguard_loadgen::slowest::KEPT;
-
-use crate::support;
+use tailguard_test_support::blocking;
 
 /// Which request the server holds (the 5th it receives) and for how long.
 const HELD: u64 = 5;
@@ -31,7 +30,7 @@ fn the_request_the_server_held_is_the_slowest_with_its_intended_time() {
     // requests a second the next one, queued behind it, is intended 50 ms later: it waits
     // 50 ms less, a margin no scheduling delay of the test machine closes.
     let received = Arc::new(AtomicU64::new(0));
-    let server = support::start(move |listener| async move {
+    let server = blocking::start(move |listener| async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;

@@ -1,9 +1,9 @@
 //! Servers the tests measure: a timestamping sink and the servers each test writes, each on
-//! its own runtime thread so the generator's blocking `run` can drive them.
+//! its own runtime thread (`tailguard_test_support::blocking`) so the generator's blocking
+//! `run` can drive them.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -12,36 +12,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use tailguard_test_support::blocking::{Server, start};
 use tokio::net::TcpListener;
-
-/// A server running on its own runtime; stops when dropped.
-pub(crate) struct Server {
-    pub(crate) addr: SocketAddr,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl Server {
-    pub(crate) fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-}
-
-/// Starts `serve(listener)` on a fresh single-worker runtime.
-pub(crate) fn start<F, Fut>(serve: F) -> Server
-where
-    F: FnOnce(TcpListener) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(serve(listener));
-    Server { addr, _rt: rt }
-}
 
 /// Serves HTTP/1.1 with `handler` on every connection.
 pub(crate) async fn serve_http1<H, Fut>(listener: TcpListener, handler: H)

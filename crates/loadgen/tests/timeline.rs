@@ -15,16 +15,15 @@ use hyper_util::rt::TokioIo;
 use tailguard_loadgen::load::{LoadConfig, run, run_streams};
 use tailguard_loadgen::schedule::Phase;
 use tailguard_loadgen::scrape::{WatchConfig, read_samples};
-
-use crate::support;
+use tailguard_test_support::blocking;
 
 /// A gateway in miniature: at most `limit` requests in flight, each held `hold`; the rest get
 /// 503 at once. `/metrics` exports the limit, the in-flight count and the rejections the way
 /// the gateway names them.
-fn limited_server(limit: usize, hold: Duration) -> support::Server {
+fn limited_server(limit: usize, hold: Duration) -> blocking::Server {
     let inflight = Arc::new(AtomicUsize::new(0));
     let limited = Arc::new(AtomicU64::new(0));
-    support::start(move |listener| async move {
+    blocking::start(move |listener| async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;

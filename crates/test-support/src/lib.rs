@@ -20,7 +20,8 @@
 //! upstream with certificates from a [`TestCa`], counting full and resumed handshakes.
 //! [`SwitchableUpstream`] changes its statuses, stops and comes back while a test runs
 //! (health checks, ejection). [`etcd::EtcdServer`] is a real etcd on free ports;
-//! [`jaeger::Jaeger`] a real Jaeger v2 (an OpenTelemetry collector) and its query API.
+//! [`jaeger::Jaeger`] a real Jaeger v2 (an OpenTelemetry collector) and its query API;
+//! [`blocking::start`] a server on a runtime of its own, for tests whose client blocks.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -32,6 +33,7 @@
 //! # });
 //! ```
 
+pub mod blocking;
 pub mod dns;
 pub mod etcd;
 pub mod grpc;
