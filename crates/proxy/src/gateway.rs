@@ -37,6 +37,8 @@ pub struct Gateway {
     tracing: Mutex<Tracing>,
     /// The last reloads and their outcome (the status page lists them).
     reloads: crate::reloads::Reloads,
+    /// Replaced snapshots, freed off the serving threads once no connection holds them.
+    retired: crate::retired::Retired,
 }
 
 /// The exporter, if started, and the tracer snapshots are built with.
@@ -124,6 +126,7 @@ impl Gateway {
             this: this.clone(),
             tracing: Mutex::new(tracing),
             reloads: crate::reloads::Reloads::default(),
+            retired: crate::retired::Retired::default(),
         });
         gateway.resolver.watch(
             &gateway.snapshot().config,
@@ -134,6 +137,12 @@ impl Gateway {
             current_upstreams(Arc::downgrade(&gateway)),
         );
         Ok(gateway)
+    }
+
+    /// How many snapshots replaced by reloads are not freed yet: held by connections from
+    /// before the reload, or freed within a second of their last connection's close.
+    pub fn retired_snapshots(&self) -> usize {
+        self.retired.len()
     }
 
     /// The gateway's metrics.
@@ -225,6 +234,7 @@ impl Gateway {
         tailguard_upstream::health::handover::retire_missing(&old.upstreams, &new.upstreams);
         self.health
             .follow(&new.upstreams, current_upstreams(self.this.clone()));
+        self.retired.keep(old);
     }
 
     /// Exports every span recorded so far and waits for the export to end (tests, and a

@@ -62,6 +62,7 @@ pub mod record;
 pub mod reloads;
 pub(crate) mod respond;
 pub mod response_body;
+pub(crate) mod retired;
 pub mod retry;
 pub mod server;
 pub mod snapshot;

@@ -153,3 +153,48 @@ async fn connections_over_the_limit_wait_until_one_closes() {
         .expect("served once the slot is free");
     assert_eq!(got.unwrap().0, 200);
 }
+
+/// A snapshot replaced by a reload lives while a request from before the reload holds it,
+/// and is freed (by the reaper thread, not the serving thread that finishes the last such
+/// request) once none does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_snapshot_is_freed_once_its_last_request_ends() {
+    // 8 MiB: more than the sockets' buffers hold, so the answer stays in flight while the
+    // client reads none of it.
+    let upstream = Upstream::builder().body(vec![b'x'; 8 << 20]).start().await;
+    let config = || support::proxy_to(&[upstream.addr], "");
+    let (server, url) = support::start(config());
+    let client = http1_client();
+    let response = client
+        .request(support::get(&format!("{url}/")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    server.reload(config()).unwrap();
+    let gateway = server.gateway();
+    assert_eq!(
+        gateway.retired_snapshots(),
+        1,
+        "the replaced snapshot is kept"
+    );
+    // The unread answer still holds it: several reaper rounds (one a second) pass without
+    // freeing it.
+    for _ in 0..25 {
+        assert_eq!(
+            gateway.retired_snapshots(),
+            1,
+            "freed while a request holds it"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(response);
+    drop(client);
+    // 30 s bounds the test, not the behaviour (the connection's close, one reaper round).
+    let freed = tokio::time::timeout(Duration::from_secs(30), async {
+        while gateway.retired_snapshots() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(freed.is_ok(), "the replaced snapshot is never freed");
+}
