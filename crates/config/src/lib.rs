@@ -17,8 +17,8 @@
 //!
 //! The modules, as floors (each names only modules below it):
 //! - [`diagnostic`], [`limits`] (`[timeouts]`, `[limits]`), [`cidr`], [`dns`], [`health`],
-//!   [`rate_limit`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`), [`status`]: one
-//!   section or value each, with its check;
+//!   [`rate_limit`], [`cors`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`),
+//!   [`status`]: one section or value each, with its check;
 //! - [`error`], [`retry`], [`tls`], [`upstream`];
 //! - [`listener`], [`route`]: a listener and a route as written;
 //! - [`policy`] (a route's policy compiled and checked), [`access_log`],
@@ -81,6 +81,7 @@
 
 pub mod access_log;
 pub mod cidr;
+pub mod cors;
 pub mod diagnostic;
 pub mod dns;
 pub mod error;

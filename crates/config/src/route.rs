@@ -1,11 +1,12 @@
 //! `[[routes]]` as written: what a route matches (path, host, method, headers), where it
 //! sends a request (an upstream) or how it answers by itself (a redirect, a static
 //! response), and the policy fields its policy is compiled from (rewrites, header
-//! operations), its own timeouts, retries and rate limit.
+//! operations), its own timeouts, retries, rate limit and CORS.
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::cors::CorsConfig;
 use crate::rate_limit::RateLimitConfig;
 use crate::retry::{RetryConfig, RouteTimeouts};
 use crate::trace::RouteTracing;
@@ -85,6 +86,10 @@ pub struct RouteConfig {
     /// `tracing = false` (no span, no `traceparent` sent) or `{ sample_ratio = .. }`.
     #[serde(default)]
     pub tracing: Option<Spanned<RouteTracing>>,
+    /// CORS: the gateway answers preflights and adds the CORS fields to responses
+    /// ([`crate::cors`]).
+    #[serde(default)]
+    pub cors: Option<Spanned<CorsConfig>>,
 }
 
 /// `rewrite`: the path sent upstream instead of the client's (the query is kept).

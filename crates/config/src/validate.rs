@@ -1,6 +1,6 @@
 //! The checks that run over a config once it has deserialized: addresses, references
 //! between sections, duplicates, and each feature's own check (TLS files, upstream TLS,
-//! health, DNS, policy, retries, rate limits), every problem at its field's position.
+//! health, DNS, policy, retries, rate limits, CORS), every problem at its field's position.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -255,6 +255,15 @@ pub(crate) fn validate(
         if let Some(limit) = &r.rate_limit {
             for (span, field, message) in limit.check(Scope::Route) {
                 d.push(span, format!("routes[{i}].rate_limit.{field}"), message);
+            }
+        }
+        if let Some(cors) = &r.cors {
+            for (span, field, message) in cors.get_ref().check() {
+                d.push(
+                    span.or(Some(cors.span())),
+                    format!("routes[{i}].cors.{field}"),
+                    message,
+                );
             }
         }
         for (j, h) in r.headers.iter().enumerate() {

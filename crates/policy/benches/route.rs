@@ -26,6 +26,7 @@ fn route(id: String, host: HostMatch, path: PathMatch) -> Route {
         host_rewrite: None,
         policy: None,
         tries: Default::default(),
+        cors: None,
     }
 }
 

@@ -17,8 +17,11 @@
 //!   the retry budgets; [`admission::admit`] asks it whether a request is let in and
 //!   returns the [`admission::AdmitGuard`] the request holds until its response finishes.
 //!
+//! - [`cors`] decides per request from a route's compiled `Cors`: a preflight's answer,
+//!   and the fields an actual response gets for the request's `Origin` ([`cors::Actual`]).
+//!
 //! The modules, as floors (each names only modules below it): [`retry_policy`],
-//! [`rate_limit`]; [`route`]; [`policy`], [`overload`]; [`admission`].
+//! [`rate_limit`], [`cors`]; [`route`]; [`policy`], [`overload`]; [`admission`].
 //!
 //! Routes from a config, matched against request heads:
 //!
@@ -63,6 +66,7 @@
 //! ```
 
 pub mod admission;
+pub mod cors;
 pub mod overload;
 pub mod policy;
 pub mod rate_limit;

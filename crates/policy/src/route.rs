@@ -48,6 +48,8 @@ pub struct Route {
     pub policy: Option<Box<tailguard_config::policy::Policy>>,
     /// The route's own timeouts and retries.
     pub tries: crate::retry_policy::RoutePolicy,
+    /// CORS (`None`: the route leaves CORS to its upstream).
+    pub cors: Option<Box<tailguard_config::cors::Cors>>,
 }
 
 impl Route {
@@ -98,6 +100,12 @@ impl Route {
                 .and_then(|h| HeaderValue::from_str(h.get_ref()).ok()),
             policy: tailguard_config::policy::Policy::build(config),
             tries: crate::retry_policy::RoutePolicy::build(config),
+            // The config was validated, so it compiles.
+            cors: config
+                .cors
+                .as_ref()
+                .and_then(|c| c.get_ref().compile().ok())
+                .map(Box::new),
         }
     }
 

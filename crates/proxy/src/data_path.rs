@@ -4,18 +4,25 @@
 //! 1. **parse**: the head arrives parsed (the HTTP/1.1 engine through `crate::handler`,
 //!    hyper for HTTP/2); `GET /healthz` is answered at once. The request holds its
 //!    snapshot (`crate::conn::hold`) and starts its [`RequestRecord`];
-//! 2. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
+//! 2. **CORS preflight**: an `OPTIONS` with `Origin` and `Access-Control-Request-Method`,
+//!    routed as the request it announces to a route with `cors`, is answered here
+//!    ([`answer_preflight`], the answer decided by `tailguard_policy::cors`): before the
+//!    rate limits and before anything that would ask for credentials;
+//! 3. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
 //!    `crate::respond::rate_limited`);
-//! 3. **route**: `tailguard_policy::route::Router::find`, then the route's own rate limit;
-//! 4. **local answer**: a route with `redirect` or `respond` answers here
+//! 4. **route**: `tailguard_policy::route::Router::find`; on a route with `cors`, what the
+//!    response will carry for the request's `Origin` is decided (`cors::Actual`); then the
+//!    route's own rate limit;
+//! 5. **local answer**: a route with `redirect` or `respond` answers here
 //!    ([`answer_locally`], the answer built by `tailguard_policy::policy`);
-//! 5. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
-//! 6. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
+//! 6. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
+//! 7. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
 //!    `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
 //!    retries are `crate::retry`'s loops;
-//! 7. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
+//! 8. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
 //!    error's answer (`crate::respond::error_response`, the status from `Error::status`);
-//! 8. **record**: the response body carries the request's `Finish`, which reports it once
+//!    on a route with `cors`, whatever answers gets its CORS fields ([`apply_cors`]);
+//! 9. **record**: the response body carries the request's `Finish`, which reports it once
 //!    when the body ends or is dropped (`crate::finish`: metrics, access log).
 //!
 //! The per-request state travels down as arguments (the held snapshot, the connection,
@@ -33,6 +40,7 @@ use tailguard_http::grpc;
 use tailguard_http::headers;
 use tailguard_http1::timer::LazyTimer;
 use tailguard_policy::admission::{self, AdmitGuard};
+use tailguard_policy::cors;
 
 use crate::conn::{ConnCtx, Held};
 use crate::finish::Finish;
@@ -77,6 +85,26 @@ pub(crate) async fn serve(
     // Trace: the incoming context read, the request's SERVER span started (one branch when
     // tracing is off).
     record.start_trace(tracing, &req, host_field);
+    // `OPTIONS *` asks about the server as a whole: routed as its root would be.
+    let path = match req.uri().path() {
+        "*" => "/",
+        path => path,
+    };
+    let host = headers::host_from(req.uri(), host_field);
+    // CORS preflight: answered before the rate limits and before anything that would ask
+    // for credentials (a browser sends none with a preflight). It is the browser's question
+    // about the request it is about to send, which is limited and counted itself; a `429`
+    // here would reach the page as an opaque CORS failure instead of a status it can read.
+    // Routed as the request it announces, so a route with `method` answers its own.
+    if let Some(announced) = cors::preflight_method(req.method(), req.headers())
+        && let Some(r) = held
+            .snapshot()
+            .router
+            .find(host, path, &announced, req.headers())
+        && held.snapshot().router.get(r).cors.is_some()
+    {
+        return Ok(answer_preflight(held, &req, r, record));
+    }
     // Rate limit: the listener's limit covers everything it serves, checked before routing.
     if let Some(limit) = &conn.rate_limit
         && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
@@ -85,98 +113,153 @@ pub(crate) async fn serve(
         return Ok(crate::respond::rate_limited(limited, record, held));
     }
     // Route. Matched once: admission (the route's group and class) and forwarding both use it.
-    // `OPTIONS *` asks about the server as a whole: routed as its root would be.
-    let path = match req.uri().path() {
-        "*" => "/",
-        path => path,
-    };
-    let route = held.snapshot().router.find(
-        headers::host_from(req.uri(), host_field),
-        path,
-        req.method(),
-        req.headers(),
-    );
+    let route = held
+        .snapshot()
+        .router
+        .find(host, path, req.method(), req.headers());
     if let Some(r) = route {
         record.trace_routed(&held.snapshot().tracing, r);
     }
-    // Before local answers and admission: a limited request never counts against the
-    // shedder or a breaker, and a route that answers by itself is limited too.
-    if let Some(r) = route
-        && let Some(limit) = held.snapshot().rate_limits.route(r)
-        && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
-    {
-        record.route = Some(r);
-        record.grpc = tailguard_http::grpc::is_grpc(req.headers());
-        return Ok(crate::respond::rate_limited(limited, record, held));
-    }
-    // Local answer.
-    if let Some(r) = route
-        && tailguard_policy::policy::answers_locally(held.snapshot().router.get(r))
-    {
-        return Ok(answer_locally(conn, held, req, r, record));
-    }
-    // Admit.
-    let mut admitted = match admission::admit(&held.snapshot().overload, route) {
-        Ok(guard) => guard,
-        Err(refused) => {
-            // Only a routed request is refused: its metrics, log line and span name the
-            // route it was shed from, as a rate-limited request's do.
-            record.route = route;
+    // CORS of an actual request: decided from its head now, applied to whatever answers it
+    // below (the upstream, the route itself, an error), so a page can read a 429 or a 503.
+    let cors_fields = route.and_then(|r| {
+        let c = held.snapshot().router.get(r).cors.as_deref()?;
+        Some(cors::Actual::of(c, req.headers()))
+    });
+    let mut resp = 'answer: {
+        // Before local answers and admission: a limited request never counts against the
+        // shedder or a breaker, and a route that answers by itself is limited too.
+        if let Some(r) = route
+            && let Some(limit) = held.snapshot().rate_limits.route(r)
+            && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
+        {
+            record.route = Some(r);
             record.grpc = tailguard_http::grpc::is_grpc(req.headers());
-            return Ok(refused.respond(error_response(Error::Overloaded, record, held, None)));
+            break 'answer crate::respond::rate_limited(limited, record, held);
+        }
+        // Local answer.
+        if let Some(r) = route
+            && tailguard_policy::policy::answers_locally(held.snapshot().router.get(r))
+        {
+            break 'answer answer_locally(conn, held, req, r, record);
+        }
+        // Admit.
+        let mut admitted = match admission::admit(&held.snapshot().overload, route) {
+            Ok(guard) => guard,
+            Err(refused) => {
+                // Only a routed request is refused: its metrics, log line and span name the
+                // route it was shed from, as a rate-limited request's do.
+                record.route = route;
+                record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+                break 'answer refused.respond(error_response(
+                    Error::Overloaded,
+                    record,
+                    held,
+                    None,
+                ));
+            }
+        };
+        // Forward with retries, then respond (the record travels with the response body).
+        // Branched once per request, on the upstream's protocol: an HTTP/2 upstream's
+        // exchange is its own function (boxed, so the HTTP/1.1 path's future does not grow
+        // by it).
+        match route {
+            Some(r) => {
+                let snapshot = held.snapshot();
+                if snapshot.upstreams[snapshot.router.get(r).upstream].protocol != Protocol::Http1 {
+                    // Allocated before the future is made, so it is built in the box, not
+                    // copied into it (see `tailguard_http1::server`'s request turn).
+                    let h2 = Box::write(
+                        Box::new_uninit(),
+                        serve_h2(conn, held, req, r, record, admitted),
+                    );
+                    break 'answer Box::into_pin(h2).await;
+                }
+            }
+            None => record.grpc = tailguard_http::grpc::is_grpc(req.headers()),
+        }
+        // Not boxed: the HTTP/1.1 connection awaits this future in place, in its own task's
+        // state, so it is never moved once running (hyper's server moved each request's
+        // future into its slot, which is why it was boxed before). Its ~2 KB is written
+        // once.
+        let forwarding =
+            crate::forward::forward(held.snapshot(), conn, req, route, &mut record, timer);
+        match forwarding.await {
+            Ok((resp, first)) => {
+                admitted.served();
+                let (parts, body) = resp.into_parts();
+                record.status = parts.status.as_u16();
+                let finish = Finish {
+                    record,
+                    held,
+                    upstream_conn: None,
+                    _admitted: Some(admitted),
+                };
+                Response::from_parts(parts, ResponseBody::upstream(first, body, Some(finish)))
+            }
+            Err(e) => {
+                if matches!(
+                    e,
+                    Error::UpstreamTimeout {
+                        phase: "request",
+                        ..
+                    }
+                ) {
+                    admitted.timed_out();
+                }
+                error_response(e, record, held, Some(admitted))
+            }
         }
     };
-    // Forward with retries, then respond (the record travels with the response body).
-    // Branched once per request, on the upstream's protocol: an HTTP/2 upstream's exchange
-    // is its own function (boxed, so the HTTP/1.1 path's future does not grow by it).
-    match route {
-        Some(r) => {
-            let snapshot = held.snapshot();
-            if snapshot.upstreams[snapshot.router.get(r).upstream].protocol != Protocol::Http1 {
-                // Allocated before the future is made, so it is built in the box, not copied
-                // into it (see `tailguard_http1::server`'s request turn).
-                let h2 = Box::write(
-                    Box::new_uninit(),
-                    serve_h2(conn, held, req, r, record, admitted),
-                );
-                return Ok(Box::into_pin(h2).await);
-            }
-        }
-        None => record.grpc = tailguard_http::grpc::is_grpc(req.headers()),
+    if let Some(fields) = &cors_fields {
+        apply_cors(fields, &mut resp);
     }
-    // Not boxed: the HTTP/1.1 connection awaits this future in place, in its own task's
-    // state, so it is never moved once running (hyper's server moved each request's
-    // future into its slot, which is why it was boxed before). Its ~2 KB is written once.
-    let forwarding = crate::forward::forward(held.snapshot(), conn, req, route, &mut record, timer);
-    match forwarding.await {
-        Ok((resp, first)) => {
-            admitted.served();
-            let (parts, body) = resp.into_parts();
-            record.status = parts.status.as_u16();
-            let finish = Finish {
-                record,
-                held,
-                upstream_conn: None,
-                _admitted: Some(admitted),
-            };
-            Ok(Response::from_parts(
-                parts,
-                ResponseBody::upstream(first, body, Some(finish)),
-            ))
-        }
-        Err(e) => {
-            if matches!(
-                e,
-                Error::UpstreamTimeout {
-                    phase: "request",
-                    ..
-                }
-            ) {
-                admitted.timed_out();
-            }
-            Ok(error_response(e, record, held, Some(admitted)))
-        }
+    Ok(resp)
+}
+
+/// Writes an actual request's CORS fields into its response. An HTTP/1.1 upstream's fields
+/// may still be lines to be written as they are: moved into the map only when CORS fields
+/// among them must be replaced.
+fn apply_cors(fields: &cors::Actual, resp: &mut Response<ResponseBody>) {
+    use tailguard_http1::server::OutgoingBody as _;
+    if resp
+        .body()
+        .raw_fields()
+        .is_some_and(|raw| fields.must_see(raw))
+    {
+        let mut map = std::mem::take(resp.headers_mut());
+        resp.body_mut().fields_into(&mut map);
+        *resp.headers_mut() = map;
     }
+    let mut headers = std::mem::take(resp.headers_mut());
+    fields.apply(&mut headers, resp.body().raw_fields());
+    *resp.headers_mut() = headers;
+}
+
+/// Answers a CORS preflight of route `route_index` (`204`, the CORS fields when the route
+/// allows what it asks, none when not). Counted and logged like any request.
+fn answer_preflight(
+    held: Held,
+    req: &Request<RequestBody>,
+    route_index: usize,
+    mut record: Box<RequestRecord>,
+) -> Response<ResponseBody> {
+    record.route = Some(route_index);
+    record.trace_answered_locally();
+    let mut headers = http::HeaderMap::new();
+    if let Some(c) = held.snapshot().router.get(route_index).cors.as_deref() {
+        cors::preflight(c, req.headers(), &mut headers);
+    }
+    record.status = StatusCode::NO_CONTENT.as_u16();
+    let mut resp = Response::new(ResponseBody::empty(Some(Finish {
+        record,
+        held,
+        upstream_conn: None,
+        _admitted: None,
+    })));
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    *resp.headers_mut() = headers;
+    resp
 }
 
 /// Serves a request routed to an HTTP/2 upstream, from its routed head to the response

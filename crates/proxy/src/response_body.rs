@@ -232,6 +232,16 @@ impl Body for ResponseBody {
     }
 }
 
+impl ResponseBody {
+    /// Moves an HTTP/1.1 upstream's fields kept as lines into `map` (for a stage that must
+    /// see or remove them); nothing for any other body.
+    pub(crate) fn fields_into(&mut self, map: &mut http::HeaderMap) {
+        if let Source::Upstream(_, body) = &mut self.source {
+            body.fields_into(map);
+        }
+    }
+}
+
 impl OutgoingBody for ResponseBody {
     fn raw_fields(&self) -> Option<&RawFields> {
         match &self.source {

@@ -2,6 +2,7 @@
 
 mod config;
 mod conformance;
+mod cors;
 mod dns;
 mod downstream_http1;
 mod downstream_http2;

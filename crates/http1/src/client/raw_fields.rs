@@ -27,7 +27,7 @@ pub struct RawFields {
 
 impl RawFields {
     /// The fields, hop-by-hop ones (RFC 9110 §7.6.1) left out, each as `(name, value)`.
-    fn end_to_end(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+    pub fn end_to_end(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.lines.split(|&b| b == b'\n').filter_map(|line| {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let colon = line.iter().position(|&b| b == b':')?;

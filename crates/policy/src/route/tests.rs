@@ -84,6 +84,7 @@ fn route() -> impl Strategy<Value = Route> {
             host_rewrite: None,
             policy: None,
             tries: Default::default(),
+            cors: None,
         })
 }
 
@@ -153,6 +154,7 @@ fn a_large_table_matches_like_the_scan() {
             host_rewrite: None,
             policy: None,
             tries: Default::default(),
+            cors: None,
         })
         .collect();
     let router = Router::new(routes);
