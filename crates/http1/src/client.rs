@@ -83,6 +83,11 @@ pub enum SendError<B: Body> {
     /// connection: the keep-alive race every proxy meets when an upstream closes an idle
     /// connection as a request is written on it.
     Stale(Box<Request<B>>),
+    /// The same race met by a request with a body: a reused connection closed before any
+    /// byte of an answer arrived. The body went to the try and is gone with it, so only a
+    /// caller that kept a copy of the request can send it again (on a new connection); the
+    /// error is what the request fails with if it does not.
+    StaleSent(UpstreamError<B::Error>),
     /// Anything else; the connection is gone.
     Failed(UpstreamError<B::Error>),
 }
@@ -92,7 +97,8 @@ pub enum SendError<B: Body> {
 pub type Sent<B> = (Response<UpstreamBody<B>>, Option<Box<Request<B>>>);
 
 /// Sends `req` on `conn` and waits for the response head. `reused` says whether the
-/// connection served a request before (only then is a closed connection [`SendError::Stale`]).
+/// connection served a request before (only then is a closed connection [`SendError::Stale`]
+/// or [`SendError::StaleSent`]).
 /// The response body streams from the connection and gives it back at its end
 /// ([`UpstreamBody::take_reusable`]).
 ///
@@ -162,6 +168,7 @@ where
         } else {
             SendError::Failed(conn.broken(e))
         }),
+        (Err(HeadError::Closed(e)), None) if reused => Err(SendError::StaleSent(conn.broken(e))),
         (Err(HeadError::Closed(e)), None) => Err(SendError::Failed(conn.broken(e))),
         (Err(HeadError::Failed(e)), _) => Err(SendError::Failed(e)),
     }
@@ -169,7 +176,7 @@ where
 
 #[derive(Debug)]
 enum HeadError<E> {
-    /// The upstream closed (or reset) the connection before a whole head arrived.
+    /// The upstream closed (or reset) the connection before any byte of an answer arrived.
     Closed(io::Error),
     Failed(UpstreamError<E>),
 }
@@ -182,6 +189,9 @@ async fn read_head<B: Body<Data = Bytes> + Unpin>(
     head_request: bool,
 ) -> Result<Head, HeadError<B::Error>> {
     let mut write_failed: Option<io::Error> = None;
+    // Some byte of an answer arrived (an interim 1xx leaves nothing in the buffer): a close
+    // after it is no keep-alive race, the upstream read the request.
+    let mut answered = false;
     poll_fn(|cx| {
         loop {
             if let Some(w) = writer {
@@ -220,7 +230,7 @@ async fn read_head<B: Body<Data = Bytes> + Unpin>(
                             "connection closed before a response",
                         )
                     });
-                    return Poll::Ready(if conn.read_buf.is_empty() {
+                    return Poll::Ready(if !answered && conn.read_buf.is_empty() {
                         Err(HeadError::Closed(err))
                     } else {
                         Err(HeadError::Failed(
@@ -228,8 +238,8 @@ async fn read_head<B: Body<Data = Bytes> + Unpin>(
                         ))
                     });
                 }
-                Ok(_) => {}
-                Err(e) if conn.read_buf.is_empty() => {
+                Ok(_) => answered = true,
+                Err(e) if !answered && conn.read_buf.is_empty() => {
                     return Poll::Ready(Err(HeadError::Closed(e)));
                 }
                 Err(e) => return Poll::Ready(Err(HeadError::Failed(conn.broken(e)))),

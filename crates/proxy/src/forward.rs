@@ -457,13 +457,14 @@ async fn send_once(
 ) -> Result<Response<UpstreamBody>, Error> {
     match client::send(conn, req, reused, extra).await {
         Ok(sent) => Ok(answered(sent)),
-        Err(SendError::Failed(e)) => Err(e.into()),
+        // A request with a body is not kept here: only a route's `retry` keeps one.
+        Err(SendError::Failed(e) | SendError::StaleSent(e)) => Err(e.into()),
         Err(SendError::Stale(req)) => {
             let resend = async {
                 let conn = pool.connect_within(connect).await?;
                 match client::send(conn, req, false, extra).await {
                     Ok(sent) => Ok(answered(sent)),
-                    Err(SendError::Failed(e)) => Err(e.into()),
+                    Err(SendError::Failed(e) | SendError::StaleSent(e)) => Err(e.into()),
                     Err(SendError::Stale(_)) => Err(Error::UpstreamBroken {
                         addr: pool.addr(),
                         reason: "connection closed before a response".to_string(),

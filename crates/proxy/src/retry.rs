@@ -28,6 +28,12 @@
 //!   no room for, is forwarded all the same and not retried. A route
 //!   that retries only `connect` keeps no body: a failed connect gives the request back
 //!   unsent.
+//! - The keep-alive race (HTTP/1.1): a request sent on a reused connection that closed
+//!   before any byte of an answer came goes once more on a new connection, within its try
+//!   (no retry counted, no budget taken): a bodiless idempotent one as in the plain
+//!   exchange, and one with a body still kept whole, whatever its method: the upstream
+//!   closed the connection as the request went out and never answered it. A non-idempotent
+//!   request's body is kept for that alone ([`Resend::Unanswered`]); no condition retries it.
 //! - A try that met a condition and is not retried for its method, its body or the budget
 //!   is counted by why (`tailguard_upstream_retries_skipped_total`, [`Skip`]).
 //! - A `502`/`503`/`504` answer is looked at before any byte of it goes to the client; a
@@ -43,7 +49,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use http::{Request, Response};
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
@@ -104,17 +110,26 @@ enum Resend {
     /// Its body is not kept, as the route retries only a failed connect: it goes again
     /// only when a try gives it back unsent.
     Unsent,
+    /// Not idempotent, with a body kept all the same (HTTP/1.1): sent again only after the
+    /// keep-alive race, when a reused connection closed before any byte of an answer (the
+    /// upstream closed it as the request went out, so never read it). No retry condition
+    /// sends it again.
+    Unanswered(Kept<RequestBody>),
     /// Never sent again.
     Never(Skip),
 }
 
 impl Resend {
     /// Decides for `req` under `policy`; a body kept is replaced by its first try's reader.
-    fn prepare(req: &mut Request<RequestBody>, policy: &RetryPolicy) -> Resend {
-        if !tailguard_policy::overload::idempotent(req.method()) {
+    /// `h1`: the upstream speaks HTTP/1.1, where a non-idempotent request's body is kept for
+    /// the keep-alive race ([`Resend::Unanswered`]).
+    fn prepare(req: &mut Request<RequestBody>, policy: &RetryPolicy, h1: bool) -> Resend {
+        let idempotent = tailguard_policy::overload::idempotent(req.method());
+        let bodiless = req.body().is_end_stream();
+        if !idempotent && (bodiless || !h1 || !policy.retries_after_sending()) {
             return Resend::Never(Skip::Method);
         }
-        if req.body().is_end_stream() {
+        if bodiless {
             return Resend::Bodiless;
         }
         if !policy.retries_after_sending() {
@@ -124,11 +139,15 @@ impl Resend {
         match Kept::new(body, policy.buffer_bytes, replay::thread_budget()) {
             Ok((kept, first)) => {
                 *req.body_mut() = RequestBody::unlimited(IncomingBody::Kept(first));
-                Resend::Kept(kept)
+                if idempotent {
+                    Resend::Kept(kept)
+                } else {
+                    Resend::Unanswered(kept)
+                }
             }
             Err((body, why)) => {
                 *req.body_mut() = body;
-                Resend::Never(why.into())
+                Resend::Never(if idempotent { why.into() } else { Skip::Method })
             }
         }
     }
@@ -138,7 +157,16 @@ impl Resend {
         match self {
             Resend::Bodiless | Resend::Unsent => true,
             Resend::Kept(kept) => kept.unkept().is_none(),
-            Resend::Never(_) => false,
+            Resend::Unanswered(_) | Resend::Never(_) => false,
+        }
+    }
+
+    /// The kept body, while it can still be sent again: what a try on a reused connection
+    /// resends after the keep-alive race.
+    fn kept_whole(&self) -> Option<&Kept<RequestBody>> {
+        match self {
+            Resend::Kept(kept) | Resend::Unanswered(kept) if kept.unkept().is_none() => Some(kept),
+            _ => None,
         }
     }
 
@@ -149,7 +177,7 @@ impl Resend {
         match self {
             Resend::Bodiless => h2 || policy.retries_on(Reason::Timeout),
             Resend::Kept(_) => true,
-            Resend::Unsent | Resend::Never(_) => false,
+            Resend::Unsent | Resend::Unanswered(_) | Resend::Never(_) => false,
         }
     }
 
@@ -161,13 +189,14 @@ impl Resend {
             Resend::Kept(kept) => kept.unkept().map_or(Ok(()), |why| Err(Some(why.into()))),
             Resend::Unsent if unsent => Ok(()),
             Resend::Unsent => Err(None),
+            Resend::Unanswered(_) => Err(Some(Skip::Method)),
             Resend::Never(skip) => Err(Some(*skip)),
         }
     }
 
     /// No try follows the next one: a kept body is released as it goes out.
     fn stop(&self) {
-        if let Resend::Kept(kept) = self {
+        if let Resend::Kept(kept) | Resend::Unanswered(kept) = self {
             kept.stop();
         }
     }
@@ -175,7 +204,7 @@ impl Resend {
     /// Gives the next try its body: the kept one, from its start. (The try before gets no
     /// more of it.)
     fn rearm(&self, body: &mut RequestBody) {
-        if let Resend::Kept(kept) = self {
+        if let Resend::Kept(kept) | Resend::Unanswered(kept) = self {
             *body = RequestBody::unlimited(IncomingBody::Kept(kept.next_try()));
         }
     }
@@ -222,12 +251,38 @@ fn decide_retry(
 
 /// A copy of a request's head, for a try that may not give the request back.
 fn copy_head<B>(req: &Request<B>) -> Box<Request<RequestBody>> {
-    let mut copy = tailguard_http::recycle::request(req.headers().len());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    copy.headers_mut().clone_from(req.headers());
-    copy
+    HeadRef::of(req).copy()
+}
+
+/// A request's head, borrowed without its body: a try holds it across its awaits, which a
+/// borrowed request cannot be (its body is not `Sync`, so the future would not be `Send`).
+#[derive(Clone, Copy)]
+struct HeadRef<'r> {
+    method: &'r Method,
+    uri: &'r Uri,
+    version: Version,
+    headers: &'r HeaderMap,
+}
+
+impl<'r> HeadRef<'r> {
+    fn of<B>(req: &'r Request<B>) -> HeadRef<'r> {
+        HeadRef {
+            method: req.method(),
+            uri: req.uri(),
+            version: req.version(),
+            headers: req.headers(),
+        }
+    }
+
+    /// The head again, in a recycled request with no body.
+    fn copy(self) -> Box<Request<RequestBody>> {
+        let mut copy = tailguard_http::recycle::request(self.headers.len());
+        *copy.method_mut() = self.method.clone();
+        *copy.uri_mut() = self.uri.clone();
+        *copy.version_mut() = self.version;
+        copy.headers_mut().clone_from(self.headers);
+        copy
+    }
 }
 
 /// What one try ended with.
@@ -368,40 +423,96 @@ type TryResult = Result<
     (Error, Option<Box<Request<RequestBody>>>),
 >;
 
+/// What a try on an HTTP/1.1 endpoint can send again after the keep-alive race when its
+/// request has a body (a bodiless one comes back from the send itself).
+struct RaceResend<'r> {
+    resend: &'r Resend,
+    /// The head copied before the try for a later one, if it was.
+    spare: Option<HeadRef<'r>>,
+    /// No retry can follow the try: a kept body is released once nothing can resend it.
+    last: bool,
+}
+
 /// One try on an HTTP/1.1 endpoint: a pooled or new connection (connect within `connect`),
-/// the request (with the `extra` field lines), the response head; a connection the upstream had closed as it was taken
-/// gets the request once more on a new one, as in the plain exchange.
+/// the request (with the `extra` field lines), the response head. A connection the upstream
+/// had closed as it was taken (the keep-alive race: no byte of an answer came on a reused
+/// connection) gets the request once more on a new one: a bodiless idempotent one as in the
+/// plain exchange, one with a body if that body is still kept whole (`race`), which
+/// `retry.buffer_bytes` allows for any method, the upstream having read none of it.
 async fn send_try(
     pool: &EndpointPool,
     now: Instant,
     connect: Option<Duration>,
     req: Box<Request<RequestBody>>,
     extra: &[&[u8]],
+    race: RaceResend<'_>,
 ) -> TryResult {
     let (conn, reused) = match pool.checkout_within(now, connect).await {
         Ok(c) => c,
         Err(e) => return Err((e.into(), Some(req))),
     };
-    match client::send(conn, req, reused, extra).await {
-        Ok(sent) => Ok(sent),
-        Err(SendError::Failed(e)) => Err((e.into(), None)),
-        Err(SendError::Stale(req)) => {
-            let conn = match pool.connect_within(connect).await {
-                Ok(c) => c,
-                Err(e) => return Err((e.into(), Some(req))),
-            };
-            match client::send(conn, req, false, extra).await {
-                Ok(sent) => Ok(sent),
-                Err(SendError::Failed(e)) => Err((e.into(), None)),
-                Err(SendError::Stale(_)) => Err((
-                    Error::UpstreamBroken {
-                        addr: pool.addr(),
-                        reason: "connection closed before a response".to_string(),
-                    },
-                    None,
-                )),
+    // A new connection meets no race: on the last try nothing needs the body kept.
+    if !reused && race.last {
+        race.resend.stop();
+    }
+    // The send takes the request: the head for a resend is copied now if the try made no
+    // copy of it (only a kept body on a reused connection can need one).
+    let own_copy = (reused && race.spare.is_none() && race.resend.kept_whole().is_some())
+        .then(|| copy_head(&req));
+    let stale = match client::send(conn, req, reused, extra).await {
+        Ok(sent) => {
+            if let Some(unused) = own_copy {
+                tailguard_http::recycle::give_request(unused);
+            }
+            return Ok(sent);
+        }
+        Err(SendError::Failed(e)) => return Err((e.into(), None)),
+        Err(SendError::Stale(req)) => req,
+        Err(SendError::StaleSent(e)) => {
+            let head = own_copy.or_else(|| race.spare.map(HeadRef::copy));
+            match head {
+                // The body may have stopped being kept while the try sent it.
+                Some(mut head) if race.resend.kept_whole().is_some() => {
+                    race.resend.rearm(head.body_mut());
+                    if race.last {
+                        race.resend.stop();
+                    }
+                    head
+                }
+                head => {
+                    if let Some(unused) = head {
+                        tailguard_http::recycle::give_request(unused);
+                    }
+                    return Err((e.into(), None));
+                }
             }
         }
+    };
+    // Boxed: only the rare resend pays for its future's size.
+    Box::pin(resend_stale(pool, connect, stale, extra)).await
+}
+
+/// Sends a request again on a new connection after the keep-alive race.
+async fn resend_stale(
+    pool: &EndpointPool,
+    connect: Option<Duration>,
+    req: Box<Request<RequestBody>>,
+    extra: &[&[u8]],
+) -> TryResult {
+    let conn = match pool.connect_within(connect).await {
+        Ok(c) => c,
+        Err(e) => return Err((e.into(), Some(req))),
+    };
+    match client::send(conn, req, false, extra).await {
+        Ok(sent) => Ok(sent),
+        Err(SendError::Failed(e) | SendError::StaleSent(e)) => Err((e.into(), None)),
+        Err(SendError::Stale(_)) => Err((
+            Error::UpstreamBroken {
+                addr: pool.addr(),
+                reason: "connection closed before a response".to_string(),
+            },
+            None,
+        )),
     }
 }
 
@@ -447,33 +558,36 @@ pub(crate) async fn exchange_http1(
 ) -> (Result<Response<UpstreamBody>, Error>, usize, Instant) {
     let upstream = &snap.upstreams[route.upstream];
     let mut req = req;
-    let resend = Resend::prepare(&mut req, policy);
+    let resend = Resend::prepare(&mut req, policy, true);
     let mut endpoint = first;
     let mut started = dispatched;
     let mut tries = 1;
     loop {
         let more = tries < policy.attempts;
         let may_retry = more && resend.possible();
-        if !may_retry {
-            resend.stop();
-        }
+        // (A body kept for the keep-alive race is stopped by `send_try`, once it knows.)
         // Cut by its timeout, a try drops the request with it; sent with a body, it keeps it.
         let mut spare = (may_retry && resend.needs_copy(false, policy)).then(|| copy_head(&req));
         let pool = &upstream.endpoints[endpoint].pool;
         let traceparent =
             record.trace_try_started_h1(req.headers_mut(), (route.upstream, endpoint), started);
         let extra = crate::record::head_lines(gateway_lines, &traceparent);
-        let sent = std::pin::pin!(send_try(pool, started, connect, req, &extra));
-        let result = match request {
-            Some(limit) => {
-                let deadline = tokio::time::Instant::from_std(started + limit);
-                match timer.limit(deadline, sent).await {
-                    Some(r) => r,
-                    None => Err((timed_out(record, pool.addr()), spare.take())),
-                }
-            }
-            None => sent.await,
+        let race = RaceResend {
+            resend: &resend,
+            spare: spare.as_deref().map(HeadRef::of),
+            last: !may_retry,
         };
+        let result = {
+            let sent = std::pin::pin!(send_try(pool, started, connect, req, &extra, race));
+            match request {
+                Some(limit) => {
+                    let deadline = tokio::time::Instant::from_std(started + limit);
+                    timer.limit(deadline, sent).await
+                }
+                None => Some(sent.await),
+            }
+        };
+        let result = result.unwrap_or_else(|| Err((timed_out(record, pool.addr()), spare.take())));
         let (ended, back) = match result {
             Ok((resp, back)) => (Ended::Answer(resp), back),
             Err((e, back)) => (Ended::Failed(e), back),
@@ -596,7 +710,7 @@ pub(crate) async fn exchange_h2(
 ) {
     let upstream = &snap.upstreams[route.upstream];
     let mut req = req;
-    let resend = Resend::prepare(&mut req, policy);
+    let resend = Resend::prepare(&mut req, policy, false);
     let mut endpoint = first;
     let mut started = dispatched;
     let mut tries = 1;

@@ -890,3 +890,129 @@ fn retry_and_route_timeouts_are_checked_with_their_position() {
     )
     .expect("valid");
 }
+
+/// An HTTP/1.1 upstream that answers the first request on each connection, keeping it
+/// alive, and closes it without reading the next one as soon as that one arrives: the
+/// keep-alive race made certain, not left to timing (the gateway takes an idle connection
+/// that is open when taken; its request meets the close). The close finds that request
+/// unread, so the gateway sees a reset and no byte of an answer.
+struct RaceUpstream {
+    addr: SocketAddr,
+    /// The bodies of the requests it read (and answered), in order.
+    bodies: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Connections it closed on a request it never read.
+    raced: Arc<AtomicUsize>,
+}
+
+impl RaceUpstream {
+    async fn start() -> RaceUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let raced = Arc::new(AtomicUsize::new(0));
+        let (b, r) = (bodies.clone(), raced.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (bodies, raced) = (b.clone(), r.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    // One request: the head, then its Content-Length body.
+                    let body = loop {
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .map_or(0, |v| v.trim().parse().expect("a length"));
+                            if buf.len() >= end + 4 + length {
+                                break buf[end + 4..end + 4 + length].to_vec();
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    bodies
+                        .lock()
+                        .expect("bodies lock")
+                        .push(String::from_utf8_lossy(&body).into_owned());
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    // The next request arrives: close with it unread (a reset).
+                    if stream.readable().await.is_ok() {
+                        let mut peek = [0u8; 1];
+                        if matches!(stream.peek(&mut peek).await, Ok(1)) {
+                            raced.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        RaceUpstream {
+            addr,
+            bodies,
+            raced,
+        }
+    }
+
+    fn bodies(&self) -> Vec<String> {
+        self.bodies.lock().expect("bodies lock").clone()
+    }
+}
+
+/// Regression (issue 44): a POST written on a pooled connection that the upstream closed in
+/// the same instant got a 502, though its body was kept (`retry.buffer_bytes`) and the
+/// upstream never read it. It goes again on a new connection, once, within its try.
+#[tokio::test]
+async fn a_post_meeting_the_keep_alive_race_with_its_body_kept_goes_again_on_a_new_connection() {
+    let upstream = RaceUpstream::start().await;
+    let (server, url) = start(config(
+        &[upstream.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"connect\", \"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    // One downstream connection: one serving thread, one pool.
+    let client = http1_client();
+    for (i, method) in ["POST", "POST", "PATCH", "PUT"].into_iter().enumerate() {
+        let status = send_on(&client, &url, method, full(twenty(method, i))).await;
+        assert_eq!(status, 200, "{method} {i}");
+    }
+    // Each request after the first met the race, and its body reached the upstream once.
+    assert_eq!(upstream.raced.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        upstream.bodies(),
+        [
+            twenty("POST", 0),
+            twenty("POST", 1),
+            twenty("PATCH", 2),
+            twenty("PUT", 3)
+        ]
+    );
+    // Not a retry: none counted, none skipped.
+    assert_eq!(retries(&server, "503") + retries(&server, "connect"), 0);
+    assert_eq!(skipped(&server, "method"), 0);
+}
+
+/// The other side: without `retry` no body is kept, so the POST that meets the race gets a
+/// 502 (it cannot be sent again), as before.
+#[tokio::test]
+async fn a_post_meeting_the_keep_alive_race_without_a_kept_body_gets_a_502() {
+    let upstream = RaceUpstream::start().await;
+    let (_server, url) = start(config(&[upstream.addr], "", &all(""), ""));
+    let client = http1_client();
+    assert_eq!(
+        send_on(&client, &url, "POST", full(twenty("POST", 0))).await,
+        200
+    );
+    assert_eq!(
+        send_on(&client, &url, "POST", full(twenty("POST", 1))).await,
+        502
+    );
+    assert_eq!(upstream.raced.load(Ordering::SeqCst), 1);
+    assert_eq!(upstream.bodies(), [twenty("POST", 0)]);
+}
