@@ -56,9 +56,9 @@ use auth::{Auth, Token};
 pub use error::{Error, Refusal};
 use error::{Setup, token_expired};
 use rpc::{
-    AuthEnableRequest, AuthResponse, AuthUserAddRequest, AuthUserGrantRoleRequest,
-    AuthenticateRequest, AuthenticateResponse, CompactionRequest, DeleteRangeRequest, PutRequest,
-    RangeRequest, WatchRequest, watch_request,
+    AuthEnableRequest, AuthResponse, AuthUserAddRequest, AuthUserChangePasswordRequest,
+    AuthUserGrantRoleRequest, AuthenticateRequest, AuthenticateResponse, CompactionRequest,
+    DeleteRangeRequest, PutRequest, RangeRequest, WatchRequest, watch_request,
 };
 pub use rpc::{
     CompactionResponse, Compare, DeleteRangeResponse, Event, KeyValue, PutResponse, RangeResponse,
@@ -246,6 +246,7 @@ const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
 const AUTH_ENABLE: &str = "/etcdserverpb.Auth/AuthEnable";
 const USER_ADD: &str = "/etcdserverpb.Auth/UserAdd";
 const USER_GRANT_ROLE: &str = "/etcdserverpb.Auth/UserGrantRole";
+const USER_CHANGE_PASSWORD: &str = "/etcdserverpb.Auth/UserChangePassword";
 
 impl Client {
     /// A client of the cluster at `endpoints` (`http://host:port`, `https://host:port`, or
@@ -457,6 +458,22 @@ impl Client {
             password: password.into(),
         };
         self.unary::<_, AuthResponse>(USER_ADD, request).await?;
+        Ok(())
+    }
+
+    /// Gives `user` a new password (a password rotation); etcd invalidates the user's
+    /// tokens, so its clients must authenticate again, with the new one.
+    pub async fn user_change_password(
+        &mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Result<(), Error> {
+        let request = AuthUserChangePasswordRequest {
+            name: user.into(),
+            password: password.into(),
+        };
+        self.unary::<_, AuthResponse>(USER_CHANGE_PASSWORD, request)
+            .await?;
         Ok(())
     }
 

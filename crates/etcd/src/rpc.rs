@@ -1,8 +1,8 @@
 //! The etcd v3 messages tailguard sends and reads, written by hand with `prost`'s derive: the
 //! subset of `api/etcdserverpb/rpc.proto` and `api/mvccpb/kv.proto` (etcd 3.4 and later)
 //! that the KV `Range`, `Put`, `DeleteRange`, `Txn`, `Compact` calls, the `Watch` stream and
-//! the `Auth` calls (`Authenticate`, and `UserAdd`, `UserGrantRole`, `AuthEnable` to set
-//! authentication up) need, with etcd's field numbers and types.
+//! the `Auth` calls (`Authenticate`, and `UserAdd`, `UserGrantRole`, `UserChangePassword`,
+//! `AuthEnable` to set authentication up) need, with etcd's field numbers and types.
 //!
 //! Fields left out are skipped on decode (protobuf ignores unknown fields) and never sent
 //! (proto3 reads a missing field as its default, which is what tailguard would send).
@@ -408,6 +408,18 @@ pub struct AuthUserAddRequest {
     #[prost(string, tag = "1")]
     pub name: String,
     /// The password.
+    #[prost(string, tag = "2")]
+    pub password: String,
+}
+
+/// `etcdserverpb.AuthUserChangePasswordRequest` (`Auth/UserChangePassword`): a user's new
+/// password (etcd then invalidates the user's tokens).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthUserChangePasswordRequest {
+    /// The user name.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// The new password.
     #[prost(string, tag = "2")]
     pub password: String,
 }

@@ -15,6 +15,7 @@
 //!
 //! The TLS files and the password are read (and the PEM checked) when the settings are
 //! loaded, so a bad path or file is reported with its position before anything connects.
+//! The password file is read again on SIGHUP ([`Settings::reread_password`]).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,8 @@ pub(crate) struct Settings {
 pub(crate) struct Credentials {
     pub(crate) username: String,
     pub(crate) password: String,
+    /// The file, read again on SIGHUP (a rotated password needs no restart).
+    pub(crate) password_file: PathBuf,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -73,6 +76,32 @@ impl Settings {
     /// The "file" a stored document's errors name: `etcd:KEY@REVISION`.
     pub(crate) fn source_name(&self, revision: i64) -> String {
         format!("etcd:{}@{revision}", self.key)
+    }
+
+    /// SIGHUP: reads the password file again, as the config's certificate files are read
+    /// again. A changed password replaces the one in use and is returned, for the watcher to
+    /// reconnect with; a file that cannot be read (or is empty) keeps the password in use, as
+    /// a config with an error keeps the running one.
+    pub(crate) fn reread_password(&mut self) -> Option<Credentials> {
+        let current = self.credentials.as_mut()?;
+        match read_password(&current.password_file) {
+            Ok(password) if password == current.password => None,
+            Ok(password) => {
+                tracing::info!(
+                    "tailguard: SIGHUP: the etcd password in {} changed; reconnecting with it",
+                    current.password_file.display()
+                );
+                current.password = password;
+                Some(current.clone())
+            }
+            Err(e) => {
+                tracing::error!(
+                    "tailguard: SIGHUP: etcd password_file: {e}; the password read before \
+                     stays in use"
+                );
+                None
+            }
+        }
     }
 }
 
@@ -163,6 +192,7 @@ impl EtcdArgs {
                 Ok(password) => Some(Credentials {
                     username: username.clone(),
                     password,
+                    password_file: file.clone(),
                 }),
                 Err(message) => {
                     diags.push(command_line("--etcd-password-file", message));
@@ -376,6 +406,7 @@ pub(crate) fn load(path: &Path) -> Result<Settings, Error> {
             Ok(password) => Some(Credentials {
                 username: username.get_ref().clone(),
                 password,
+                password_file: base_dir.join(file.get_ref()),
             }),
             Err(message) => {
                 diags.push(at(Some(file.span()), "etcd.password_file", message));

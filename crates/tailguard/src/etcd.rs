@@ -38,7 +38,7 @@ use tailguard_proxy::{Error, Server};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::bootstrap::Settings;
+use crate::bootstrap::{Credentials, Settings};
 use crate::etcd_cache::{Cache, Cached};
 
 /// HTTP/2 ping interval on the etcd connection: a peer that stops answering for this plus
@@ -184,9 +184,9 @@ impl EtcdMetrics {
 pub(crate) struct EtcdSource {
     settings: Settings,
     updates: mpsc::UnboundedReceiver<Update>,
-    /// A message asks the watcher to read the key afresh (SIGHUP); dropping it stops the
-    /// watcher.
-    resync: mpsc::UnboundedSender<()>,
+    /// A message asks the watcher to read the key afresh (SIGHUP), with the credentials to
+    /// reconnect with first if the password changed; dropping it stops the watcher.
+    resync: mpsc::UnboundedSender<Option<Credentials>>,
     metrics: EtcdMetrics,
     /// The revision being served.
     applied: i64,
@@ -384,13 +384,14 @@ impl EtcdSource {
     }
 
     /// SIGHUP: read the key afresh and apply it even if its revision is the one running
-    /// (certificate files are read again).
-    pub(crate) fn resync(&self) {
+    /// (certificate files are read again, and so is the etcd password file).
+    pub(crate) fn resync(&mut self) {
         tracing::info!(
             "tailguard: SIGHUP: reading etcd:{} afresh",
             self.settings.key
         );
-        let _ = self.resync.send(());
+        let credentials = self.settings.reread_password();
+        let _ = self.resync.send(credentials);
     }
 
     /// Applies an update through the reload path. `parse` turns a document into a config
@@ -443,7 +444,8 @@ impl EtcdSource {
 enum Ended {
     /// The main thread has gone: stop.
     Shutdown,
-    /// Reconnect at once (the watch was compacted and the key read afresh).
+    /// Reconnect at once (the watch was compacted and the key read afresh, or the password
+    /// changed).
     Rewatch,
     /// Connection, read or watch failure: back off, then reconnect.
     Lost(String),
@@ -453,7 +455,7 @@ enum Ended {
 struct Watcher {
     settings: Settings,
     updates: mpsc::UnboundedSender<Update>,
-    resync: mpsc::UnboundedReceiver<()>,
+    resync: mpsc::UnboundedReceiver<Option<Credentials>>,
     state: Arc<SyncState>,
     connection_errors: Counter,
     /// The store revision the next watch starts at.
@@ -575,10 +577,11 @@ impl Watcher {
                     () = &mut wake => break,
                     r = self.resync.recv() => match r {
                         None => return,
-                        Some(()) => {
+                        Some(credentials) => {
                             tracing::warn!(
                                 "tailguard: etcd is unreachable; the key is read once reconnected"
                             );
+                            self.settings.credentials = credentials.or(self.settings.credentials.take());
                             self.resync_pending = true;
                         }
                     },
@@ -613,11 +616,17 @@ impl Watcher {
                     m = stream.message() => m,
                     r = self.resync.recv() => match r {
                         None => return Ended::Shutdown,
-                        Some(()) => {
+                        Some(None) => {
                             if let Err(e) = self.reread(&mut client, true).await {
                                 return Ended::Lost(e);
                             }
                             continue;
+                        }
+                        // A new password: a new connection authenticates with it, then reads.
+                        Some(credentials) => {
+                            self.settings.credentials = credentials;
+                            self.resync_pending = true;
+                            return Ended::Rewatch;
                         }
                     },
                 }

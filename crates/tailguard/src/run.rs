@@ -432,7 +432,7 @@ async fn wait_for_signals(
     } = signals;
     loop {
         tokio::select! {
-            _ = hup.recv() => match &etcd {
+            _ = hup.recv() => match &mut etcd {
                 Some(source) => source.resync(),
                 None => off_serving_threads(|| reload(&server, args)),
             },

@@ -4,7 +4,8 @@
 //! `auth enable` and short-lived tokens. `run`, `config push` and `config get` over mutual
 //! TLS and with a password; each refusal (no client certificate, an untrusted server, a
 //! wrong or missing password) exits 69 from `run` and `get` naming its cause, and `push`
-//! writes nothing; an expired token is renewed without re-opening the watch.
+//! writes nothing; an expired token is renewed without re-opening the watch; a rotated
+//! password is read from its file on SIGHUP.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -425,6 +426,114 @@ fn with_etcd_auth_a_wrong_or_missing_password_exits_69_and_a_token_expiry_keeps_
         "the watch was never re-opened: {log}"
     );
     assert!(!log.contains("lost"), "{log}");
+}
+
+/// Waits until `needle` is in the gateway's log `count` times.
+fn wait_for_count(gw: &Gateway, needle: &str, count: usize) {
+    let start = std::time::Instant::now();
+    while gw.log().matches(needle).count() < count {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{needle} x{count}: {}",
+            gw.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A password rotation without a restart: the password changed in etcd (which invalidates
+/// the gateway's token), then in the password file, then SIGHUP: the gateway reconnects with
+/// the new one and follows the key again. A password file that is empty at a SIGHUP is
+/// reported and the password in use stays.
+#[test]
+fn sighup_reads_the_etcd_password_file_again_and_a_rotated_password_keeps_the_watch_going() {
+    const ROTATED: &str = "rotated-password";
+    let Some(etcd) = EtcdServer::builder().arg("--auth-token=simple").start() else {
+        return;
+    };
+    enable_auth(&etcd, PASSWORD);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let up = rt.block_on(Upstream::builder().body("up").start());
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = write(dir.path(), "password", &format!("{PASSWORD}\n"));
+    let url = etcd.url();
+    let bootstrap = write(
+        dir.path(),
+        "bootstrap.toml",
+        &format!(
+            "[etcd]\nendpoints = [\"{url}\"]\nkey = \"{KEY}\"\nusername = \"root\"\n\
+             password_file = \"password\"\n"
+        ),
+    );
+    // `config push` reads the password file as it is at the time.
+    let push = |file: &Path| -> i64 {
+        let out = tailguard(&[
+            "config",
+            "push",
+            path(file),
+            "--bootstrap",
+            path(&bootstrap),
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().parse().expect("revision")
+    };
+    let r1 = push(&write(dir.path(), "first.toml", &document(up.addr, None)));
+    let gw = Gateway::run(&[
+        "--bootstrap",
+        path(&bootstrap),
+        "--threads",
+        "1",
+        "--metrics-listen",
+        "off",
+    ]);
+    gw.wait_for_log("watching etcd:", Duration::from_secs(10));
+    let reloaded_r1 = format!("reloaded etcd:{KEY}@{r1}");
+
+    // An empty file at a SIGHUP: the password in use stays, and the key is read with it.
+    std::fs::write(&password_file, "").expect("empty the password file");
+    gw.signal("HUP");
+    wait_for_count(&gw, &reloaded_r1, 1);
+    let log = gw.log();
+    assert!(
+        log.contains("the file is empty; the password read before stays in use"),
+        "{log}"
+    );
+
+    // The rotation: etcd first (the gateway's token dies with the old password), then the
+    // file, then SIGHUP.
+    block_on(async {
+        let admin = ConnectOptions::new().with_credentials("root", PASSWORD);
+        let mut c = Client::connect(&[etcd.url()], &admin)
+            .await
+            .expect("client");
+        c.user_change_password("root", ROTATED)
+            .await
+            .expect("change the password");
+    });
+    std::fs::write(&password_file, format!("{ROTATED}\n")).expect("write the password file");
+    gw.signal("HUP");
+    // A new connection, authenticated with the new password, reads the key.
+    wait_for_count(&gw, &reloaded_r1, 2);
+    let log = gw.log();
+    assert!(log.contains("the etcd password in"), "{log}");
+    assert!(log.contains("changed; reconnecting with it"), "{log}");
+    assert_eq!(log.matches("watching etcd:").count(), 2, "{log}");
+
+    // And its watch delivers the next change (pushed with the new password).
+    let r2 = push(&write(
+        dir.path(),
+        "second.toml",
+        &document(up.addr, Some("two")),
+    ));
+    gw.wait_for_log(
+        &format!("reloaded etcd:{KEY}@{r2}"),
+        Duration::from_secs(10),
+    );
+    assert!(
+        !gw.log().contains("wrong user name or password"),
+        "{}",
+        gw.log()
+    );
 }
 
 #[test]
