@@ -905,7 +905,9 @@ struct RaceUpstream {
 }
 
 impl RaceUpstream {
-    async fn start() -> RaceUpstream {
+    /// `interim`: instead, answer the next request `100 Continue` and then close: an answer
+    /// began, so the upstream may have read the request (no race).
+    async fn start(interim: bool) -> RaceUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -947,6 +949,10 @@ impl RaceUpstream {
                         let mut peek = [0u8; 1];
                         if matches!(stream.peek(&mut peek).await, Ok(1)) {
                             raced.fetch_add(1, Ordering::SeqCst);
+                            if interim {
+                                let _ = stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+                                let _ = stream.read(&mut chunk).await;
+                            }
                         }
                     }
                 });
@@ -969,7 +975,7 @@ impl RaceUpstream {
 /// upstream never read it. It goes again on a new connection, once, within its try.
 #[tokio::test]
 async fn a_post_meeting_the_keep_alive_race_with_its_body_kept_goes_again_on_a_new_connection() {
-    let upstream = RaceUpstream::start().await;
+    let upstream = RaceUpstream::start(false).await;
     let (server, url) = start(config(
         &[upstream.addr],
         "",
@@ -1002,7 +1008,7 @@ async fn a_post_meeting_the_keep_alive_race_with_its_body_kept_goes_again_on_a_n
 /// 502 (it cannot be sent again), as before.
 #[tokio::test]
 async fn a_post_meeting_the_keep_alive_race_without_a_kept_body_gets_a_502() {
-    let upstream = RaceUpstream::start().await;
+    let upstream = RaceUpstream::start(false).await;
     let (_server, url) = start(config(&[upstream.addr], "", &all(""), ""));
     let client = http1_client();
     assert_eq!(
@@ -1015,4 +1021,27 @@ async fn a_post_meeting_the_keep_alive_race_without_a_kept_body_gets_a_502() {
     );
     assert_eq!(upstream.raced.load(Ordering::SeqCst), 1);
     assert_eq!(upstream.bodies(), [twenty("POST", 0)]);
+}
+
+/// Regression (issue 44): the race is only a close before any byte of an answer. An upstream
+/// that answered `100 Continue` (an interim answer leaves nothing in the client's buffer)
+/// and then closed may have read the request: the POST is not sent again, though its body
+/// is kept.
+#[tokio::test]
+async fn a_post_whose_connection_closed_after_a_100_continue_is_not_sent_again() {
+    let upstream = RaceUpstream::start(true).await;
+    let (server, url) = start(config(
+        &[upstream.addr],
+        "",
+        &all("retry = { attempts = 2, on = [\"connect\", \"503\"], backoff_ms = 0 }"),
+        "",
+    ));
+    let client = http1_client();
+    for (i, want) in [200, 502].into_iter().enumerate() {
+        let status = send_on(&client, &url, "POST", full(twenty("POST", i))).await;
+        assert_eq!(status, want, "POST {i}");
+    }
+    assert_eq!(upstream.raced.load(Ordering::SeqCst), 1);
+    assert_eq!(upstream.bodies(), [twenty("POST", 0)]);
+    assert_eq!(retries(&server, "503") + retries(&server, "connect"), 0);
 }
