@@ -4,6 +4,7 @@
 mod access_log;
 mod browser;
 mod container;
+mod cors_browser;
 mod debian;
 mod deploy;
 mod etcd;
