@@ -33,7 +33,7 @@
 //!   (no retry counted, no budget taken): a bodiless idempotent one as in the plain
 //!   exchange, and one with a body still kept whole, whatever its method: the upstream
 //!   closed the connection as the request went out and never answered it. A non-idempotent
-//!   request's body is kept for that alone ([`Resend::Unanswered`]); no condition retries it.
+//!   request's body is kept for that alone (`Resend::Unanswered`); no condition retries it.
 //! - A try that met a condition and is not retried for its method, its body or the budget
 //!   is counted by why (`tailguard_upstream_retries_skipped_total`, [`Skip`]).
 //! - A `502`/`503`/`504` answer is looked at before any byte of it goes to the client; a
