@@ -9,6 +9,7 @@
 # exact, a tenth as many host routes); the load goes to the prefix route in the middle. Each
 # run: the load for $DURATION s, with SIGHUP (the same file) $AT s in; the load's P50, P99,
 # P99.9 and P100 over the whole run and the reload's time (SIGHUP to the `reloaded` line).
+# HUP=0 runs the same without the SIGHUP (the baseline of the machine).
 #   A=target/release/tailguard B=/tmp/old/tailguard ROUTES=100000 ROUNDS=3 lab/reload-latency.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,9 +60,10 @@ run_one() { # name binary round
   sleep "$at"
   local sent
   sent=$(date +%s.%N)
-  kill -HUP "$gw"
   local took=none
-  for _ in $(seq 1200); do
+  # HUP=0: the same run without the reload, for the baseline.
+  if [ "${HUP:-1}" = 1 ]; then kill -HUP "$gw"; fi
+  for _ in $(seq "$([ "${HUP:-1}" = 1 ] && echo 1200 || echo 0)"); do
     if grep -q 'reloaded' "$log"; then took=$(python3 -c "import time; print(f'{time.time() - $sent:.2f}')"); break; fi
     sleep 0.05
   done
