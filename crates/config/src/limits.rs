@@ -27,6 +27,11 @@ pub struct Timeouts {
     /// reads, not in total; nginx's `client_body_timeout`); then `408`, blamed on the client.
     #[serde(default = "default_body_ms")]
     pub body_ms: u64,
+    /// The longest an HTTP/2 response may wait on its client: a stream whose next bytes
+    /// cannot go out (the client's flow-control window stays closed, or the connection does
+    /// not drain) for this long closes the client's connection (nginx's `send_timeout`).
+    #[serde(default = "default_send_ms")]
+    pub send_ms: u64,
     /// An idle keep-alive connection (downstream waiting for the next request head, and
     /// pooled upstream connections) is closed after this.
     #[serde(default = "default_idle_ms")]
@@ -59,6 +64,10 @@ fn default_header_ms() -> u64 {
 fn default_body_ms() -> u64 {
     60_000
 }
+fn default_send_ms() -> u64 {
+    // nginx's `send_timeout` default.
+    60_000
+}
 fn default_idle_ms() -> u64 {
     60_000
 }
@@ -77,6 +86,7 @@ impl Default for Timeouts {
             read_ms: default_read_ms(),
             header_ms: default_header_ms(),
             body_ms: default_body_ms(),
+            send_ms: default_send_ms(),
             idle_ms: default_idle_ms(),
             park_ms: default_park_ms(),
             shutdown_ms: default_shutdown_ms(),
@@ -97,6 +107,20 @@ pub struct Limits {
     /// Open downstream connections per listener; more wait in the kernel's backlog.
     #[serde(default = "default_connections")]
     pub connections: usize,
+    /// Concurrent streams per downstream HTTP/2 connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
+    /// a stream over it is refused with `RST_STREAM(REFUSED_STREAM)`.
+    #[serde(default = "default_http2_max_streams")]
+    pub http2_max_streams: u32,
+    /// In-flight requests per client address, across all its connections; over it an HTTP/2
+    /// stream is refused (`REFUSED_STREAM`) and an HTTP/1.1 request answered `429`. 0: no
+    /// limit.
+    #[serde(default = "default_client_requests")]
+    pub client_requests: u32,
+    /// `SO_RCVBUF` of each upstream connection, set before it connects: what the kernel may
+    /// hold of a response whose client reads slowly (without it the buffer autotunes up to
+    /// `net.ipv4.tcp_rmem`'s maximum). 0: the kernel's default and autotuning.
+    #[serde(default = "default_upstream_receive_buffer_bytes")]
+    pub upstream_receive_buffer_bytes: u32,
 }
 
 fn default_header_bytes() -> usize {
@@ -109,6 +133,19 @@ fn default_body_bytes() -> u64 {
 fn default_connections() -> usize {
     10_000
 }
+fn default_http2_max_streams() -> u32 {
+    // nginx's `http2_max_concurrent_streams` default (hyper's was 200).
+    100
+}
+fn default_client_requests() -> u32 {
+    100
+}
+fn default_upstream_receive_buffer_bytes() -> u32 {
+    // 256 KiB: a 10 Gbit/s stream at 200 us of loopback/LAN round trip fills ~250 KiB, so
+    // one stream is not slowed, while 10,000 stalled streams hold at most ~5 GiB (the kernel
+    // doubles it for its bookkeeping) instead of 32 MiB each.
+    256 * 1024
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -116,6 +153,9 @@ impl Default for Limits {
             header_bytes: default_header_bytes(),
             body_bytes: default_body_bytes(),
             connections: default_connections(),
+            http2_max_streams: default_http2_max_streams(),
+            client_requests: default_client_requests(),
+            upstream_receive_buffer_bytes: default_upstream_receive_buffer_bytes(),
         }
     }
 }

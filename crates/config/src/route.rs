@@ -90,6 +90,12 @@ pub struct RouteConfig {
     /// ([`crate::cors`]).
     #[serde(default)]
     pub cors: Option<Spanned<CorsConfig>>,
+    /// Forward a request as soon as its head is routed, before its body's first bytes
+    /// arrive (streaming uploads; gRPC calls always are). Otherwise a request with a body is
+    /// held until its first bytes or its end, up to `timeouts.body_ms`, before an upstream is
+    /// chosen.
+    #[serde(default)]
+    pub stream_request: bool,
 }
 
 /// `rewrite`: the path sent upstream instead of the client's (the query is kept).

@@ -289,6 +289,9 @@ pub(crate) fn validate(
     if config.limits.connections == 0 {
         d.push(None, "limits.connections", "must be at least 1");
     }
+    if config.limits.http2_max_streams == 0 {
+        d.push(None, "limits.http2_max_streams", "must be at least 1");
+    }
     if let Err(e) = config.overload.validate() {
         d.push(None, "overload", e.to_string());
     }

@@ -103,6 +103,9 @@ pub struct RequestBody {
     limit: u64,
     seen: u64,
     count: Option<Arc<AtomicU64>>,
+    /// The first frame, read before the request was forwarded ([`RequestBody::poll_first`]):
+    /// given out first, counted then.
+    first: Option<Frame<Bytes>>,
 }
 
 impl RequestBody {
@@ -115,7 +118,27 @@ impl RequestBody {
             limit: u64::MAX,
             seen: 0,
             count: None,
+            first: None,
         }
+    }
+
+    /// Ready once the body's first bytes (a frame with data, or trailers) or its end have
+    /// arrived, which it keeps to give out first: the gateway waits on it before it chooses
+    /// an upstream, so a request whose body never comes holds no upstream connection. Empty
+    /// DATA frames do not count (they would let a client hold a stream open for free).
+    pub fn poll_first(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        while self.first.is_none() && !self.inner.is_end_stream() {
+            match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if frame.data_ref().is_none_or(|d| !d.is_empty()) {
+                        self.first = Some(frame);
+                    }
+                }
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                None => break,
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Limits the body to `limit` bytes; `count` (if any) is updated with the bytes read.
@@ -155,7 +178,11 @@ impl Body for RequestBody {
             this.ended();
             return Poll::Ready(Some(Err(Error::BodyTooLarge)));
         }
-        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+        let polled = match this.first.take() {
+            Some(frame) => Some(Ok(frame)),
+            None => ready!(Pin::new(&mut this.inner).poll_frame(cx)),
+        };
+        match polled {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     this.seen += data.len() as u64;
@@ -181,11 +208,24 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.first.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let mut hint = self.inner.size_hint();
+        // The first frame, kept, is still to come.
+        if let Some(n) = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map(|d| d.len() as u64)
+        {
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper.saturating_add(n));
+            }
+            hint.set_lower(hint.lower().saturating_add(n));
+        }
+        hint
     }
 }
 

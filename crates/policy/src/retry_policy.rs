@@ -80,6 +80,8 @@ pub struct RoutePolicy {
     pub retry: Option<RetryPolicy>,
     /// `tailguard_upstream_retries_total` of the route, by reason.
     counters: RetryCounters,
+    /// `stream_request`: forwarded before the body's first bytes arrive.
+    pub stream_request: bool,
 }
 
 /// A route's `retry` as built at config load.
@@ -127,6 +129,7 @@ impl RoutePolicy {
                     buffer_bytes: usize::try_from(*r.buffer_bytes.get_ref()).unwrap_or(usize::MAX),
                 }),
             counters: RetryCounters::default(),
+            stream_request: config.stream_request,
         }
     }
 

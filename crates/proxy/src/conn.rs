@@ -26,6 +26,8 @@ pub(crate) struct ConnCtx {
     pub(crate) access_log: tailguard_access_log::AccessLog,
     /// The listener's rate limit, if it has one.
     pub(crate) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
+    /// The in-flight requests of the client's address, all its connections together.
+    pub(crate) in_flight: Arc<crate::clients::Client>,
 }
 
 /// How a request holds its snapshot until its response finishes.

@@ -4,31 +4,36 @@
 //! 1. **parse**: the head arrives parsed (the HTTP/1.1 engine through `crate::handler`,
 //!    hyper for HTTP/2); `GET /healthz` is answered at once. The request holds its
 //!    snapshot (`crate::conn::hold`) and starts its [`RequestRecord`];
-//! 2. **CORS preflight**: an `OPTIONS` with `Origin` and `Access-Control-Request-Method`,
+//! 2. **client limit**: the client address's in-flight requests (`limits.client_requests`);
+//!    over it the request is handed back [`Refused`] (`REFUSED_STREAM` or `429`, the
+//!    caller's choice by protocol);
+//! 3. **CORS preflight**: an `OPTIONS` with `Origin` and `Access-Control-Request-Method`,
 //!    routed as the request it announces to a route with `cors`, is answered here
 //!    ([`answer_preflight`], the answer decided by `tailguard_policy::cors`): before the
 //!    rate limits and before anything that would ask for credentials;
-//! 3. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
+//! 4. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
 //!    `crate::respond::rate_limited`);
-//! 4. **route**: `tailguard_policy::route::Router::find`; on a route with `cors`, what the
+//! 5. **route**: `tailguard_policy::route::Router::find`; on a route with `cors`, what the
 //!    response will carry for the request's `Origin` is decided (`cors::Actual`); then the
 //!    route's own rate limit;
-//! 5. **local answer**: a route with `redirect` or `respond` answers here
+//! 6. **local answer**: a route with `redirect` or `respond` answers here
 //!    ([`answer_locally`], the answer built by `tailguard_policy::policy`);
-//! 6. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
-//! 7. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
+//! 7. **body**: a request with a body waits for its first bytes (or its end) before an
+//!    upstream is chosen, `timeouts.body_ms` at most (then `408`), unless its route streams
+//!    (`stream_request`, gRPC): [`wait_for_body`];
+//! 8. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
+//! 9. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
 //!    `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
 //!    retries are `crate::retry`'s loops;
-//! 8. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
+//! 10. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
 //!    error's answer (`crate::respond::error_response`, the status from `Error::status`);
 //!    on a route with `cors`, whatever answers gets its CORS fields ([`apply_cors`]);
-//! 9. **record**: the response body carries the request's `Finish`, which reports it once
+//! 11. **record**: the response body carries the request's `Finish`, which reports it once
 //!    when the body ends or is dropped (`crate::finish`: metrics, access log).
 //!
 //! The per-request state travels down as arguments (the held snapshot, the connection,
 //! the record); nothing below this module names it.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -49,13 +54,40 @@ use crate::record::RequestRecord;
 use crate::respond::{error_response, local_response};
 use crate::response_body::ResponseBody;
 
+/// A request its client address had no room for (`limits.client_requests`): nothing was
+/// done for it yet. HTTP/2 refuses the stream (`REFUSED_STREAM`: the client may send it
+/// again, nothing was processed); HTTP/1.1 answers it ([`Refused::answer`]).
+#[derive(Debug)]
+pub(crate) struct Refused {
+    record: Box<RequestRecord>,
+    held: Held,
+}
+
+impl Refused {
+    /// The `429` of a refused HTTP/1.1 request, counted and logged like a rate limit's.
+    pub(crate) fn answer(self) -> Response<ResponseBody> {
+        let Refused { record, held } = self;
+        held.snapshot().metrics.gateway.request_started();
+        let err = Error::RateLimited {
+            scope: "client_requests",
+            retry_after: 1,
+        };
+        let mut resp = error_response(err, record, held, None);
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        resp
+    }
+}
+
 /// Serves one request from its parsed head to the response head (the body then streams).
 /// `timer` is the connection's timer for `timeouts.request_ms` (kept across its requests).
 pub(crate) async fn serve(
     conn: &Arc<ConnCtx>,
-    req: Box<Request<RequestBody>>,
+    mut req: Box<Request<RequestBody>>,
     timer: &mut LazyTimer,
-) -> Result<Response<ResponseBody>, Infallible> {
+) -> Result<Response<ResponseBody>, Refused> {
     // Parse: the head is here; `/healthz` needs nothing more.
     let start = Instant::now();
     // Answered locally on every listener, before admission, so it is never shed and never
@@ -73,6 +105,33 @@ pub(crate) async fn serve(
         &req,
         !held.access_log().is_off(),
     );
+    // Client limit: before anything is done for the request, so a refused one costs only
+    // its head's parse.
+    match conn
+        .in_flight
+        .enter(held.snapshot().config.limits.client_requests)
+    {
+        Some(guard) => record.client = Some(guard),
+        None => {
+            held.snapshot()
+                .metrics
+                .gateway
+                .refused(crate::metrics::Refusal::ClientRequests);
+            if let Some(count) =
+                crate::log_every::note(crate::log_every::Cause::ClientRequests, start)
+            {
+                tracing::info!(
+                    target: "tailguard::request",
+                    count,
+                    last_remote = %conn.remote,
+                    "{count} requests refused in the last {} s: over limits.client_requests",
+                    crate::log_every::INTERVAL.as_secs()
+                );
+            }
+            record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+            return Err(Refused { record, held });
+        }
+    }
     held.snapshot().metrics.gateway.request_started();
     // One `Host` lookup for routing and the trace; none when the URI names the host
     // (HTTP/2's `:authority`, an absolute form) and the request is not traced.
@@ -142,6 +201,12 @@ pub(crate) async fn serve(
             && tailguard_policy::policy::answers_locally(held.snapshot().router.get(r))
         {
             break 'answer answer_locally(conn, held, req, r, record);
+        }
+        // Body: its first bytes, before an upstream is chosen.
+        if let Err(e) = wait_for_body(held.snapshot(), &mut req, route, timer).await {
+            record.route = route;
+            record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+            break 'answer error_response(e, record, held, None);
         }
         // Admit.
         let mut admitted = match admission::admit(&held.snapshot().overload, route) {
@@ -260,6 +325,54 @@ fn answer_preflight(
     *resp.status_mut() = StatusCode::NO_CONTENT;
     *resp.headers_mut() = headers;
     resp
+}
+
+/// Waits for the first bytes (or the end) of a request's body before an upstream is chosen
+/// (nginx's `proxy_request_buffering`, for the first bytes only: the body then streams), so
+/// a client that opens requests and never sends their bodies holds no upstream connection
+/// and no admission slot. `timeouts.body_ms` at most: then `408` (counted in
+/// `tailguard_downstream_refused_total{reason="body_timeout"}`). Not for a request without a
+/// body, an unrouted one (its `404` needs no body), or a route that streams
+/// (`stream_request`, and every gRPC call: a client stream may send its first message
+/// after the server's).
+async fn wait_for_body(
+    snapshot: &crate::snapshot::Snapshot,
+    req: &mut Request<RequestBody>,
+    route: Option<usize>,
+    timer: &mut LazyTimer,
+) -> Result<(), Error> {
+    use http_body::Body as _;
+    let Some(r) = route else {
+        return Ok(());
+    };
+    // A request forwarding refuses anyway (a declared body over `limits.body_bytes`: its
+    // `413` goes out without `100 Continue`, so its body may never come) is not waited for.
+    if req.body().is_end_stream()
+        || snapshot.router.get(r).tries.stream_request
+        || grpc::is_grpc(req.headers())
+        || check_forwardable(&snapshot.config.limits, req).is_err()
+    {
+        return Ok(());
+    }
+    let body = req.body_mut();
+    let first = std::future::poll_fn(|cx| body.poll_first(cx));
+    let waited = match snapshot.config.timeouts.body_ms {
+        0 => Some(first.await),
+        ms => {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(ms);
+            timer.limit(deadline, first).await
+        }
+    };
+    // The HTTP/1.1 engine times a body's reads itself (the same `body_ms`): its timeout
+    // comes as the body's error, and is the same refusal.
+    let result = waited.unwrap_or(Err(Error::DownstreamTimeout { phase: "body" }));
+    if let Err(Error::DownstreamTimeout { .. }) = result {
+        snapshot
+            .metrics
+            .gateway
+            .refused(crate::metrics::Refusal::BodyTimeout);
+    }
+    result
 }
 
 /// Serves a request routed to an HTTP/2 upstream, from its routed head to the response

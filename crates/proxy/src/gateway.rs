@@ -39,6 +39,9 @@ pub struct Gateway {
     reloads: crate::reloads::Reloads,
     /// Replaced snapshots, freed off the serving threads once no connection holds them.
     retired: crate::retired::Retired,
+    /// In-flight requests per client address (`limits.client_requests`), kept across
+    /// reloads.
+    clients: Arc<crate::clients::Clients>,
 }
 
 /// The exporter, if started, and the tracer snapshots are built with.
@@ -127,6 +130,7 @@ impl Gateway {
             tracing: Mutex::new(tracing),
             reloads: crate::reloads::Reloads::default(),
             retired: crate::retired::Retired::default(),
+            clients: Arc::default(),
         });
         gateway.resolver.watch(
             &gateway.snapshot().config,
@@ -265,6 +269,11 @@ impl Gateway {
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The in-flight requests of each client address.
+    pub(crate) fn clients(&self) -> &Arc<crate::clients::Clients> {
+        &self.clients
     }
 
     /// Where the current snapshot is swapped in (a connection holds it, not the gateway).

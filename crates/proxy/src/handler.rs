@@ -35,8 +35,9 @@ impl http1_server::Handler for Http1Handler {
         req: Box<Request<RequestBody>>,
         timer: &mut LazyTimer,
     ) -> Response<ResponseBody> {
-        let Ok(resp) = crate::data_path::serve(&self.0, req, timer).await;
-        resp
+        crate::data_path::serve(&self.0, req, timer)
+            .await
+            .unwrap_or_else(crate::data_path::Refused::answer)
     }
 
     fn refused(&self, err: tailguard_http1::RequestError) -> (StatusCode, &'static str) {

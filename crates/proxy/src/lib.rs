@@ -42,12 +42,13 @@
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
 //!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`, \
-//!      `rate_limit`, `tracing`"
+//!      `rate_limit`, `tracing`, `stream_request`"
 //! );
 //! ```
 
 pub mod access_log;
 pub mod builtin;
+pub(crate) mod clients;
 pub(crate) mod conn;
 pub(crate) mod data_path;
 pub(crate) mod drain;
@@ -56,6 +57,7 @@ pub(crate) mod forward;
 pub(crate) mod forward_h2;
 pub mod gateway;
 pub(crate) mod handler;
+pub(crate) mod log_every;
 pub mod metrics;
 pub(crate) mod park;
 pub mod record;

@@ -201,6 +201,8 @@ pub struct GatewayMetrics {
     connections_opened: Counter,
     connections_active: Gauge,
     connections_parked: Gauge,
+    /// `tailguard_downstream_refused_total`, by [`Refusal`].
+    refused: [Counter; Refusal::ALL.len()],
     pool: Arc<PoolMetrics>,
     errors: Family<Counter>,
     error_table: Box<[OnceLock<Counter>]>,
@@ -309,6 +311,19 @@ impl GatewayMetrics {
             "Idle HTTP/1.1 client connections parked (waiting for their next request without a \
              task; counted in the active ones too).",
         )?;
+        let refused_family = r.counter(
+            "tailguard_downstream_refused",
+            "Client requests refused or streams cut to bound what a client holds, by reason \
+             (client_requests, body_timeout, send_timeout).",
+            &["reason"],
+        )?;
+        let mut refused = Vec::with_capacity(Refusal::ALL.len());
+        for reason in Refusal::ALL {
+            refused.push(refused_family.get_or_create(&[reason.as_str()])?);
+        }
+        let refused: [Counter; Refusal::ALL.len()] = refused
+            .try_into()
+            .expect("one counter per reason, made just above");
         let pool = PoolMetrics::register(r)?;
         let errors = r.counter(
             "tailguard_errors",
@@ -362,6 +377,7 @@ impl GatewayMetrics {
             connections_opened,
             connections_active,
             connections_parked,
+            refused,
             pool,
             errors,
             unrouted: Arc::new(unrouted),
@@ -459,6 +475,11 @@ impl GatewayMetrics {
         }
     }
 
+    /// A client's request or stream was refused or cut for `reason`.
+    pub(crate) fn refused(&self, reason: Refusal) {
+        self.refused[reason as usize].inc();
+    }
+
     /// A config reload was applied (`ok`) or rejected.
     pub fn reloaded(&self, ok: bool) {
         self.last_reload_ok.set(i64::from(ok));
@@ -505,6 +526,35 @@ impl GatewayMetrics {
     /// The counters every endpoint's pool records into.
     pub(crate) fn pool(&self) -> &Arc<PoolMetrics> {
         &self.pool
+    }
+}
+
+/// Why a client's request or stream was refused or cut (the `reason` label of
+/// `tailguard_downstream_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Its address had `limits.client_requests` in flight.
+    ClientRequests = 0,
+    /// Its body sent nothing for `timeouts.body_ms` before it was forwarded.
+    BodyTimeout = 1,
+    /// Its response could not go out for `timeouts.send_ms`.
+    SendTimeout = 2,
+}
+
+impl Refusal {
+    pub(crate) const ALL: [Refusal; 3] = [
+        Refusal::ClientRequests,
+        Refusal::BodyTimeout,
+        Refusal::SendTimeout,
+    ];
+
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Refusal::ClientRequests => "client_requests",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::SendTimeout => "send_timeout",
+        }
     }
 }
 

@@ -58,6 +58,9 @@ pub struct RequestRecord {
     pub grpc_status: Option<u8>,
     /// The trace's state while the request runs ([`crate::trace`]); none when not traced.
     pub(crate) trace: Option<crate::trace::RequestTrace>,
+    /// Counts the request in its client address's in-flight requests until the record is
+    /// dropped (`limits.client_requests`).
+    pub(crate) client: Option<crate::clients::ClientGuard>,
 }
 
 impl RequestRecord {
@@ -104,6 +107,7 @@ impl RequestRecord {
                 grpc: false,
                 grpc_status: None,
                 trace: None,
+                client: None,
             },
         )
     }

@@ -12,6 +12,7 @@ use tailguard_policy::rate_limit::Limited;
 
 use crate::conn::Held;
 use crate::finish::Finish;
+use crate::log_every::Cause;
 use crate::record::RequestRecord;
 use crate::response_body::ResponseBody;
 
@@ -86,6 +87,27 @@ pub(crate) fn error_response(
             // log lines per rejection), so it is only there for debugging.
             // The same for a rate limit's refusals: a flood of them is what it is for.
             (Error::Overloaded | Error::RateLimited { .. }, _) => line!(debug),
+            // What a client can cause by the thousand (bodies that never come, bodies broken
+            // off): one line per interval with the count (`crate::log_every`).
+            (Error::DownstreamTimeout { .. } | Error::DownstreamBody(_), _) => {
+                line!(debug);
+                let cause = match &err {
+                    Error::DownstreamTimeout { .. } => Cause::DownstreamTimeout,
+                    _ => Cause::DownstreamBody,
+                };
+                if let Some(count) = crate::log_every::note(cause, std::time::Instant::now()) {
+                    tracing::info!(
+                        target: "tailguard::request",
+                        status = status.as_u16(),
+                        kind = err.kind(),
+                        blame,
+                        count,
+                        last_remote = %record.remote,
+                        "{count} requests in the last {} s: {err}",
+                        crate::log_every::INTERVAL.as_secs()
+                    );
+                }
+            }
             // A client's mistake is routine for the gateway; an upstream's or our own is not.
             (_, tailguard_http::error::Blame::Downstream) => line!(info),
             _ => line!(warn),

@@ -6,6 +6,7 @@
 mod accept;
 mod connection;
 mod listener;
+mod send_watch;
 mod settings;
 
 use std::net::SocketAddr;

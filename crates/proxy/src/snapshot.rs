@@ -97,7 +97,7 @@ impl Snapshot {
         files: TlsFiles,
         tracer: &tailguard_trace::Tracer,
     ) -> Result<Snapshot, Error> {
-        let settings = pool_settings(&config.timeouts);
+        let settings = pool_settings(&config.timeouts, &config.limits);
         let mut responders = Vec::new();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for u in &config.upstreams {
@@ -187,6 +187,7 @@ impl Snapshot {
                 max_streams: *u.max_concurrent_streams.get_ref() as usize,
                 idle_timeout: settings.idle_timeout,
                 header_bytes: u32::try_from(config.limits.header_bytes).unwrap_or(u32::MAX),
+                receive_buffer: settings.receive_buffer,
             };
             let h2_for = |a: &EndpointAddr| {
                 let target = target_of(a);
@@ -400,10 +401,12 @@ fn upstream_tls_of(
     }))
 }
 
-fn pool_settings(t: &Timeouts) -> PoolSettings {
+fn pool_settings(t: &Timeouts, l: &tailguard_config::Limits) -> PoolSettings {
     PoolSettings {
         connect_timeout: millis(t.connect_ms),
         idle_timeout: millis(t.idle_ms),
+        receive_buffer: (l.upstream_receive_buffer_bytes > 0)
+            .then_some(l.upstream_receive_buffer_bytes),
     }
 }
 

@@ -31,7 +31,8 @@ async fn requests_above_the_cap_are_shed_before_the_upstream_and_health_stays_up
     // The upstream's concurrency limit would refuse first (at 4 x 20): this is the cap's test.
     let (server, url) = start(proxy_to(
         &[upstream.addr],
-        "[overload]\nmode = \"adaptive\"\nupstream_limit = false\n",
+        // Every request comes from 127.0.0.1: no per-client limit, so the shedder refuses.
+        "[overload]\nmode = \"adaptive\"\nupstream_limit = false\n[limits]\nclient_requests = 0\n",
     ));
     let snapshot = server.gateway().snapshot();
     let group = snapshot
@@ -376,7 +377,8 @@ async fn upstream_limit_false_leaves_only_the_shedder() {
     let up = Upstream::start().await;
     let (server, _url) = start(proxy_to(
         &[up.addr],
-        "[overload]\nmode = \"adaptive\"\nupstream_limit = false\n",
+        // Every request comes from 127.0.0.1: no per-client limit, so the shedder refuses.
+        "[overload]\nmode = \"adaptive\"\nupstream_limit = false\n[limits]\nclient_requests = 0\n",
     ));
     let snapshot = server.gateway().snapshot();
     assert!(

@@ -460,7 +460,11 @@ async fn a_checkout_past_many_closed_tls_connections_sees_every_one_closed() {
         .hold_until(OPEN)
         .start()
         .await;
-    let (_server, url) = start(dir.path(), upstream.addr, "ca = \"ca.pem\"");
+    let mut config = tls_config(dir.path(), upstream.addr, "ca = \"ca.pem\"").expect("config");
+    // All from 127.0.0.1: over `limits.client_requests` (100) they would be refused.
+    config.limits.client_requests = 0;
+    let _server = Server::start(config, 1).expect("gateway starts");
+    let url = format!("http://{}", _server.local_addrs()[0]);
     // All at once, and none answered before all arrived: one connection each, every one
     // back in the pool's one slot once answered (its whole body was read, or the client
     // would not have it), then closed by a close_notify while idle.

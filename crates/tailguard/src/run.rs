@@ -95,6 +95,10 @@ pub(crate) struct RunArgs {
     /// overrides `[overload] mode`.
     #[arg(long, value_name = "off|adaptive|gozero", value_parser = parse_overload_mode)]
     overload: Option<tailguard_overload::OverloadMode>,
+    /// In-flight requests per client address, 0 for no limit; overrides `[limits]
+    /// client_requests` (a load generator stands for many clients from one address).
+    #[arg(long, value_name = "N")]
+    client_requests: Option<u32>,
 }
 
 /// `--overload off|adaptive|gozero`.
@@ -178,6 +182,9 @@ fn with_overrides(mut config: Config, args: &RunArgs) -> Result<Config, Error> {
     )?;
     if let Some(mode) = args.overload {
         config.override_overload(mode);
+    }
+    if let Some(n) = args.client_requests {
+        config.limits.client_requests = n;
     }
     Ok(config)
 }

@@ -57,6 +57,8 @@ pub struct H2Settings {
     pub idle_timeout: Option<Duration>,
     /// Largest response head accepted (`limits.header_bytes`).
     pub header_bytes: u32,
+    /// `SO_RCVBUF` of each connection (`None`: the kernel's default, autotuned).
+    pub receive_buffer: Option<u32>,
 }
 
 /// Why a connection could not be opened, kept for every request that waited on it.
@@ -336,13 +338,15 @@ impl<B: H2Body> H2Pool<B> {
     async fn handshake<C: H2Body>(&self) -> Result<(SendRequest<C>, Driver), Failed> {
         let addr = self.addr;
         let opening = async {
-            let tcp = TcpStream::connect(addr).await.map_err(|e| {
-                if e.kind() == std::io::ErrorKind::TimedOut {
-                    Failed::Timeout
-                } else {
-                    Failed::Refused(e.to_string())
-                }
-            })?;
+            let tcp = crate::socket::connect(addr, self.settings.receive_buffer)
+                .await
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::TimedOut {
+                        Failed::Timeout
+                    } else {
+                        Failed::Refused(e.to_string())
+                    }
+                })?;
             // Frames are written whole; waiting for an ACK (Nagle) would only add latency.
             let _ = tcp.set_nodelay(true);
             let mut builder = Builder::new(TokioExecutor::new());

@@ -89,7 +89,11 @@
 //!         unavailable,
 //!         None,
 //!         |a| {
-//!             let settings = PoolSettings { connect_timeout: None, idle_timeout: None };
+//!             let settings = PoolSettings {
+//!                 connect_timeout: None,
+//!                 idle_timeout: None,
+//!                 receive_buffer: None,
+//!             };
 //!             Arc::new(EndpointPool::new(a.addr, settings, None, Arc::clone(&pools)))
 //!         },
 //!         |_| unreachable!("an HTTP/1.1 upstream has no HTTP/2 pools"),
@@ -125,6 +129,7 @@ pub mod outcome;
 pub mod pool;
 pub mod pool_metrics;
 pub mod shard;
+pub(crate) mod socket;
 pub mod tls;
 pub mod upstream;
 

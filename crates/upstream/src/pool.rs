@@ -23,8 +23,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
-
 use crate::error::UpstreamError;
 use crate::pool_metrics::{OpenConnection, PoolMetrics};
 use crate::shard::PerThread;
@@ -44,6 +42,8 @@ pub struct PoolSettings {
     pub connect_timeout: Option<Duration>,
     /// An idle connection older than this is closed (`None`: kept until the upstream closes).
     pub idle_timeout: Option<Duration>,
+    /// `SO_RCVBUF` of each connection (`None`: the kernel's default, autotuned).
+    pub receive_buffer: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -173,7 +173,7 @@ impl EndpointPool {
     /// test what requests use).
     pub(crate) async fn open(&self) -> Result<Stream, UpstreamError> {
         let addr = self.addr;
-        let stream = TcpStream::connect(addr)
+        let stream = crate::socket::connect(addr, self.settings.receive_buffer)
             .await
             .map_err(|e| connect_error(addr, &e))?;
         // Requests are written whole; waiting for an ACK (Nagle) would only add latency.

@@ -19,7 +19,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsAcceptor;
 
-use super::settings::{Http2, Settings};
+use super::send_watch::{SendWatch, Watched};
+use super::settings::Settings;
 use crate::conn::ConnCtx;
 use crate::drain::Watch;
 use crate::handler::Http1Handler;
@@ -103,7 +104,7 @@ pub(super) async fn serve_plain(
             downstream::Served::Closed => return,
             downstream::Served::Http2(joined) => {
                 let settings = Arc::clone(&admitted.settings);
-                Box::pin(serve_http2(joined, ctx, &settings.http2, shutdown)).await;
+                Box::pin(serve_http2(joined, ctx, &settings, shutdown)).await;
                 return;
             }
             downstream::Served::Parked(halves) => halves,
@@ -170,7 +171,7 @@ async fn serve_tls_connection(
             }
         };
         if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-            Box::pin(serve_http2(stream, ctx, &settings.http2, shutdown)).await;
+            Box::pin(serve_http2(stream, ctx, &settings, shutdown)).await;
             return;
         }
         tokio::io::split(stream)
@@ -190,19 +191,33 @@ async fn serve_tls_connection(
 }
 
 /// Serves HTTP/2 on a connection until it closes; when the server drains, sends GOAWAY and
-/// lets the open streams finish.
-async fn serve_http2<I>(io: I, ctx: Arc<ConnCtx>, http2: &Http2, mut shutdown: Watch)
+/// lets the open streams finish. Closed when its responses wait on the client for
+/// `timeouts.send_ms` ([`SendWatch`]).
+async fn serve_http2<I>(io: I, ctx: Arc<ConnCtx>, settings: &Settings, mut shutdown: Watch)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = ctx.remote;
-    let service = service_fn(move |req: Request<Incoming>| {
-        let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
-        let ctx = Arc::clone(&ctx);
-        // An HTTP/2 stream is a task of hyper's, with a timer of its own.
-        async move { crate::data_path::serve(&ctx, req, &mut LazyTimer::new()).await }
+    let watch = Arc::new(SendWatch::default());
+    let metrics = Arc::clone(&ctx.snapshot.metrics.gateway);
+    let service = service_fn({
+        let watch = Arc::clone(&watch);
+        move |req: Request<Incoming>| {
+            let req = Box::new(req.map(|body| RequestBody::unlimited(IncomingBody::Http2(body))));
+            let ctx = Arc::clone(&ctx);
+            let watch = Arc::clone(&watch);
+            // An HTTP/2 stream is a task of hyper's, with a timer of its own. A request over its
+            // client's limit is refused as a stream: hyper resets it with the reason it finds in
+            // the error (`REFUSED_STREAM`: nothing was processed, the client may try again).
+            async move {
+                match crate::data_path::serve(&ctx, req, &mut LazyTimer::new()).await {
+                    Ok(resp) => Ok(resp.map(|body| Watched::new(body, &watch))),
+                    Err(_refused) => Err(h2::Error::from(h2::Reason::REFUSED_STREAM)),
+                }
+            }
+        }
     });
-    let conn = http2.serve_connection(TokioIo::new(io), service);
+    let conn = settings.http2.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
     let draining = std::future::poll_fn(|cx| shutdown.poll_draining(cx));
     let result = tokio::select! {
@@ -210,6 +225,25 @@ where
         () = draining => {
             conn.as_mut().graceful_shutdown();
             conn.await
+        }
+        () = watch.stalled(settings.send) => {
+            // Its streams would never finish: dropped with the connection, each one's
+            // upstream exchange ends (and its request is finished and logged).
+            metrics.refused(crate::metrics::Refusal::SendTimeout);
+            tracing::debug!(%remote, "closed: responses waited on the client for timeouts.send_ms");
+            if let Some(count) = crate::log_every::note(
+                crate::log_every::Cause::SendTimeout,
+                std::time::Instant::now(),
+            ) {
+                tracing::info!(
+                    count,
+                    last_remote = %remote,
+                    "{count} HTTP/2 connections closed in the last {} s: their responses \
+                     waited on the client for timeouts.send_ms",
+                    crate::log_every::INTERVAL.as_secs()
+                );
+            }
+            return;
         }
     };
     if let Err(e) = result {

@@ -20,8 +20,10 @@ pub(super) type Http2 = hyper::server::conn::http2::Builder<TokioExecutor>;
 pub(super) struct Settings {
     /// Plain TCP when `None`; a reload may switch TLS on or off, or renew the certificate.
     pub(super) tls: Option<Arc<TlsAcceptor>>,
-    /// HTTP/2 settings from `[limits]` (header size).
+    /// HTTP/2 settings from `[limits]` (header size, streams).
     pub(super) http2: Arc<Http2>,
+    /// `timeouts.send_ms`: an HTTP/2 connection whose responses wait on it this long closes.
+    pub(super) send: Option<Duration>,
     /// HTTP/1.1 settings from `[limits]` and `[timeouts]` (idle, header, body).
     pub(super) http1: downstream::Limits,
     pub(super) access_log: AccessLog,
@@ -44,7 +46,8 @@ fn millis(ms: u64) -> Option<Duration> {
 fn http2(limits: &Limits) -> Http2 {
     let mut b = Http2::new(TokioExecutor::new());
     b.timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(limits.header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(limits.http2_max_streams);
     b
 }
 
@@ -102,6 +105,7 @@ pub(super) fn settings(
             Arc::new(Settings {
                 tls,
                 http2: Arc::clone(&http2),
+                send: millis(config.timeouts.send_ms),
                 http1: downstream::Limits {
                     park_after,
                     ..http1
