@@ -274,7 +274,8 @@ async fn an_overloaded_upstream_is_limited_by_its_response_times_and_another_is_
     // The CPU trigger is off: the sampler would read the whole host's or cgroup's CPU,
     // which builds and the other tests saturate whatever the gateway does, and a group
     // turned hot on it stays hot on the CPU alone (a soak saw all 1000 of `fast`'s requests
-    // refused). This test is about the upstream limit, which never reads the CPU.
+    // refused). This test is about the upstream limit, which never reads the CPU. Every
+    // request comes from 127.0.0.1, so the per-client limit is off.
     let slow = Upstream::builder()
         .delay(Duration::from_millis(20))
         .workers(1)
@@ -286,7 +287,8 @@ async fn an_overloaded_upstream_is_limited_by_its_response_times_and_another_is_
          [[upstreams]]\nname = \"fast\"\nendpoints = [{{ address = \"{}\" }}]\n\n\
          [[routes]]\nid = \"slow\"\nupstream = \"slow\"\npath = {{ prefix = \"/slow\" }}\n\n\
          [[routes]]\nid = \"fast\"\nupstream = \"fast\"\npath = {{ prefix = \"/fast\" }}\n\n\
-         [overload]\nmode = \"adaptive\"\ncpu_trigger = false\n",
+         [overload]\nmode = \"adaptive\"\ncpu_trigger = false\n\n\
+         [limits]\nclient_requests = 0\n",
         slow.addr, fast.addr
     )));
     let (slow_url, fast_url) = (format!("{url}/slow"), format!("{url}/fast"));
