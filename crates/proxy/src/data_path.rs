@@ -26,10 +26,10 @@
 //!    `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
 //!    retries are `crate::retry`'s loops;
 //! 10. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
-//!    error's answer (`crate::respond::error_response`, the status from `Error::status`);
-//!    on a route with `cors`, whatever answers gets its CORS fields ([`apply_cors`]);
+//!     error's answer (`crate::respond::error_response`, the status from `Error::status`);
+//!     on a route with `cors`, whatever answers gets its CORS fields ([`apply_cors`]);
 //! 11. **record**: the response body carries the request's `Finish`, which reports it once
-//!    when the body ends or is dropped (`crate::finish`: metrics, access log).
+//!     when the body ends or is dropped (`crate::finish`: metrics, access log).
 //!
 //! The per-request state travels down as arguments (the held snapshot, the connection,
 //! the record); nothing below this module names it.
