@@ -2,6 +2,7 @@
 //! current snapshot (what is configured, each endpoint's health) and its reloads; then
 //! lists what must stand out ([`alerts`]).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tailguard_config::DEFAULT_CONFIG_NAME;
@@ -36,9 +37,10 @@ fn epoch_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, millis)
 }
 
-/// Each configured route's id and its upstream's name, in precedence order: what a sample
-/// needs to give an upstream its routes' requests.
-pub(crate) fn route_upstreams(snapshot: &Snapshot) -> Vec<(String, Option<String>)> {
+/// Each configured route's id and its upstream's name (`None`: it answers by itself): what
+/// a sample needs to give an upstream its routes' requests. Built once per snapshot (see
+/// `StatusPage::tick_at`), not per tick: 110,000 routes took 70 ms of every second.
+pub(crate) fn route_upstreams(snapshot: &Snapshot) -> HashMap<String, Option<String>> {
     snapshot
         .router
         .routes()

@@ -16,6 +16,7 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 use tailguard_config::StatusAccess;
 use tailguard_metrics::{Page, Registry, accepts_gzip};
 use tailguard_proxy::Gateway;
+use tailguard_proxy::snapshot::Snapshot;
 
 use crate::access::Access;
 use crate::build::{Info, build, route_upstreams};
@@ -47,7 +48,14 @@ pub struct StatusPage {
     tracker: Mutex<Tracker>,
     /// The JSON of the last tick it was built for: (tick, plain, gzipped).
     cache: Mutex<Option<(u64, Bytes, Option<Bytes>)>>,
+    /// Each route's upstream, for the snapshot it was built from (rebuilt when a reload
+    /// or a DNS change swaps the snapshot; the snapshot is held so that its address is not
+    /// reused by another while compared).
+    routes: Mutex<Option<(Arc<Snapshot>, Arc<RouteUpstreams>)>>,
 }
+
+/// Each configured route id and its upstream's name.
+type RouteUpstreams = std::collections::HashMap<String, Option<String>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -63,6 +71,7 @@ impl StatusPage {
             gateway: OnceLock::new(),
             tracker: Mutex::default(),
             cache: Mutex::default(),
+            routes: Mutex::default(),
         })
     }
 
@@ -81,9 +90,22 @@ impl StatusPage {
         let Some(gateway) = self.gateway() else {
             return;
         };
-        let routes = route_upstreams(&gateway.snapshot());
+        let routes = self.route_upstreams(gateway.snapshot());
         let sample = Sample::read(&self.registry.snapshot(), now, &routes);
         lock(&self.tracker).push(sample);
+    }
+
+    /// Each route's upstream in `snapshot`, built once per snapshot.
+    fn route_upstreams(&self, snapshot: Arc<Snapshot>) -> Arc<RouteUpstreams> {
+        let mut cached = lock(&self.routes);
+        match &*cached {
+            Some((of, routes)) if Arc::ptr_eq(of, &snapshot) => Arc::clone(routes),
+            _ => {
+                let routes = Arc::new(route_upstreams(&snapshot));
+                *cached = Some((snapshot, Arc::clone(&routes)));
+                routes
+            }
+        }
     }
 
     /// The document as of now (ticking first if no tick ran yet); `None` before the gateway

@@ -202,16 +202,30 @@ fn single(snapshot: &Snapshot, family: &str) -> Option<f64> {
 impl Sample {
     /// Reads `snapshot` (taken by the caller, scrape hooks run) at `at`. `routes` maps each
     /// configured route id to its upstream's name (`None`: it answers by itself), so that an
-    /// upstream's requests are its routes'.
+    /// upstream's requests are its routes'. A route gets an entry once a series names it:
+    /// the work of a tick follows the series, not the route table (a route that has served
+    /// nothing has none, and reads as zeros).
     pub(crate) fn read(
         snapshot: &Snapshot,
         at: Instant,
-        routes: &[(String, Option<String>)],
+        routes: &HashMap<String, Option<String>>,
     ) -> Sample {
-        let mut by_route: HashMap<String, RouteSample> = routes
-            .iter()
-            .map(|(id, _)| (id.clone(), RouteSample::default()))
-            .collect();
+        let mut by_route: HashMap<String, RouteSample> = HashMap::new();
+        // The entry of a configured route; `None` for a series of a route no longer
+        // configured (a reload removed it).
+        fn entry<'a>(
+            by_route: &'a mut HashMap<String, RouteSample>,
+            routes: &HashMap<String, Option<String>>,
+            id: &str,
+        ) -> Option<&'a mut RouteSample> {
+            if !by_route.contains_key(id) {
+                if !routes.contains_key(id) {
+                    return None;
+                }
+                by_route.insert(id.to_owned(), RouteSample::default());
+            }
+            by_route.get_mut(id)
+        }
         let mut gateway = Traffic::default();
         each(snapshot, "tailguard_requests", |labels, s| {
             let (Some(route), Some(status)) = (labels.first(), labels.get(2)) else {
@@ -229,7 +243,7 @@ impl Sample {
             if let Some(c) = class {
                 gateway.classes[c] += n;
             }
-            if let Some(r) = by_route.get_mut(route.as_ref()) {
+            if let Some(r) = entry(&mut by_route, routes, route) {
                 r.traffic.requests += n;
                 if let Some(c) = class {
                     r.traffic.classes[c] += n;
@@ -244,33 +258,42 @@ impl Sample {
                 if let Some(r) = s
                     .label_values()
                     .first()
-                    .and_then(|id| by_route.get_mut(id.as_ref()))
+                    .and_then(|id| entry(&mut by_route, routes, id))
                 {
                     r.traffic.latency.add(&s);
                 }
             }
         }
         each(snapshot, "tailguard_rate_limited", |labels, s| {
-            if let Some(r) = labels.get(1).and_then(|id| by_route.get_mut(id.as_ref())) {
+            if let Some(r) = labels
+                .get(1)
+                .and_then(|id| entry(&mut by_route, routes, id))
+            {
                 r.rate_limited += s.value();
             }
         });
         let mut shed = 0.0;
         each(snapshot, "tailguard_overload_shed", |labels, s| {
             shed += s.value();
-            if let Some(r) = labels.first().and_then(|id| by_route.get_mut(id.as_ref())) {
+            if let Some(r) = labels
+                .first()
+                .and_then(|id| entry(&mut by_route, routes, id))
+            {
                 r.shed += s.value();
             }
         });
         each(snapshot, "tailguard_upstream_retries", |labels, s| {
-            if let Some(r) = labels.first().and_then(|id| by_route.get_mut(id.as_ref())) {
+            if let Some(r) = labels
+                .first()
+                .and_then(|id| entry(&mut by_route, routes, id))
+            {
                 r.retries += s.value();
             }
         });
 
         let mut upstreams: HashMap<String, UpstreamSample> = HashMap::new();
-        for (id, upstream) in routes {
-            let (Some(upstream), Some(r)) = (upstream, by_route.get(id)) else {
+        for (id, r) in &by_route {
+            let Some(Some(upstream)) = routes.get(id) else {
                 continue;
             };
             let u = upstreams.entry(upstream.clone()).or_default();
