@@ -7,8 +7,9 @@
 //! whole route table: ~0.2 s of one core for 100,000 routes (a `perf` profile of a start
 //! and reload of `tailguard lab routes`' table), a stall of every connection on that
 //! thread. Here the gateway keeps one more reference to each replaced snapshot, so a
-//! connection's drop is only a decrement, and a reaper thread at `SCHED_IDLE` frees each
-//! one once that reference is the last. The thread runs only while something waits to be
+//! connection's drop is only a decrement, and a reaper thread at nice 19 frees each
+//! one once that reference is the last (nice, not `SCHED_IDLE`: memory freed late behind a
+//! host's batch jobs would be memory held). The thread runs only while something waits to be
 //! freed.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -63,7 +64,7 @@ impl Retired {
 /// The reaper: every [`REAP_EVERY`], frees the snapshots only it still holds; returns
 /// once none is left.
 fn reap(inner: &Mutex<Inner>) {
-    set_thread_priority(Priority::Idle, "snapshot reaper");
+    set_thread_priority(Priority::Nice(19), "snapshot reaper");
     loop {
         std::thread::sleep(REAP_EVERY);
         let (unused, stop) = {
