@@ -51,6 +51,7 @@ mod collector;
 mod conditions;
 mod context;
 mod error;
+pub mod h2_attack;
 mod health;
 mod plan;
 pub mod procs;

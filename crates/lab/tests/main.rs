@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod children;
+mod h2_attack;
 mod report;
 mod scenario;
 mod support;

@@ -49,6 +49,9 @@ enum Command {
     Lab(tailguard_lab::cli::LabArgs),
     /// A built-in upstream for tests and benchmarks (fixed body, delay, CPU burn, errors).
     Upstream(tailguard_lab::cli::UpstreamArgs),
+    /// HTTP/2 resource attacks for the lab (slow readers, held request streams), loopback
+    /// only (lab/h2-attacks.sh).
+    H2Attack(tailguard_lab::h2_attack::AttackArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +71,9 @@ fn main() -> ExitCode {
         Command::Load(args) => tailguard_lab::cli::load(args),
         Command::Lab(args) => tailguard_lab::cli::lab(args),
         Command::Upstream(args) => tailguard_lab::cli::upstream(args),
+        Command::H2Attack(args) => {
+            tailguard_lab::h2_attack::attack(&args).map(|_| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
