@@ -48,7 +48,7 @@ impl http1_server::Handler for Http1Handler {
             .metrics
             .gateway
             .error(err.kind(), err.blame());
-        tracing::info!(
+        tracing::debug!(
             target: "tailguard::request",
             status = status.as_u16(),
             kind = err.kind(),
@@ -57,6 +57,22 @@ impl http1_server::Handler for Http1Handler {
             remote = %self.0.remote,
             "{err}"
         );
+        // A flood of bad heads or slowloris connections (each a `408`) is one line per
+        // interval with its count, the last one's details in it (`crate::log_every`).
+        let cause = crate::log_every::Cause::RefusedHead;
+        if let Some(count) = crate::log_every::note(cause, std::time::Instant::now()) {
+            tracing::info!(
+                target: "tailguard::request",
+                status = status.as_u16(),
+                kind = err.kind(),
+                blame = err.blame().as_str(),
+                retryable = false,
+                remote = %self.0.remote,
+                count,
+                "{count} request heads refused in the last {} s, the last: {err}",
+                crate::log_every::INTERVAL.as_secs()
+            );
+        }
         (status, err.reason())
     }
 }

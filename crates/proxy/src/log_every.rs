@@ -1,7 +1,7 @@
 //! Events a client can cause by the thousand (requests refused over its limits, bodies that
-//! never came, responses it never read, bodies it broke off) logged once per
-//! [`INTERVAL`] per cause and serving thread, with how many there were; each one still
-//! has its `debug` line and its metric. A flood of them costs a counter, not the log.
+//! never came, responses it never read, bodies it broke off, request heads refused) logged
+//! once per [`INTERVAL`] per cause and serving thread, with how many there were; each one
+//! still has its `debug` line and its metric. A flood of them costs a counter, not the log.
 //!
 //! Per thread (a `thread_local`), so counting writes no cache line another serving thread
 //! writes and takes no lock.
@@ -24,9 +24,11 @@ pub(crate) enum Cause {
     DownstreamBody = 2,
     /// HTTP/2 connections closed after `timeouts.send_ms` waiting on their client.
     SendTimeout = 3,
+    /// HTTP/1.1 request heads refused (malformed, too large, too slow: `timeouts.header_ms`).
+    RefusedHead = 4,
 }
 
-const CAUSES: usize = 4;
+const CAUSES: usize = 5;
 
 thread_local! {
     /// Per cause: events since the last line, and when the next line may be written.
