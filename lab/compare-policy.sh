@@ -19,15 +19,21 @@
 #   request is exact and repeatable. The release binary runs under valgrind as it is (since
 #   issue 22 rustix takes the aux vector from libc; before, a build with
 #   RUSTFLAGS="--cfg rustix_use_libc" was needed).
+# POLICY=cors makes the second route's policy a `cors` table alone (issue 51: a route with
+#   `cors` against the same route without it); ORIGIN=https://app.example sends that `Origin`
+#   with every request of both routes (an allowed origin for POLICY=cors), none by default.
 # Every process runs at nice $NICE (default -10, when root). Raw outputs go to $OUT.
 #   RATE=4000 DURATION=10s ROUNDS=5 lab/compare-policy.sh
 #   MODE=callgrind D=5 lab/compare-policy.sh
+#   MODE=callgrind D=5 POLICY=cors [ORIGIN=https://app.example] lab/compare-policy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${MODE:-cpu}
 rate=${RATE:-4000}
 dur=${DURATION:-10s}
 rounds=${ROUNDS:-5}
+policy=${POLICY:-headers}
+origin=${ORIGIN:-}
 out=${OUT:-$(mktemp -d /tmp/compare-policy.XXXXXX)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -85,14 +91,24 @@ path = { prefix = "/plain" }
 id = "policy"
 upstream = "app"
 path = { prefix = "/policy" }
+TOML
+if [ "$policy" = cors ]; then
+  cat >> "$out/gateway.toml" <<'TOML'
+cors = { origins = ["https://app.example", "https://admin.example", "https://*.example.com"], methods = ["PUT", "DELETE"], headers = ["content-type", "x-token"], expose_headers = ["x-request-id"], credentials = true, max_age_s = 600 }
+TOML
+else
+  cat >> "$out/gateway.toml" <<'TOML'
 rewrite = { prefix = "/v2" }
 rate_limit = { rate = 1000000000, burst = 1000000, key = "client_ip" }
 
 [routes.request_headers]
 add = [{ name = "x-tenant", value = "blue" }]
-set = [{ name = "x-route", value = "\$route" }]
+set = [{ name = "x-route", value = "$route" }]
 remove = ["x-debug"]
 TOML
+fi
+wrk_header=(); load_header=()
+if [ -n "$origin" ]; then wrk_header=(-H "Origin: $origin"); load_header=(--header "Origin: $origin"); fi
 "$exe" check --config "$out/gateway.toml" > /dev/null
 
 gateway=("$exe" run --config "$out/gateway.toml" --threads 1)
@@ -107,18 +123,19 @@ for r in plain policy; do wait_url "${url[$r]}"; done
 {
   echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "policy route: POLICY=$policy; Origin: ${origin:-none}"
   echo "$("$exe" --version); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 } > "$out/machine.txt"
 
 if [ "$mode" = callgrind ]; then
   D=${D:-5}
-  for r in plain policy; do taskset -c 1 wrk -t1 -c50 -d2s "${url[$r]}" > /dev/null; done
+  for r in plain policy; do taskset -c 1 wrk -t1 -c50 -d2s "${wrk_header[@]}" "${url[$r]}" > /dev/null; done
   : > "$out/callgrind.txt"
   objdump -d --no-show-raw-insn "$exe" \
     | awk '/^[0-9a-f]+ <.*>:$/{fn=$2} /\tlock |\txchg .*\(/{sub(":","",$1); print $1, fn}' > "$out/locks.txt"
   for r in plain policy; do
     callgrind_control -z "$gw_pid" > /dev/null
-    taskset -c 1 wrk -t1 -c50 -d"${D}s" "${url[$r]}" > "$out/wrk-$r.txt"
+    taskset -c 1 wrk -t1 -c50 -d"${D}s" "${wrk_header[@]}" "${url[$r]}" > "$out/wrk-$r.txt"
     callgrind_control -d "$gw_pid" > /dev/null
     sleep 1
     n=$(awk '/requests in/{print $1}' "$out/wrk-$r.txt")
@@ -148,14 +165,14 @@ fi
 cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # Warm-up: pools, the rate-limit table's slot for 127.0.0.1, the allocator.
 for r in plain policy; do
-  "${prio[@]}" "$exe" load "${url[$r]}" --rate "$rate" --duration 3s --connections 50 --pin 1 --brief > /dev/null
+  "${prio[@]}" "$exe" load "${url[$r]}" "${load_header[@]}" --rate "$rate" --duration 3s --connections 50 --pin 1 --brief > /dev/null
 done
 for round in $(seq "$rounds"); do
   if [ $((round % 2)) -eq 1 ]; then order=(plain policy); else order=(policy plain); fi
   for r in "${order[@]}"; do
     echo "== round $round: $r" >&2
     t0=$(cpu_of "$gw_pid")
-    "${prio[@]}" "$exe" load "${url[$r]}" --rate "$rate" --duration "$dur" --connections 50 --pin 1 \
+    "${prio[@]}" "$exe" load "${url[$r]}" "${load_header[@]}" --rate "$rate" --duration "$dur" --connections 50 --pin 1 \
       --json "$out/load-$r-$round.json" --brief > "$out/load-$r-$round.txt"
     t1=$(cpu_of "$gw_pid")
     echo "$((t1 - t0))" > "$out/load-$r-$round.ticks"

@@ -14,6 +14,7 @@
 //! asked for; here the route's `cors` is the whole policy, so an upstream never sees a
 //! preflight of a route with `cors` and cannot widen what the route allows.
 
+use http::header::Entry;
 use http::header::{
     ACCESS_CONTROL_ALLOW_CREDENTIALS, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
     ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE,
@@ -180,18 +181,21 @@ impl Actual {
     /// Whether the upstream's fields kept as lines (`raw`) must be moved into the map
     /// first, so that [`Actual::apply`] can remove the CORS fields among them.
     pub fn must_see(&self, raw: &RawFields) -> bool {
-        self.cross_origin
-            && raw.end_to_end().any(|(name, _)| {
-                name.len() > 15 && name[..15].eq_ignore_ascii_case(b"access-control-")
-            })
+        // The parser noted such a field: the lines are never scanned here.
+        self.cross_origin && raw.has_access_control
     }
 
     /// Writes the CORS fields into a response's `headers`; `raw` are the upstream's fields
     /// still kept as lines (read for their `Vary`).
     pub fn apply(&self, headers: &mut HeaderMap, raw: Option<&RawFields>) {
-        if self.cross_origin {
+        if self.cross_origin
+            && headers
+                .keys()
+                .any(|k| k.as_str().starts_with("access-control-"))
+        {
             // The route's `cors` is the whole policy: an upstream that reflects any origin
-            // (or allows credentials) is not believed.
+            // (or allows credentials) is not believed. (Looked for first: a walk over the
+            // few names costs less than six hashed removals.)
             for name in answer_fields() {
                 headers.remove(name);
             }
@@ -205,19 +209,27 @@ impl Actual {
                 headers.insert(ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
             }
         }
-        let varies = headers
-            .get_all(VARY)
-            .iter()
-            .any(|v| varies_by_origin(v.as_bytes()))
-            || raw.is_some_and(|raw| {
-                raw.end_to_end().any(|(name, value)| {
+        // Scanned only when the parser saw a `Vary` among the lines.
+        let raw_varies = raw.is_some_and(|raw| {
+            raw.has_vary
+                && raw.end_to_end().any(|(name, value)| {
                     name.eq_ignore_ascii_case(b"vary") && varies_by_origin(value)
                 })
-            });
-        if !varies {
-            // Appended: the upstream's `Vary` stays as it was, beside this one (RFC 9110
-            // §5.3: field lines of one name are one list).
-            headers.append(VARY, vary_origin());
+        });
+        // One hashed lookup for both the look and the append. Appended: the upstream's
+        // `Vary` stays as it was, beside this one (RFC 9110 §5.3: field lines of one name
+        // are one list).
+        match headers.entry(VARY) {
+            Entry::Occupied(mut e) => {
+                if !raw_varies && !e.iter().any(|v| varies_by_origin(v.as_bytes())) {
+                    e.append(vary_origin());
+                }
+            }
+            Entry::Vacant(e) => {
+                if !raw_varies {
+                    e.insert(vary_origin());
+                }
+            }
         }
     }
 }

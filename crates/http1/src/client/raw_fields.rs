@@ -23,6 +23,12 @@ pub struct RawFields {
     pub length_exact: bool,
     /// A `Date` field is among them.
     pub has_date: bool,
+    /// A `Vary` field is among them (a stage that adds to `Vary` looks at the lines only
+    /// then).
+    pub has_vary: bool,
+    /// A field named `Access-Control-*` is among them (CORS: a route that writes its own
+    /// moves the lines into a map only then).
+    pub has_access_control: bool,
 }
 
 impl RawFields {
@@ -102,6 +108,8 @@ mod tests {
             has_length: false,
             length_exact: false,
             has_date: false,
+            has_vary: false,
+            has_access_control: false,
         };
         let mut out = Vec::new();
         raw.write_to(&mut out, true);

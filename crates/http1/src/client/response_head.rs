@@ -99,6 +99,10 @@ struct FramingFields {
     length: Result<Option<u64>, &'static str>,
     /// A `Date` field is present.
     date: bool,
+    /// A `Vary` field is present.
+    vary: bool,
+    /// A field named `Access-Control-*` (CORS) is present.
+    access_control: bool,
 }
 
 impl FramingFields {
@@ -112,6 +116,8 @@ impl FramingFields {
             length_repeated: false,
             length: Ok(None),
             date: false,
+            vary: false,
+            access_control: false,
         };
         for (name, value) in fields {
             if name.eq_ignore_ascii_case(b"content-length") {
@@ -145,6 +151,10 @@ impl FramingFields {
                 f.date = true;
             } else if name.eq_ignore_ascii_case(b"close") {
                 f.close_field = true;
+            } else if name.eq_ignore_ascii_case(b"vary") {
+                f.vary = true;
+            } else if name.len() > 15 && name[..15].eq_ignore_ascii_case(b"access-control-") {
+                f.access_control = true;
             }
         }
         // `Connection: close` with a `Close` field names that field too.
@@ -239,6 +249,8 @@ fn parse_with<const N: usize>(
                     && found.chunked_last.is_none()
                     && matches!(found.length, Ok(Some(_))),
                 has_date: found.date,
+                has_vary: found.vary,
+                has_access_control: found.access_control,
             }),
             framing,
             keep_alive,
@@ -407,6 +419,34 @@ mod tests {
         assert!(parse_head(&mut partial, false).expect("valid").is_none());
         let mut bad = BytesMut::from(&b"HTTP/1.1 2x0 OK\r\n\r\n"[..]);
         assert!(parse_head(&mut bad, false).is_err());
+    }
+
+    #[test]
+    fn the_lines_say_whether_a_vary_or_a_cors_field_is_among_them() {
+        let raw = |head: &str| {
+            let head = parse_head(&mut BytesMut::from(head.as_bytes()), false)
+                .expect("valid")
+                .expect("complete");
+            let Fields::Raw(raw) = head.fields else {
+                panic!("raw lines");
+            };
+            (raw.has_vary, raw.has_access_control)
+        };
+        assert_eq!(
+            raw("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            (false, false)
+        );
+        assert_eq!(
+            raw(
+                "HTTP/1.1 200 OK\r\nVARY: Origin\r\nAccess-Control-Allow-Origin: *\r\nContent-Length: 0\r\n\r\n"
+            ),
+            (true, true)
+        );
+        // `Access-Control` alone is no CORS field; `Varying` is no `Vary`.
+        assert_eq!(
+            raw("HTTP/1.1 200 OK\r\nVarying: 1\r\nAccess-Control-: 1\r\nContent-Length: 0\r\n\r\n"),
+            (false, false)
+        );
     }
 
     #[test]
