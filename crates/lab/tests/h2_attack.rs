@@ -86,3 +86,21 @@ fn a_target_off_loopback_is_refused() {
     };
     assert!(attack(&args).is_err());
 }
+
+#[test]
+fn rapid_reset_opens_and_cancels_streams_in_a_loop() {
+    let (addr, _seen) = silent_server();
+    let counts = attack(&AttackArgs {
+        kind: Kind::RapidReset,
+        target: addr,
+        source: "127.0.0.2".parse().expect("ip"),
+        connections: 1,
+        streams: 100,
+        path: "/".into(),
+        seconds: 1,
+    })
+    .expect("attack");
+    // Cancelled at once, they never wait for a slot: far more than the 100 in flight.
+    assert!(counts.streams.load(Ordering::Relaxed) > 100);
+    assert_eq!(counts.answered.load(Ordering::Relaxed), 0);
+}
