@@ -14,7 +14,8 @@
 #   SECONDS_EACH=10 RATE=200 SLOW_CONNS=10 HELD_CONNS=200 RAPID_CONNS=10 lab/h2-attacks.sh
 # KINDS="none slow-read" runs only those.
 # EXTRA_CONFIG=<file> appends a TOML file to tailguard's config (e.g. `[limits]` to compare
-# bounds). TAILGUARD=<binary> skips the release build. Measurements on a shared machine: run it
+# bounds). GATEWAY=<binary> runs another build as the gateway (an older one, to compare).
+# TAILGUARD=<binary> skips the release build. Measurements on a shared machine: run it
 # under the machine's measurement lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +72,7 @@ path = "off"
 
 $(extra_config)
 EOF
-taskset -c 0 "$exe" run --config "$out/tailguard.toml" --threads 1 \
+taskset -c 0 "${GATEWAY:-$exe}" run --config "$out/tailguard.toml" --threads 1 \
   --metrics-listen "127.0.0.1:$tg_metrics" > "$out/tailguard.log" 2>&1 &
 tg_pid=$!
 pids+=($tg_pid)
