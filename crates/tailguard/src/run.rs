@@ -23,7 +23,7 @@ use tailguard_proxy::{Error, GatewayMetrics, Server};
 use tailguard_status::StatusPage;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::apply::{apply, off_serving_threads};
+use crate::apply::apply;
 use crate::etcd::{EtcdSource, StartDocument};
 use crate::etcd_cache::CacheSetting;
 
@@ -441,14 +441,14 @@ async fn wait_for_signals(
         tokio::select! {
             _ = hup.recv() => match &mut etcd {
                 Some(source) => source.resync(),
-                None => off_serving_threads(|| reload(&server, args)),
+                None => reload(&server, args),
             },
             update = next_update(&mut etcd) => if let Some(source) = &mut etcd {
-                off_serving_threads(|| source.apply(&server, update, |text, name, base| {
+                source.apply(&server, update, |text, name, base| {
                     Config::parse(text, name, base)
                         .map_err(Error::from)
                         .and_then(|c| with_overrides(c, args))
-                }));
+                });
             },
             _ = usr1.recv() => server.reopen_access_logs(),
             _ = term.recv() => break,
