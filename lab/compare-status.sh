@@ -137,21 +137,8 @@ done
 python3 - "$out" "$rate" "$dur" <<'PY' | tee "$out/summary.txt"
 import statistics, sys
 out, rate, dur = sys.argv[1], sys.argv[2], sys.argv[3]
-def hgrm(path):
-    pts = []
-    for line in open(path):
-        f = line.split()
-        if len(f) >= 4:
-            try:
-                pts.append((float(f[1]), float(f[0])))
-            except ValueError:
-                pass
-    def p(q):
-        for frac, ms in pts:
-            if frac >= q:
-                return ms
-        return pts[-1][1]
-    return p(0.5), p(0.99), p(0.999), pts[-1][1]
+sys.path.insert(0, "lab")  # lab/hgrm.py (the scripts run from the repository's root)
+from hgrm import hgrm
 rows = {}
 for line in open(f"{out}/rounds.txt"):
     r, kind, user, system, done = line.split()

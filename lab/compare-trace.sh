@@ -412,21 +412,8 @@ table("gateway-off", ["gateway-on", "gateway-on1", "gateway-sink"], "Gateway: tr
 table("gateway-fed", ["gateway-on"], "Gateway: tracing on (100 %) vs off beside a Jaeger fed the same spans/s (the control)")
 table("caddy-off", ["caddy-on"], "Caddy: tracing off vs on (every request, OTLP/gRPC)")
 
-def hgrm(path):
-    pts = []
-    for line in open(path):
-        f = line.split()
-        if len(f) >= 4:
-            try:
-                pts.append((float(f[1]), float(f[0])))
-            except ValueError:
-                pass
-    def p(q):
-        for frac, ms in pts:
-            if frac >= q:
-                return ms
-        return pts[-1][1]
-    return p(0.5), p(0.99), p(0.999), pts[-1][1]
+sys.path.insert(0, "lab")  # lab/hgrm.py (the scripts run from the repository's root)
+from hgrm import hgrm
 lat = [l.split() for l in open(f"{out}/latency.txt") if l.strip()]
 if lat:
     print(f"## Latency at a fixed rate ({lat_dur} s measured per run), milliseconds from the intended send time\n")

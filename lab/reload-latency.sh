@@ -84,21 +84,8 @@ done
 python3 - "$out" "$rate" "$routes" <<'PY' | tee "$out/summary.txt"
 import sys
 out, rate, routes = sys.argv[1:]
-def hgrm(path):
-    pts = []
-    for line in open(path):
-        f = line.split()
-        if len(f) >= 4:
-            try:
-                pts.append((float(f[1]), float(f[0])))
-            except ValueError:
-                pass
-    def p(q):
-        for frac, ms in pts:
-            if frac >= q:
-                return ms
-        return pts[-1][1]
-    return p(0.5), p(0.99), p(0.999), pts[-1][1]
+sys.path.insert(0, "lab")  # lab/hgrm.py (the scripts run from the repository's root)
+from hgrm import hgrm
 print(f"{routes} path routes (+{int(routes)//10} host routes), {rate} req/s, SIGHUP during each run")
 print("round name  reload_s   P50 ms   P99 ms  P99.9 ms  P100 ms")
 for line in open(f"{out}/rounds.txt"):
