@@ -305,6 +305,25 @@ fn no_client_certificate_or_an_untrusted_server_exits_69_naming_the_cause() {
     );
 }
 
+/// A bootstrap file in `dir` for etcd at `url` as user `root`, its password in `dir/password`.
+fn password_bootstrap(dir: &Path, url: &str) -> PathBuf {
+    write(
+        dir,
+        "bootstrap.toml",
+        &format!(
+            "[etcd]\nendpoints = [\"{url}\"]\nkey = \"{KEY}\"\nusername = \"root\"\n\
+             password_file = \"password\"\n"
+        ),
+    )
+}
+
+/// `tailguard config push FILE --bootstrap BOOTSTRAP`, which must succeed: the revision.
+fn push_with(bootstrap: &Path, file: &Path) -> i64 {
+    let out = tailguard(&["config", "push", path(file), "--bootstrap", path(bootstrap)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).trim().parse().expect("revision")
+}
+
 /// A `root` user with `password`, then `auth enable`.
 fn enable_auth(etcd: &EtcdServer, password: &str) {
     block_on(async {
@@ -361,25 +380,8 @@ fn with_etcd_auth_a_wrong_or_missing_password_exits_69_and_a_token_expiry_keeps_
     );
 
     // With the password (in the bootstrap file): push, then a gateway follows the key.
-    let bootstrap = write(
-        dir.path(),
-        "bootstrap.toml",
-        &format!(
-            "[etcd]\nendpoints = [\"{url}\"]\nkey = \"{KEY}\"\nusername = \"root\"\n\
-             password_file = \"password\"\n"
-        ),
-    );
-    let push = |file: &Path| -> i64 {
-        let out = tailguard(&[
-            "config",
-            "push",
-            path(file),
-            "--bootstrap",
-            path(&bootstrap),
-        ]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        text(&out.stdout).trim().parse().expect("revision")
-    };
+    let bootstrap = password_bootstrap(dir.path(), &url);
+    let push = |file: &Path| push_with(&bootstrap, file);
     let r1 = push(&first);
     let gw = Gateway::run(&[
         "--bootstrap",
@@ -457,26 +459,9 @@ fn sighup_reads_the_etcd_password_file_again_and_a_rotated_password_keeps_the_wa
     let dir = tempfile::tempdir().unwrap();
     let password_file = write(dir.path(), "password", &format!("{PASSWORD}\n"));
     let url = etcd.url();
-    let bootstrap = write(
-        dir.path(),
-        "bootstrap.toml",
-        &format!(
-            "[etcd]\nendpoints = [\"{url}\"]\nkey = \"{KEY}\"\nusername = \"root\"\n\
-             password_file = \"password\"\n"
-        ),
-    );
+    let bootstrap = password_bootstrap(dir.path(), &url);
     // `config push` reads the password file as it is at the time.
-    let push = |file: &Path| -> i64 {
-        let out = tailguard(&[
-            "config",
-            "push",
-            path(file),
-            "--bootstrap",
-            path(&bootstrap),
-        ]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        text(&out.stdout).trim().parse().expect("revision")
-    };
+    let push = |file: &Path| push_with(&bootstrap, file);
     let r1 = push(&write(dir.path(), "first.toml", &document(up.addr, None)));
     let gw = Gateway::run(&[
         "--bootstrap",
