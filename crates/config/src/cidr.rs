@@ -1,5 +1,5 @@
-//! IP networks (`10.0.0.0/8`, `::1/128`, a bare address): what `trusted_proxies` is made
-//! of. Hand-written because it is twenty lines: a prefix compare on the address's bits, no
+//! IP networks (`10.0.0.0/8`, `::1/128`, a bare address): what `trusted_proxies`, `allow`
+//! and `deny` are made of. Hand-written because it is twenty lines: a prefix compare on the address's bits, no
 //! dependency needed.
 
 use std::fmt;
@@ -14,6 +14,17 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// The network's address as written (its host bits may be set: `10.1.2.3/8`).
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// How many leading bits of [`Cidr::addr`] an address must share (32 or 128 for a bare
+    /// address).
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
     /// Whether `ip` is in this network. An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, how
     /// a dual-stack socket reports an IPv4 peer) matches IPv4 networks.
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -58,6 +69,23 @@ impl FromStr for Cidr {
             })?,
         };
         Ok(Cidr { addr, prefix })
+    }
+}
+
+/// From a string (`"10.0.0.0/8"`), the error at the element that is wrong.
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Cidr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a network as a string, like \"10.0.0.0/8\" or \"::1\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Cidr, E> {
+                text.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visitor)
     }
 }
 

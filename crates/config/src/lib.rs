@@ -79,6 +79,7 @@
 //! );
 //! ```
 
+pub mod access;
 pub mod access_log;
 pub mod cidr;
 pub mod cors;

@@ -22,7 +22,25 @@ pub struct ListenerConfig {
     /// This listener's own access log (else the top-level `[access_log]`).
     #[serde(default)]
     pub access_log: Option<tailguard_access_log::Config>,
+    /// Networks whose clients may call this listener (`["10.0.0.0/8", "::1"]`); others get
+    /// `403`. The client is the connection's peer, or behind `trusted_proxies` the
+    /// forwarded address ([`crate::access`]).
+    #[serde(default)]
+    pub allow: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Networks whose clients get `403` here; deny wins over `allow` ([`crate::access`]).
+    #[serde(default)]
+    pub deny: Option<Spanned<Vec<Spanned<String>>>>,
     /// A rate limit on everything this listener serves, checked before routing.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+}
+
+impl ListenerConfig {
+    /// The listener's `allow` / `deny`.
+    pub fn access(&self) -> crate::access::AccessConfig<'_> {
+        crate::access::AccessConfig {
+            allow: self.allow.as_ref(),
+            deny: self.deny.as_ref(),
+        }
+    }
 }

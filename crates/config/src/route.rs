@@ -80,6 +80,14 @@ pub struct RouteConfig {
     /// Retries of a failed try on another endpoint ([`crate::retry`]).
     #[serde(default)]
     pub retry: Option<Spanned<RetryConfig>>,
+    /// Networks whose clients may call this route (`["10.0.0.0/8", "::1"]`); others get
+    /// `403`. The client is the connection's peer, or behind `trusted_proxies` the
+    /// forwarded address ([`crate::access`]).
+    #[serde(default)]
+    pub allow: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Networks whose clients get `403` here; deny wins over `allow` ([`crate::access`]).
+    #[serde(default)]
+    pub deny: Option<Spanned<Vec<Spanned<String>>>>,
     /// A rate limit on this route's requests, checked right after routing.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
@@ -172,4 +180,14 @@ pub struct HeaderEntry {
     /// Static text, variables (`$remote_addr`, `$request_id`, `$host`, `$route`, or
     /// `${host}` next to text), or both; `$$` is a `$`.
     pub value: Spanned<String>,
+}
+
+impl RouteConfig {
+    /// The route's `allow` / `deny`.
+    pub fn access(&self) -> crate::access::AccessConfig<'_> {
+        crate::access::AccessConfig {
+            allow: self.allow.as_ref(),
+            deny: self.deny.as_ref(),
+        }
+    }
 }

@@ -59,6 +59,9 @@ pub(crate) fn validate(
                 format!("`{}` is not an IP:PORT address", l.address.get_ref()),
             ),
         }
+        for (span, field, message) in l.access().check() {
+            d.push(span, format!("listeners[{i}].{field}"), message);
+        }
         if let Some(limit) = &l.rate_limit {
             for (span, field, message) in limit.check(Scope::Listener) {
                 d.push(span, format!("listeners[{i}].rate_limit.{field}"), message);
@@ -256,6 +259,9 @@ pub(crate) fn validate(
             for (span, field, message) in limit.check(Scope::Route) {
                 d.push(span, format!("routes[{i}].rate_limit.{field}"), message);
             }
+        }
+        for (span, field, message) in r.access().check() {
+            d.push(span, format!("routes[{i}].{field}"), message);
         }
         if let Some(cors) = &r.cors {
             for (span, field, message) in cors.get_ref().check() {

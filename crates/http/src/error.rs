@@ -99,6 +99,13 @@ pub enum Error {
         /// Seconds until a request would be admitted.
         retry_after: u64,
     },
+    /// The client's address is not allowed (`allow` / `deny` of the route or the listener):
+    /// `403`, before anything else is done for the request.
+    #[error("the client address is not allowed by the {scope}'s allow/deny lists")]
+    AddressDenied {
+        /// `route` or `listener`: whose lists.
+        scope: &'static str,
+    },
     /// The upstream endpoint refused or reset the connection attempt.
     #[error("upstream connect to {addr} failed: {reason}")]
     UpstreamConnect {
@@ -171,7 +178,8 @@ impl Error {
             | Error::VersionUnsupported
             | Error::DownstreamTimeout { .. }
             | Error::DownstreamBody(_)
-            | Error::RateLimited { .. } => Blame::Downstream,
+            | Error::RateLimited { .. }
+            | Error::AddressDenied { .. } => Blame::Downstream,
             Error::UpstreamConnect { .. }
             | Error::UpstreamTimeout { .. }
             | Error::UpstreamBroken { .. }
@@ -214,6 +222,7 @@ impl Error {
             Error::VersionUnsupported => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             Error::DownstreamTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::AddressDenied { .. } => StatusCode::FORBIDDEN,
             Error::Overloaded | Error::NoEndpoint { .. } | Error::NoHealthyEndpoint { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -232,7 +241,8 @@ impl Error {
     /// The gRPC status a gRPC call gets for this error instead of [`Error::status`] (sent
     /// as HTTP 200 with `grpc-status`, as Envoy does): `UNAVAILABLE` where the HTTP answer
     /// would be 502 or 503, `DEADLINE_EXCEEDED` for 504 and 408, `UNIMPLEMENTED` for no
-    /// route, `RESOURCE_EXHAUSTED` for a limit, `INTERNAL` for the rest.
+    /// route, `RESOURCE_EXHAUSTED` for a limit, `PERMISSION_DENIED` for a refused address,
+    /// `INTERNAL` for the rest.
     pub fn grpc_status(&self) -> u8 {
         use crate::grpc::code;
         match self {
@@ -252,6 +262,7 @@ impl Error {
             | Error::BodyTooLarge
             | Error::UriTooLong
             | Error::RateLimited { .. } => code::RESOURCE_EXHAUSTED,
+            Error::AddressDenied { .. } => code::PERMISSION_DENIED,
             Error::BadRequest(_)
             | Error::DownstreamBody(_)
             | Error::Config(_)
@@ -281,6 +292,7 @@ impl Error {
             Error::DownstreamTimeout { .. } => "request timed out\n",
             Error::Overloaded => "overloaded, retry later\n",
             Error::RateLimited { .. } => "too many requests\n",
+            Error::AddressDenied { .. } => "forbidden\n",
             Error::UpstreamConnect { .. } => "upstream connect failed\n",
             Error::UpstreamBroken { .. } => "upstream connection failed\n",
             Error::UpstreamTls { .. } => "upstream TLS handshake failed\n",
@@ -314,6 +326,7 @@ impl Error {
             Error::UpstreamTls { .. } => "upstream_tls",
             Error::NoHealthyEndpoint { .. } => "no_healthy_endpoint",
             Error::RateLimited { .. } => "rate_limited",
+            Error::AddressDenied { .. } => "address_denied",
             Error::Tls(_) => "tls",
             Error::Internal(_) => "internal",
         }

@@ -30,6 +30,8 @@ pub mod code {
     pub const INTERNAL: u8 = 13;
     /// The upstream could not be reached or failed; the call may be retried.
     pub const UNAVAILABLE: u8 = 14;
+    /// The caller may not call this (a refused client address).
+    pub const PERMISSION_DENIED: u8 = 7;
     /// A status outside the codes gRPC defines is read as this one (gRPC's own rule).
     pub const UNKNOWN: u8 = 2;
 }

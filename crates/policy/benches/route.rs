@@ -27,6 +27,7 @@ fn route(id: String, host: HostMatch, path: PathMatch) -> Route {
         policy: None,
         tries: Default::default(),
         cors: None,
+        access: None,
     }
 }
 

@@ -20,7 +20,10 @@
 //! - [`cors`] decides per request from a route's compiled `Cors`: a preflight's answer,
 //!   and the fields an actual response gets for the request's `Origin` ([`cors::Actual`]).
 //!
-//! The modules, as floors (each names only modules below it): [`retry_policy`],
+//! - [`access::AccessList`] is a route's or a listener's `allow` / `deny`, checked against
+//!   [`access::client_ip`] (the peer, or behind trusted proxies the forwarded address).
+//!
+//! The modules, as floors (each names only modules below it): [`access`], [`retry_policy`],
 //! [`rate_limit`], [`cors`]; [`route`]; [`policy`], [`overload`]; [`admission`].
 //!
 //! Routes from a config, matched against request heads:
@@ -65,6 +68,7 @@
 //! assert_eq!(find("/health").as_deref(), Some("all"));
 //! ```
 
+pub mod access;
 pub mod admission;
 pub mod cors;
 pub mod overload;

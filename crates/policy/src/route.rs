@@ -50,6 +50,8 @@ pub struct Route {
     pub tries: crate::retry_policy::RoutePolicy,
     /// CORS (`None`: the route leaves CORS to its upstream).
     pub cors: Option<Box<tailguard_config::cors::Cors>>,
+    /// `allow` / `deny` (`None`: every address may call).
+    pub access: Option<Box<crate::access::AccessList>>,
 }
 
 impl Route {
@@ -106,6 +108,7 @@ impl Route {
                 .as_ref()
                 .and_then(|c| c.get_ref().compile().ok())
                 .map(Box::new),
+            access: crate::access::AccessList::build(config.access()).map(Box::new),
         }
     }
 

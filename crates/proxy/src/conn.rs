@@ -1,6 +1,6 @@
 //! A downstream connection as the data path sees it: what its requests share (the snapshot
-//! it started with, the client's forwarding fields, its listener's access log and rate
-//! limit), and how a request holds its snapshot until its response finishes.
+//! it started with, the client's forwarding fields, its listener's access log, rate
+//! limit and allow/deny), and how a request holds its snapshot until its response finishes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +26,8 @@ pub(crate) struct ConnCtx {
     pub(crate) access_log: tailguard_access_log::AccessLog,
     /// The listener's rate limit, if it has one.
     pub(crate) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
+    /// The listener's `allow` / `deny`, if it has them.
+    pub(crate) access: Option<Arc<tailguard_policy::access::AccessList>>,
     /// The in-flight requests of the client's address, all its connections together.
     pub(crate) in_flight: Arc<crate::clients::Client>,
 }

@@ -7,28 +7,33 @@
 //! 2. **client limit**: the client address's in-flight requests (`limits.client_requests`);
 //!    over it the request is handed back [`Refused`] (`REFUSED_STREAM` or `429`, the
 //!    caller's choice by protocol);
-//! 3. **CORS preflight**: an `OPTIONS` with `Origin` and `Access-Control-Request-Method`,
+//! 3. **by address**: the listener's `allow` / `deny` (`tailguard_policy::access`, checked
+//!    against the peer or, behind `trusted_proxies`, the forwarded client address); refused,
+//!    a `403` ([`address_allowed`]). A route's own lists are checked as soon as it is found
+//!    (the preflight's route, or the request's at step 6), before its rate limit and before
+//!    anything that would ask for credentials;
+//! 4. **CORS preflight**: an `OPTIONS` with `Origin` and `Access-Control-Request-Method`,
 //!    routed as the request it announces to a route with `cors`, is answered here
 //!    ([`answer_preflight`], the answer decided by `tailguard_policy::cors`): before the
 //!    rate limits and before anything that would ask for credentials;
-//! 4. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
+//! 5. **rate limit** of the listener (`tailguard_policy::rate_limit::Limiter::check`; a `429` from
 //!    `crate::respond::rate_limited`);
-//! 5. **route**: `tailguard_policy::route::Router::find`; on a route with `cors`, what the
-//!    response will carry for the request's `Origin` is decided (`cors::Actual`); then the
-//!    route's own rate limit;
-//! 6. **local answer**: a route with `redirect` or `respond` answers here
+//! 6. **route**: `tailguard_policy::route::Router::find`; its `allow` / `deny` (step 3); on a
+//!    route with `cors`, what the response will carry for the request's `Origin` is decided
+//!    (`cors::Actual`); then the route's own rate limit;
+//! 7. **local answer**: a route with `redirect` or `respond` answers here
 //!    ([`answer_locally`], the answer built by `tailguard_policy::policy`);
-//! 7. **body**: a request with a body waits for its first bytes (or its end) before an
+//! 8. **body**: a request with a body waits for its first bytes (or its end) before an
 //!    upstream is chosen, `timeouts.body_ms` at most (then `408`), unless its route streams
 //!    (`stream_request`, gRPC): [`wait_for_body`];
-//! 8. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
-//! 9. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
-//!    `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
-//!    retries are `crate::retry`'s loops;
-//! 10. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
+//! 9. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
+//! 10. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
+//!     `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
+//!     retries are `crate::retry`'s loops;
+//! 11. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
 //!     error's answer (`crate::respond::error_response`, the status from `Error::status`);
 //!     on a route with `cors`, whatever answers gets its CORS fields ([`apply_cors`]);
-//! 11. **record**: the response body carries the request's `Finish`, which reports it once
+//! 12. **record**: the response body carries the request's `Finish`, which reports it once
 //!     when the body ends or is dropped (`crate::finish`: metrics, access log).
 //!
 //! The per-request state travels down as arguments (the held snapshot, the connection,
@@ -44,6 +49,7 @@ use tailguard_http::error::Error;
 use tailguard_http::grpc;
 use tailguard_http::headers;
 use tailguard_http1::timer::LazyTimer;
+use tailguard_policy::access::{self, AccessList};
 use tailguard_policy::admission::{self, AdmitGuard};
 use tailguard_policy::cors;
 
@@ -53,6 +59,7 @@ use crate::forward::check_forwardable;
 use crate::record::RequestRecord;
 use crate::respond::{error_response, local_response};
 use crate::response_body::ResponseBody;
+use crate::snapshot::Snapshot;
 
 /// A request its client address had no room for (`limits.client_requests`): nothing was
 /// done for it yet. HTTP/2 refuses the stream (`REFUSED_STREAM`: the client may send it
@@ -150,6 +157,15 @@ pub(crate) async fn serve(
         path => path,
     };
     let host = headers::host_from(req.uri(), host_field);
+    // By address: the listener's lists, before anything else is done for the request (a
+    // refused client spends no rate limit and learns no route).
+    if let Some(list) = conn.access.as_deref()
+        && !address_allowed(list, conn, held.snapshot(), req.headers())
+    {
+        record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+        let denied = Error::AddressDenied { scope: "listener" };
+        return Ok(error_response(denied, record, held, None));
+    }
     // CORS preflight: answered before the rate limits and before anything that would ask
     // for credentials (a browser sends none with a preflight). It is the browser's question
     // about the request it is about to send, which is limited and counted itself; a `429`
@@ -162,6 +178,12 @@ pub(crate) async fn serve(
             .find(host, path, &announced, req.headers())
         && held.snapshot().router.get(r).cors.is_some()
     {
+        // A refused address gets no answer about what the route accepts either.
+        if !route_allows(conn, held.snapshot(), r, req.headers()) {
+            record.route = Some(r);
+            let denied = Error::AddressDenied { scope: "route" };
+            return Ok(error_response(denied, record, held, None));
+        }
         return Ok(answer_preflight(held, &req, r, record));
     }
     // Rate limit: the listener's limit covers everything it serves, checked before routing.
@@ -186,6 +208,16 @@ pub(crate) async fn serve(
         Some(cors::Actual::of(c, req.headers()))
     });
     let mut resp = 'answer: {
+        // By address: the route's lists, before its rate limit (a refused client spends
+        // none of it) and before anything that would ask for credentials.
+        if let Some(r) = route
+            && !route_allows(conn, held.snapshot(), r, req.headers())
+        {
+            record.route = Some(r);
+            record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+            let denied = Error::AddressDenied { scope: "route" };
+            break 'answer error_response(denied, record, held, None);
+        }
         // Before local answers and admission: a limited request never counts against the
         // shedder or a breaker, and a route that answers by itself is limited too.
         if let Some(r) = route
@@ -280,6 +312,33 @@ pub(crate) async fn serve(
         apply_cors(fields, &mut resp);
     }
     Ok(resp)
+}
+
+/// Whether `list` lets the request's client in: the connection's peer, or, from a peer in
+/// `trusted_proxies`, the client address its `X-Forwarded-For` names
+/// (`tailguard_policy::access::client_ip`; read only here, for a list that needs it).
+fn address_allowed(
+    list: &AccessList,
+    conn: &ConnCtx,
+    snapshot: &Snapshot,
+    headers: &http::HeaderMap,
+) -> bool {
+    list.allows(access::client_ip(
+        conn.remote.ip(),
+        conn.client.trusted,
+        headers,
+        &snapshot.trusted_proxies,
+    ))
+}
+
+/// Whether route `r`'s `allow` / `deny` (if any) let the request's client in.
+fn route_allows(conn: &ConnCtx, snapshot: &Snapshot, r: usize, headers: &http::HeaderMap) -> bool {
+    snapshot
+        .router
+        .get(r)
+        .access
+        .as_deref()
+        .is_none_or(|list| address_allowed(list, conn, snapshot, headers))
 }
 
 /// Writes an actual request's CORS fields into its response. An HTTP/1.1 upstream's fields

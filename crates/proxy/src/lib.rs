@@ -13,9 +13,9 @@
 //! [`Server::shutdown`] drains.
 //!
 //! A request goes through the data path's stages (`data_path.rs`, `serve`): head parsed →
-//! rate limit → route → local answer → [`admit`](tailguard_policy::admission::admit) →
-//! forward with retries (hop-by-hop headers removed, forwarding headers added, body
-//! streamed under its limit) → response streamed back → [`finish::finish`]. Failures are
+//! by address (`allow` / `deny`) → rate limit → route → local answer →
+//! [`admit`](tailguard_policy::admission::admit) → forward with retries (hop-by-hop headers
+//! removed, forwarding headers added, body streamed under its limit) → response streamed back → [`finish::finish`]. Failures are
 //! [`Error`]s, each with a blame and one status ([`Error::status`]). See
 //! `docs/life-of-a-request.md`; the modules' floors are in ARCHITECTURE.md ("Layers").
 //!
@@ -42,7 +42,7 @@
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
 //!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`, \
-//!      `rate_limit`, `tracing`, `cors`, `stream_request`"
+//!      `allow`, `deny`, `rate_limit`, `tracing`, `cors`, `stream_request`"
 //! );
 //! ```
 

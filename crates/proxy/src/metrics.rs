@@ -23,7 +23,7 @@ use tailguard_upstream::pool_metrics::{PoolMetrics, UpstreamGuard};
 use crate::record::RequestRecord;
 
 /// Values of `kind` in `tailguard_errors_total` (every [`Error::kind`]).
-const ERROR_KINDS: [&str; 22] = [
+const ERROR_KINDS: [&str; 23] = [
     "config",
     "read",
     "bind",
@@ -44,6 +44,7 @@ const ERROR_KINDS: [&str; 22] = [
     "upstream_tls",
     "no_healthy_endpoint",
     "rate_limited",
+    "address_denied",
     "tls",
     "internal",
 ];

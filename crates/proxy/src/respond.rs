@@ -85,8 +85,11 @@ pub(crate) fn error_response(
             // A shed request is counted in the overload metrics; a line per rejection at
             // `warn` would cost the very requests shed to save CPU (go-zero's breaker paid two
             // log lines per rejection), so it is only there for debugging.
-            // The same for a rate limit's refusals: a flood of them is what it is for.
-            (Error::Overloaded | Error::RateLimited { .. }, _) => line!(debug),
+            // The same for a rate limit's refusals and a refused address's: a flood of them
+            // is what they are for.
+            (Error::Overloaded | Error::RateLimited { .. } | Error::AddressDenied { .. }, _) => {
+                line!(debug)
+            }
             // What a client can cause by the thousand (bodies that never come, bodies broken
             // off): one line per interval with the count (`crate::log_every`).
             (Error::DownstreamTimeout { .. } | Error::DownstreamBody(_), _) => {

@@ -53,6 +53,9 @@ pub struct Snapshot {
     pub(crate) metrics: SnapshotMetrics,
     /// Rate limits of the routes, by index (unchanged ones carried over from the previous).
     pub(crate) rate_limits: tailguard_policy::rate_limit::RateLimits,
+    /// `trusted_proxies`, compiled: the hops skipped when the forwarded client address is
+    /// read for an `allow` / `deny` check (`tailguard_policy::access::client_ip`).
+    pub(crate) trusted_proxies: tailguard_policy::access::Nets,
     /// Tracing: the process's tracer (the exporter and its queue outlive snapshots) and
     /// this config's sampling.
     pub tracing: crate::trace::SnapshotTracing,
@@ -269,6 +272,7 @@ impl Snapshot {
             retired: AtomicBool::new(false),
             responders,
             rate_limits,
+            trusted_proxies: tailguard_policy::access::Nets::build(&config.trusted_proxies),
             config,
         })
     }

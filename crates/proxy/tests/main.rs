@@ -1,5 +1,6 @@
 //! Integration tests of the gateway: real listeners, upstreams and clients on 127.0.0.1:0.
 
+mod access;
 mod client_bounds;
 mod config;
 mod conformance;

@@ -85,6 +85,7 @@ fn route() -> impl Strategy<Value = Route> {
             policy: None,
             tries: Default::default(),
             cors: None,
+            access: None,
         })
 }
 
@@ -155,6 +156,7 @@ fn a_large_table_matches_like_the_scan() {
             policy: None,
             tries: Default::default(),
             cors: None,
+            access: None,
         })
         .collect();
     let router = Router::new(routes);

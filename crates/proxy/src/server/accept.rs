@@ -136,6 +136,7 @@ fn conn_ctx(gateway: &Gateway, settings: &Settings, remote: SocketAddr) -> Arc<C
         tls,
         access_log: settings.access_log.clone(),
         rate_limit: settings.rate_limit.clone(),
+        access: settings.access.clone(),
         in_flight: gateway.clients().client(remote.ip()),
     })
 }

@@ -1,5 +1,5 @@
 //! What a listener serves new connections with ([`Settings`]: TLS, HTTP/1.1 and HTTP/2
-//! limits, access log, rate limit), built from a config at start and on each reload.
+//! limits, access log, rate limit, allow/deny), built from a config at start and on each reload.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +29,8 @@ pub(super) struct Settings {
     pub(super) access_log: AccessLog,
     /// The listener's rate limit (kept by a reload that leaves it unchanged).
     pub(super) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
+    /// The listener's `allow` / `deny`, if it has them.
+    pub(super) access: Option<Arc<tailguard_policy::access::AccessList>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -94,7 +96,8 @@ pub(super) fn settings(
     tls.into_iter()
         .zip(logs)
         .zip(rate_limits)
-        .map(|((tls, access_log), rate_limit)| {
+        .zip(&config.listeners)
+        .map(|(((tls, access_log), rate_limit), listener)| {
             // A TLS connection does not park: its TLS state (~10 KB) would stay with it, so
             // its task is the lesser part of what it holds.
             let park_after = if tls.is_some() {
@@ -112,6 +115,8 @@ pub(super) fn settings(
                 },
                 access_log,
                 rate_limit,
+                access: tailguard_policy::access::AccessList::build(listener.access())
+                    .map(Arc::new),
             })
         })
         .collect()
