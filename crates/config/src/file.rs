@@ -49,6 +49,8 @@ pub struct Config {
     pub trusted_proxies: Vec<Cidr>,
     /// How endpoint names are resolved (`[dns]`).
     pub dns: DnsConfig,
+    /// The Redis that `scope = "global"` rate limits are shared through (`[redis]`).
+    pub redis: Option<crate::redis::RedisConfig>,
     /// `[tracing]` as written.
     pub tracing_file: TracingConfig,
     /// Tracing as it runs (`[tracing]` with the `OTEL_*` variables); `None`: off.

@@ -79,6 +79,7 @@ impl Config {
         let mut trusted_proxies = Vec::new();
         let mut dns = DnsConfig::default();
         let mut tracing_file = TracingConfig::default();
+        let mut redis: Option<crate::redis::RedisConfig> = None;
         let mut listeners_span = None;
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
@@ -148,12 +149,19 @@ impl Config {
                         tracing_file = t;
                     }
                 }
+                "redis" => {
+                    idx.redis = true;
+                    redis = one_of(&mut diags, "redis", value);
+                    if let Some(r) = &mut redis {
+                        r.locate(base_dir);
+                    }
+                }
                 other => diags.push(
                     Some(key.span()),
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
                      `timeouts`, `limits`, `access_log`, `metrics`, `status`, \
-                     `overload`, `trusted_proxies`, `dns`, `tracing`",
+                     `overload`, `trusted_proxies`, `dns`, `tracing`, `redis`",
                 ),
             }
         }
@@ -198,6 +206,7 @@ impl Config {
             dns,
             tracing_file,
             tracing,
+            redis,
         };
         for (field, message) in config.metrics.check() {
             diags.push(None, field, message);

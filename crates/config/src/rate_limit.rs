@@ -1,5 +1,5 @@
-//! `rate_limit = { rate, per, burst, key, max_keys }` of a route or a listener: the config,
-//! the key rule parsed from it, and its checks.
+//! `rate_limit = { rate, per, burst, key, max_keys, scope }` of a route or a listener: the
+//! config, the key rule parsed from it, and its checks.
 
 use std::ops::Range;
 
@@ -55,6 +55,22 @@ fn default_max_keys() -> Spanned<u64> {
     Spanned::new(0..0, DEFAULT_MAX_KEYS)
 }
 
+/// Who a limit counts for: this gateway alone, or the whole fleet through `[redis]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reach {
+    /// This gateway's own limit, exact across its threads (GCRA).
+    #[default]
+    Local,
+    /// One limit for every gateway sharing `[redis]`: counted in windows of `per`, traded
+    /// with Redis every `sync_ms` off the serving threads.
+    Global,
+}
+
+fn default_reach() -> Spanned<Reach> {
+    Spanned::new(0..0, Reach::Local)
+}
+
 /// `rate_limit = { .. }` of a route or a listener.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,6 +90,9 @@ pub struct RateLimitConfig {
     /// Keys tracked at once (rounded up to a power of two of sets of 8), default 100,000.
     #[serde(default = "default_max_keys")]
     pub max_keys: Spanned<u64>,
+    /// `local` (default) or `global` (shared by the fleet through `[redis]`).
+    #[serde(default = "default_reach")]
+    pub scope: Spanned<Reach>,
 }
 
 /// Where a limit is configured.
@@ -133,9 +152,31 @@ impl KeyRule {
 
 impl RateLimitConfig {
     /// The problems of this limit at `scope`, each with its span, the field's name after
-    /// the limit's own (`rate`, `key`, ...) and a message.
-    pub fn check(&self, scope: Scope) -> Vec<(Option<Range<usize>>, &'static str, String)> {
+    /// the limit's own (`rate`, `key`, ...) and a message; `redis`: whether the config has a
+    /// `[redis]` section (which `scope = "global"` needs).
+    pub fn check(
+        &self,
+        scope: Scope,
+        redis: bool,
+    ) -> Vec<(Option<Range<usize>>, &'static str, String)> {
         let mut out = Vec::new();
+        if self.is_global() {
+            if !redis {
+                out.push((
+                    Some(self.scope.span()),
+                    "scope",
+                    "`global` needs a top-level `[redis]` section".to_owned(),
+                ));
+            }
+            if let Some(burst) = &self.burst {
+                out.push((
+                    Some(burst.span()),
+                    "burst",
+                    "a global limit counts `rate` per `per` window (sliding); it has no `burst`"
+                        .to_owned(),
+                ));
+            }
+        }
         let rate = *self.rate.get_ref();
         if !(1..=MAX_RATE).contains(&rate) {
             out.push((
@@ -172,6 +213,11 @@ impl RateLimitConfig {
             ));
         }
         out
+    }
+
+    /// Whether the fleet shares this limit (`scope = "global"`).
+    pub fn is_global(&self) -> bool {
+        *self.scope.get_ref() == Reach::Global
     }
 
     /// Requests admitted at once after a quiet period: `burst`, else `rate`.

@@ -23,6 +23,9 @@ pub(crate) struct FileIndexes {
     pub(crate) listeners: Vec<usize>,
     pub(crate) upstreams: Vec<usize>,
     pub(crate) routes: Vec<usize>,
+    /// The file has a `[redis]` section (even one that did not deserialize: a global limit
+    /// is then not reported as lacking one).
+    pub(crate) redis: bool,
 }
 
 /// Runs every check over `config`; `listeners_span` is where `[[listeners]]` is, `declared`
@@ -34,6 +37,11 @@ pub(crate) fn validate(
     declared: &HashSet<String>,
     idx: &FileIndexes,
 ) {
+    if let Some(redis) = &config.redis {
+        for (span, field, message) in redis.check() {
+            d.push(span, format!("redis.{field}"), message);
+        }
+    }
     if config.listeners.is_empty() {
         d.push(
             listeners_span,
@@ -63,7 +71,7 @@ pub(crate) fn validate(
             d.push(span, format!("listeners[{i}].{field}"), message);
         }
         if let Some(limit) = &l.rate_limit {
-            for (span, field, message) in limit.check(Scope::Listener) {
+            for (span, field, message) in limit.check(Scope::Listener, idx.redis) {
                 d.push(span, format!("listeners[{i}].rate_limit.{field}"), message);
             }
         }
@@ -256,7 +264,7 @@ pub(crate) fn validate(
             );
         }
         if let Some(limit) = &r.rate_limit {
-            for (span, field, message) in limit.check(Scope::Route) {
+            for (span, field, message) in limit.check(Scope::Route, idx.redis) {
                 d.push(span, format!("routes[{i}].rate_limit.{field}"), message);
             }
         }

@@ -24,17 +24,20 @@
 //! `Retry-After`). Admitted responses carry neither: formatting a field into every response
 //! would cost every request of a limited route.
 
+pub mod global;
+pub mod sync;
 pub mod table;
 
 use std::net::IpAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tailguard_metrics::{Counter, Family, MetricsError, Registry};
 
+use global::{Decision, Fleet, GlobalTable};
 use table::{Gcra, KeyTable};
 use tailguard_http::error::Error;
 use tailguard_upstream::shard::Padded;
@@ -48,6 +51,8 @@ enum Buckets {
     One(Padded<AtomicU64>),
     /// Per client address or header value.
     Keyed(KeyTable),
+    /// `scope = "global"`: counted for the fleet through Redis ([`global`]).
+    Global(Arc<GlobalTable>),
 }
 
 /// One built limit: its rate, its buckets, its response fields and metric handles.
@@ -69,8 +74,15 @@ pub struct Limiter {
 
 /// The start of the limits' clock: TATs are nanoseconds since it.
 fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
+    clock().0
+}
+
+/// The limits' clock's start, and the Unix time in milliseconds it was read at (global
+/// limits number their windows by wall-clock time, from a request's own start instant
+/// without a second clock read).
+fn clock() -> (Instant, u64) {
+    static CLOCK: OnceLock<(Instant, u64)> = OnceLock::new();
+    *CLOCK.get_or_init(|| (Instant::now(), sync::unix_ms(SystemTime::now())))
 }
 
 /// A refused request: what its `429` says.
@@ -98,14 +110,26 @@ impl Limiter {
         let burst = config.burst();
         let gcra = Gcra::new(rate, per.seconds() * 1_000_000_000, burst);
         let buckets = match key {
+            _ if config.is_global() => Buckets::Global(GlobalTable::new(
+                scope.as_str(),
+                owner,
+                rate,
+                per.seconds() * 1000,
+                *config.max_keys.get_ref(),
+                metrics.fleet(),
+            )),
             KeyRule::All => Buckets::One(Padded(AtomicU64::new(0))),
             _ => Buckets::Keyed(KeyTable::new(*config.max_keys.get_ref())),
         };
-        let policy = format!(
-            "\"{}\";q={rate};w={};tailguard-burst={burst}",
-            scope.as_str(),
-            per.seconds()
-        );
+        let policy = if config.is_global() {
+            format!("\"{}\";q={rate};w={}", scope.as_str(), per.seconds())
+        } else {
+            format!(
+                "\"{}\";q={rate};w={};tailguard-burst={burst}",
+                scope.as_str(),
+                per.seconds()
+            )
+        };
         let (limited, evictions) = metrics.handles(scope, owner)?;
         Ok(Limiter {
             config: config.clone(),
@@ -145,6 +169,7 @@ impl Limiter {
         let now =
             u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
         let tat = match (&self.buckets, &self.key) {
+            (Buckets::Global(table), key) => return self.global(table, key, now, client, headers),
             (Buckets::One(tat), _) => &tat.0,
             (Buckets::Keyed(table), KeyRule::Header(name)) => {
                 let Some(value) = headers.get(name) else {
@@ -167,6 +192,43 @@ impl Limiter {
         }
     }
 
+    /// A global limit's check: the key's bytes (absent header: not limited), then the
+    /// table's decision from local state alone.
+    fn global(
+        &self,
+        table: &GlobalTable,
+        key: &KeyRule,
+        since_epoch_ns: u64,
+        client: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<(), Limited> {
+        let now_ms = clock().1 + since_epoch_ns / 1_000_000;
+        let decision = match key {
+            KeyRule::Header(name) => {
+                let Some(value) = headers.get(name) else {
+                    return Ok(());
+                };
+                table.check(value.as_bytes(), now_ms)
+            }
+            KeyRule::ClientIp => match client.to_canonical() {
+                IpAddr::V4(v4) => table.check(&v4.octets(), now_ms),
+                IpAddr::V6(v6) => table.check(&v6.octets(), now_ms),
+            },
+            KeyRule::All => table.check(b"", now_ms),
+        };
+        match decision {
+            Decision::Admit => Ok(()),
+            Decision::Refuse(wait_ms) => {
+                self.limited.inc();
+                Err(Limited {
+                    scope: self.scope,
+                    retry_after: wait_ms.div_ceil(1000).max(1),
+                    policy: self.policy.clone(),
+                })
+            }
+        }
+    }
+
     fn keyed<'a>(&self, table: &'a KeyTable, hash: u64, now: u64) -> &'a AtomicU64 {
         let bucket = table.bucket(hash, now);
         if bucket.evicted {
@@ -178,7 +240,7 @@ impl Limiter {
     /// The key table's size in bytes (0 for a one-bucket limit).
     pub fn heap_bytes(&self) -> usize {
         match &self.buckets {
-            Buckets::One(_) => 0,
+            Buckets::One(_) | Buckets::Global(_) => 0,
             Buckets::Keyed(t) => t.heap_bytes(),
         }
     }
@@ -216,6 +278,8 @@ impl Limited {
 pub struct RateLimitMetrics {
     limited: Family<Counter>,
     evictions: Family<Counter>,
+    /// The process's global limits: what the Redis sync trades counts for.
+    fleet: Arc<Fleet>,
 }
 
 impl RateLimitMetrics {
@@ -234,7 +298,14 @@ impl RateLimitMetrics {
                  restarts with a full burst): above 0, `max_keys` is too small.",
                 &["listener", "route"],
             )?,
+            fleet: Arc::default(),
         })
+    }
+
+    /// The process's global limits (their mode, fleet size and tables), which the Redis
+    /// sync ([`sync::RedisSync`]) serves.
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
     }
 
     /// The handles of the limit of route or listener `owner` (at build, never per request).

@@ -42,6 +42,9 @@ pub struct Gateway {
     /// In-flight requests per client address (`limits.client_requests`), kept across
     /// reloads.
     clients: Arc<crate::clients::Clients>,
+    /// The Redis sync thread of `scope = "global"` rate limits, started by the first config
+    /// with `[redis]` and kept for the process's life; a reload hands it the new `[redis]`.
+    redis: Mutex<Option<tailguard_policy::rate_limit::sync::RedisSync>>,
 }
 
 /// The exporter, if started, and the tracer snapshots are built with.
@@ -131,7 +134,9 @@ impl Gateway {
             reloads: crate::reloads::Reloads::default(),
             retired: crate::retired::Retired::default(),
             clients: Arc::default(),
+            redis: Mutex::new(None),
         });
+        gateway.follow_redis(&snapshot.config)?;
         gateway.resolver.watch(
             &gateway.snapshot().config,
             refresh_on_change(Arc::downgrade(&gateway)),
@@ -188,6 +193,30 @@ impl Gateway {
         self.swap_in(&new);
         self.resolver
             .watch(&new.config, refresh_on_change(Arc::downgrade(self)));
+        self.follow_redis(&new.config)
+    }
+
+    /// Starts the Redis sync for `config`'s `[redis]`, or hands the running one the new
+    /// section (a config without one leaves it as it was: its global limits are gone).
+    fn follow_redis(&self, config: &Config) -> Result<(), Error> {
+        let Some(redis) = &config.redis else {
+            return Ok(());
+        };
+        let fleet = self.metrics.rate_limit().fleet();
+        let mut running = self.redis.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*running {
+            Some(sync) => sync.update(redis, fleet),
+            None => {
+                *running = Some(
+                    tailguard_policy::rate_limit::sync::RedisSync::start(
+                        redis,
+                        fleet,
+                        self.metrics.registry(),
+                    )
+                    .map_err(Error::Internal)?,
+                );
+            }
+        }
         Ok(())
     }
 

@@ -10,6 +10,7 @@ mod deploy;
 mod etcd;
 mod etcd_tls;
 mod gateway;
+mod global_limit;
 mod helm;
 mod install_tools;
 mod listeners;

@@ -42,6 +42,7 @@ pub mod jaeger;
 pub mod otlp;
 pub mod ports;
 mod recording;
+pub mod redis;
 mod switchable;
 mod tls_upstream;
 
