@@ -109,14 +109,16 @@ impl Limiter {
         let per = *config.per.get_ref();
         let burst = config.burst();
         let gcra = Gcra::new(rate, per.seconds() * 1_000_000_000, burst);
+        let (limited, evictions) = metrics.handles(scope, owner)?;
         let buckets = match key {
-            _ if config.is_global() => Buckets::Global(GlobalTable::new(
+            _ if config.is_global() => Buckets::Global(GlobalTable::counted(
                 scope.as_str(),
                 owner,
                 rate,
                 per.seconds() * 1000,
                 *config.max_keys.get_ref(),
                 metrics.fleet(),
+                Some(evictions.clone()),
             )),
             KeyRule::All => Buckets::One(Padded(AtomicU64::new(0))),
             _ => Buckets::Keyed(KeyTable::new(*config.max_keys.get_ref())),
@@ -130,7 +132,6 @@ impl Limiter {
                 per.seconds()
             )
         };
-        let (limited, evictions) = metrics.handles(scope, owner)?;
         Ok(Limiter {
             config: config.clone(),
             owner: Arc::from(owner),

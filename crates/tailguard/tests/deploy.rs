@@ -269,6 +269,16 @@ retry = { attempts = 2, on = ["503"], backoff_ms = 0 }
 id = "grpc"
 upstream = "grpc"
 path = { prefix = "/test.Echo" }
+
+# A limit for the fleet, so the Redis sync's series exist (issue 49).
+[[routes]]
+id = "global"
+upstream = "api"
+path = { prefix = "/global" }
+rate_limit = { rate = 100, per = "minute", key = "route", scope = "global" }
+
+[redis]
+url = "REDIS_URL"
 "#;
 
 /// The etcd key the Prometheus test's gateway reads its config from.
@@ -300,6 +310,7 @@ async fn traffic(url: String, stop: Arc<AtomicBool>) {
             "/dead/x",
             "/nowhere",
             "/limited",
+            "/global",
             "/status/503",
         ] {
             let _ = tailguard_test_support::get(&client, &format!("{url}{path}")).await;
@@ -331,6 +342,9 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
     let Some(etcd) = EtcdServer::start() else {
         return;
     };
+    let Some(redis) = tailguard_test_support::redis::RedisServer::start() else {
+        return;
+    };
     let (api, grpc) = rt.block_on(async { (Upstream::start().await, GrpcUpstream::start().await) });
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("gw.toml");
@@ -339,6 +353,7 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
         GATEWAY_CONFIG
             .replace("API_PORT", &api.addr.port().to_string())
             .replace("GRPC_PORT", &grpc.addr.port().to_string())
+            .replace("REDIS_URL", &redis.url())
             .replace(
                 "ACCESS_LOG",
                 dir.path().join("access.log").to_str().expect("utf-8 path"),

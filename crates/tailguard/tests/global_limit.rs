@@ -17,7 +17,7 @@ use crate::support::{Gateway, check};
 
 /// A gateway config: a built-in upstream, one route `/` limited to `rate` per minute per
 /// `X-Api-Key` for the whole fleet, and `[redis]` with `redis_extra` lines.
-fn config(redis_url: &str, rate: u64, redis_extra: &str) -> String {
+pub(crate) fn config(redis_url: &str, rate: u64, redis_extra: &str) -> String {
     format!(
         r#"[[listeners]]
 address = "127.0.0.1:0"
@@ -40,14 +40,14 @@ sync_ms = 20
     )
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write");
     path
 }
 
 /// A gateway on `file`, with a metrics listener of its own.
-fn gateway(file: &Path) -> Gateway {
+pub(crate) fn gateway(file: &Path) -> Gateway {
     Gateway::run(&[
         "--config",
         file.to_str().expect("utf-8 path"),
@@ -58,29 +58,36 @@ fn gateway(file: &Path) -> Gateway {
     ])
 }
 
-/// One request over a fresh connection: the status and the response's head.
-fn get(addr: SocketAddr, key: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET / HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read");
-    let raw = String::from_utf8_lossy(&raw).into_owned();
+/// One request for `/` over a fresh connection: the status and the response's head.
+pub(crate) fn get(addr: SocketAddr, key: &str) -> (u16, String) {
+    try_get(addr, "/", key).expect("an answer")
+}
+
+/// One request for `path` with `X-Api-Key: key` over a fresh connection: the status and
+/// the response's head, or what went wrong.
+pub(crate) fn try_get(addr: SocketAddr, path: &str, key: &str) -> Result<(u16, String), String> {
+    let attempt = || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw)?;
+        Ok(String::from_utf8_lossy(&raw).into_owned())
+    };
+    let raw = attempt().map_err(|e| e.to_string())?;
     let status = raw
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .expect("a status line");
+        .ok_or_else(|| format!("no status line: {raw:?}"))?;
     let head = raw.split("\r\n\r\n").next().unwrap_or("").to_owned();
-    (status, head)
+    Ok((status, head))
 }
 
-fn metrics_addr(gw: &Gateway) -> SocketAddr {
+pub(crate) fn metrics_addr(gw: &Gateway) -> SocketAddr {
     gw.wait_for_log("/metrics", Duration::from_secs(10));
     gw.log()
         .split("tailguard: metrics on http://")
@@ -90,7 +97,7 @@ fn metrics_addr(gw: &Gateway) -> SocketAddr {
         .expect("metrics address in the log")
 }
 
-fn metric(gw: &Gateway, series: &str) -> Option<f64> {
+pub(crate) fn metric(gw: &Gateway, series: &str) -> Option<f64> {
     let (status, body) = crate::metrics_get(metrics_addr(gw), "/metrics");
     assert_eq!(status, 200);
     body.lines()
@@ -98,7 +105,7 @@ fn metric(gw: &Gateway, series: &str) -> Option<f64> {
 }
 
 /// Waits until `cond` holds (at most 20 s; a condition, never a timed assertion).
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
         assert!(
@@ -109,10 +116,15 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// The fleet's count in Redis for every window of every key of the route.
-fn redis_total(redis: &RedisServer) -> u64 {
+/// The fleet's count in Redis for every window of every key of every global limit.
+pub(crate) fn redis_total(redis: &RedisServer) -> u64 {
+    redis_total_of(redis, "tailguard:rl:*")
+}
+
+/// The fleet's count in Redis over the keys matching `pattern`.
+pub(crate) fn redis_total_of(redis: &RedisServer, pattern: &str) -> u64 {
     redis
-        .cli_text(&["--scan", "--pattern", "tailguard:rl:*"])
+        .cli_text(&["--scan", "--pattern", pattern])
         .lines()
         .filter(|k| !k.is_empty())
         .map(|k| redis.cli_text(&["GET", k]).parse::<u64>().unwrap_or(0))
@@ -121,7 +133,7 @@ fn redis_total(redis: &RedisServer) -> u64 {
 
 /// Waits until a sync of `gw` has sent at least `keys` keys in all (so its view of them is
 /// the fleet's).
-fn wait_synced(gw: &Gateway, keys: f64) {
+pub(crate) fn wait_synced(gw: &Gateway, keys: f64) {
     wait_until("a sync of the key", || {
         metric(gw, "tailguard_rate_limit_sync_keys_sum").is_some_and(|v| v >= keys)
     });

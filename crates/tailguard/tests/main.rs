@@ -11,6 +11,7 @@ mod etcd;
 mod etcd_tls;
 mod gateway;
 mod global_limit;
+mod global_limit_faults;
 mod helm;
 mod install_tools;
 mod listeners;

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tailguard_config::OnRedisError;
+use tailguard_metrics::Counter;
 
 /// Shards per table: a power of two; enough that two serving threads rarely meet on one.
 const SHARDS: usize = 64;
@@ -258,6 +259,8 @@ pub struct GlobalTable {
     shard_cap: usize,
     fleet: Arc<Fleet>,
     evictions: AtomicU64,
+    /// `tailguard_rate_limit_evictions_total` of the limit.
+    evicted: Option<Counter>,
 }
 
 impl GlobalTable {
@@ -271,6 +274,19 @@ impl GlobalTable {
         max_keys: u64,
         fleet: &Arc<Fleet>,
     ) -> Arc<GlobalTable> {
+        GlobalTable::counted(scope, owner, rate, window_ms, max_keys, fleet, None)
+    }
+
+    /// [`GlobalTable::new`], counting evictions into `evicted`.
+    pub fn counted(
+        scope: &str,
+        owner: &str,
+        rate: u64,
+        window_ms: u64,
+        max_keys: u64,
+        fleet: &Arc<Fleet>,
+        evicted: Option<Counter>,
+    ) -> Arc<GlobalTable> {
         let max_keys = usize::try_from(max_keys.max(1)).unwrap_or(usize::MAX);
         let table = Arc::new(GlobalTable {
             prefix: format!("tailguard:rl:{scope}:{owner}:").into_boxed_str(),
@@ -281,6 +297,7 @@ impl GlobalTable {
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
             fleet: Arc::clone(fleet),
             evictions: AtomicU64::new(0),
+            evicted,
         });
         fleet.register(&table);
         table
@@ -370,6 +387,9 @@ impl GlobalTable {
         if let Some(h) = victim {
             shard.entries.remove(&h);
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = &self.evicted {
+                c.inc();
+            }
         }
     }
 
