@@ -5,6 +5,8 @@
 
 mod accept;
 mod connection;
+#[cfg(test)]
+mod idle_http2_buffers;
 mod listener;
 mod send_watch;
 mod settings;

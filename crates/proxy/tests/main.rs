@@ -12,6 +12,7 @@ mod errors;
 mod forwarding;
 mod h2spec;
 mod health;
+mod idle_http2;
 mod lifecycle;
 mod listeners;
 mod overload;

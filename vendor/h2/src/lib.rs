@@ -141,6 +141,12 @@ pub use crate::share::{FlowControl, Ping, PingPong, Pong, RecvStream, SendStream
 #[cfg(feature = "unstable")]
 pub use codec::{Codec, SendError, UserError};
 
+// tailguard: how many codec buffers the process's connections hold, for tests
+// (TAILGUARD-PATCH.md).
+#[cfg(feature = "tailguard-held-buffers")]
+#[doc(hidden)]
+pub use codec::held::held_buffers;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

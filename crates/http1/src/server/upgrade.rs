@@ -57,6 +57,11 @@ impl AsyncRead for Joined {
             let n = self.prelude.len().min(buf.remaining());
             buf.put_slice(&self.prelude[..n]);
             self.prelude.advance(n);
+            if self.prelude.is_empty() {
+                // The prelude is a view of the HTTP/1.1 reader's buffer (8 KiB), which an
+                // emptied view still keeps alive: for an h2c connection, as long as it lives.
+                self.prelude = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.reader).poll_read(cx, buf)

@@ -2,6 +2,7 @@ use crate::frame::{self, Frame, Kind, Reason};
 use crate::frame::{
     DEFAULT_MAX_FRAME_SIZE, DEFAULT_SETTINGS_HEADER_TABLE_SIZE, MAX_MAX_FRAME_SIZE,
 };
+use crate::codec::held::Held;
 use crate::proto::Error;
 
 use crate::hpack;
@@ -21,11 +22,18 @@ use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
+/// tailguard: the read buffer's capacity when it is re-taken after a release:
+/// tokio-util's `FramedRead` starts with the same 8 KiB.
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 #[derive(Debug)]
 pub struct FramedRead<T> {
     inner: InnerFramedRead<T, LengthDelimitedCodec>,
 
     decoder: FrameDecoder,
+
+    /// tailguard: counts the read buffer while it is held (`crate::codec::held`).
+    held: Held,
 }
 
 #[derive(Debug)]
@@ -61,7 +69,14 @@ enum Continuable {
 impl<T> FramedRead<T> {
     pub fn new(inner: InnerFramedRead<T, LengthDelimitedCodec>) -> FramedRead<T> {
         let decoder = FrameDecoder::new(inner.decoder().max_frame_length());
-        FramedRead { inner, decoder }
+        // tailguard: tokio-util's `FramedRead` starts with its buffer.
+        let mut held = Held::default();
+        held.take();
+        FramedRead {
+            inner,
+            decoder,
+            held,
+        }
     }
 
     pub fn get_ref(&self) -> &T {
@@ -421,7 +436,23 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
-            let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+            // tailguard: re-take a released read buffer at its usual size; left
+            // to tokio-util, it would grow from 8 bytes, a read per doubling.
+            if self.inner.read_buffer().capacity() == 0 {
+                self.inner.read_buffer_mut().reserve(READ_BUFFER_CAPACITY);
+            }
+            self.held.take();
+            let polled = Pin::new(&mut self.inner).poll_next(cx);
+            // tailguard: the socket has nothing more and no partial frame is
+            // buffered: free the buffer, so an idle connection holds none (8 KiB
+            // for its whole life, otherwise). Decoded frames keep only their own
+            // part of it. A busy connection pays an allocation and a free per
+            // read that drained the socket.
+            if polled.is_pending() && self.inner.read_buffer().is_empty() {
+                *self.inner.read_buffer_mut() = BytesMut::new();
+                self.held.release();
+            }
+            let bytes = match ready!(polled) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
                 None => return Poll::Ready(None),

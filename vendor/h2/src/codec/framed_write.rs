@@ -1,3 +1,4 @@
+use crate::codec::held::Held;
 use crate::codec::UserError;
 use crate::codec::UserError::*;
 use crate::frame::{self, Frame, FrameSize};
@@ -52,6 +53,9 @@ struct Encoder<B> {
 
     /// Min buffer required to attempt to write a frame
     min_buffer_capacity: usize,
+
+    /// tailguard: counts `buf` while it is held (`crate::codec::held`).
+    held: Held,
 }
 
 #[derive(Debug)]
@@ -64,6 +68,9 @@ enum Next<B> {
 ///
 /// The minimum MAX_FRAME_SIZE is 16kb, so always be able to send a HEADERS
 /// frame that big.
+///
+/// tailguard: also the capacity the buffer is re-taken with after it was
+/// released (see `Encoder::take_buf`).
 const DEFAULT_BUFFER_CAPACITY: usize = 16 * 1_024;
 
 /// Chain payloads bigger than this when vectored I/O is enabled. The remote
@@ -93,12 +100,14 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
+                // tailguard: no buffer until the first frame (`Encoder::take_buf`).
+                buf: Cursor::new(BytesMut::new()),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
                 chain_threshold,
                 min_buffer_capacity: chain_threshold + frame::HEADER_LEN,
+                held: Held::default(),
             },
         }
     }
@@ -169,6 +178,10 @@ where
             }
         }
 
+        // tailguard: everything buffered is written: give the buffer back, so
+        // an idle connection holds none (`Encoder::release_buf`).
+        self.encoder.release_buf();
+
         tracing::trace!("flushing buffer");
         // Flush the upstream
         ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
@@ -223,6 +236,7 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        self.take_buf();
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +321,32 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // tailguard: a released buffer (capacity 0) has room: `buffer` re-takes it.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
+    }
+
+    /// tailguard: re-takes the write buffer if it was released, at the size
+    /// the codec starts with.
+    fn take_buf(&mut self) {
+        if self.buf.get_ref().capacity() == 0 {
+            *self.buf.get_mut() = BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY);
+            self.held.take();
+        }
+    }
+
+    /// tailguard: frees the write buffer once all of it was written. An idle
+    /// connection would otherwise keep 16 KiB for its whole life (hours, for
+    /// gRPC clients and browsers); a busy one pays an allocation and a free
+    /// per flush that wrote something.
+    fn release_buf(&mut self) {
+        if self.buf.get_ref().capacity() != 0 && self.next.is_none() && !self.buf.has_remaining() {
+            *self.buf.get_mut() = BytesMut::new();
+            self.buf.set_position(0);
+            self.held.release();
+        }
     }
 
     fn is_empty(&self) -> bool {

@@ -1,6 +1,8 @@
 mod error;
 mod framed_read;
 mod framed_write;
+// tailguard: counts held buffers (TAILGUARD-PATCH.md).
+pub(crate) mod held;
 
 pub use self::error::{SendError, UserError};
 
