@@ -25,7 +25,7 @@ pub const VARIABLES: &str = "remote_addr, remote_user, time_local, time_iso8601,
      bytes_sent, request_time, upstream_addr, upstream_status, upstream_response_time, \
      upstream_tries, \
      http_referer, http_user_agent, http_<header name>, route, request_id, error, grpc_status, \
-     trace_id, span_id";
+     trace_id, span_id, consumer, auth_result";
 
 /// How records become lines. Cheap to clone; build it once per configuration.
 #[derive(Debug, Clone)]
@@ -75,6 +75,8 @@ enum Var {
     GrpcStatus,
     TraceId,
     SpanId,
+    Consumer,
+    AuthResult,
 }
 
 impl Var {
@@ -107,6 +109,8 @@ impl Var {
             "grpc_status" => Self::GrpcStatus,
             "trace_id" => Self::TraceId,
             "span_id" => Self::SpanId,
+            "consumer" => Self::Consumer,
+            "auth_result" => Self::AuthResult,
             _ => {
                 // nginx maps `$http_x_request_id` to the header `X-Request-Id`.
                 let header = name
@@ -420,6 +424,8 @@ fn write_var(var: &Var, r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache
         },
         Var::TraceId => opt_hex(out, r.trace_id.as_ref().map(<[u8; 16]>::as_slice)),
         Var::SpanId => opt_hex(out, r.span_id.as_ref().map(<[u8; 8]>::as_slice)),
+        Var::Consumer => opt_text(out, r.consumer.map(str::as_bytes)),
+        Var::AuthResult => opt_text(out, r.auth_result.map(str::as_bytes)),
     }
 }
 
@@ -565,6 +571,10 @@ fn write_json(r: &Record<'_>, out: &mut Vec<u8>, times: &mut TimeCache) {
     json_opt_hex(out, r.trace_id.as_ref().map(<[u8; 16]>::as_slice));
     out.extend_from_slice(b",\"span_id\":");
     json_opt_hex(out, r.span_id.as_ref().map(<[u8; 8]>::as_slice));
+    out.extend_from_slice(b",\"consumer\":");
+    json_opt_str(out, r.consumer.map(str::as_bytes));
+    out.extend_from_slice(b",\"auth_result\":");
+    json_opt_str(out, r.auth_result.map(str::as_bytes));
     out.push(b'}');
 }
 

@@ -64,6 +64,12 @@ pub struct Record<'a> {
     /// The id of the gateway's server span for the request (`$span_id`), the parent of the
     /// spans the upstream records; `None` when tracing is off.
     pub span_id: Option<[u8; 8]>,
+    /// Who called, as a route's authentication named them (`$consumer`); `None` on an
+    /// open route or a refused request.
+    pub consumer: Option<&'a str>,
+    /// How a route's authentication ended (`$auth_result`: `ok`, `missing`, `invalid`,
+    /// ...); `None` on an open route.
+    pub auth_result: Option<&'a str>,
 }
 
 /// One try of a retried request that did not give the answer: where it went and how it
@@ -105,6 +111,8 @@ impl Default for Record<'_> {
             grpc_status: None,
             trace_id: None,
             span_id: None,
+            consumer: None,
+            auth_result: None,
         }
     }
 }

@@ -180,6 +180,8 @@ fn template_with_every_variable() {
         grpc_status: Some(14),
         trace_id: Some(W3C_TRACE_ID),
         span_id: Some(W3C_SPAN_ID),
+        consumer: None,
+        auth_result: None,
         ..base()
     };
     assert_eq!(
@@ -250,9 +252,11 @@ fn json_lines_parse_and_round_trip_every_field() {
         }
         assert!(v["trace_id"].is_null(), "tracing off: {text}");
         assert!(v["span_id"].is_null(), "tracing off: {text}");
+        assert!(v["consumer"].is_null(), "no auth: {text}");
+        assert!(v["auth_result"].is_null(), "no auth: {text}");
         assert_eq!(
             v.as_object().unwrap().len(),
-            22,
+            24,
             "case {}: {text}",
             case.name
         );
@@ -297,6 +301,8 @@ fn trace_and_span_ids_print_as_lowercase_hex_in_every_format() {
     let r = Record {
         trace_id: Some(W3C_TRACE_ID),
         span_id: Some(W3C_SPAN_ID),
+        consumer: None,
+        auth_result: None,
         ..base()
     };
     let f = Format::template("trace=$trace_id span=${span_id}").unwrap();
@@ -315,6 +321,8 @@ fn trace_and_span_ids_print_as_lowercase_hex_in_every_format() {
     let r = Record {
         trace_id: Some(every),
         span_id: Some([0xff, 0xfe, 0xa0, 0x0a, 0x10, 0x01, 0x9c, 0xc9]),
+        consumer: None,
+        auth_result: None,
         ..base()
     };
     assert_eq!(

@@ -31,6 +31,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Routes, in file order.
     pub routes: Vec<RouteConfig>,
+    /// Authenticators (`[[auth]]`), in file order.
+    pub auth: Vec<crate::auth::AuthConfig>,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// Limits.

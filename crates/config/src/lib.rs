@@ -18,7 +18,8 @@
 //! The modules, as floors (each names only modules below it):
 //! - [`diagnostic`], [`limits`] (`[timeouts]`, `[limits]`), [`cidr`], [`dns`], [`health`],
 //!   [`rate_limit`], [`cors`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`),
-//!   [`status`]: one section or value each, with its check;
+//!   [`status`], [`auth`] (`[[auth]]`, a route's `auth`): one section or value each, with
+//!   its check;
 //! - [`error`], [`retry`], [`tls`], [`upstream`];
 //! - [`listener`], [`route`]: a listener and a route as written;
 //! - [`policy`] (a route's policy compiled and checked), [`access_log`],
@@ -81,6 +82,7 @@
 
 pub mod access;
 pub mod access_log;
+pub mod auth;
 pub mod cidr;
 pub mod cors;
 pub mod diagnostic;

@@ -70,6 +70,7 @@ impl Config {
         let mut listeners = Vec::new();
         let mut upstreams = Vec::new();
         let mut routes = Vec::new();
+        let mut auth = Vec::new();
         let mut timeouts = Timeouts::default();
         let mut limits = Limits::default();
         let mut access_log = tailguard_access_log::Config::default();
@@ -108,6 +109,9 @@ impl Config {
                     }
                 }
                 "routes" => (idx.routes, routes) = array_of(&mut diags, "routes", value),
+                "auth" => {
+                    (idx.auth, auth) = auth_of(&mut diags, value, &mut idx.declared_auth);
+                }
                 "timeouts" => {
                     if let Some(t) = one_of(&mut diags, "timeouts", value) {
                         timeouts = t;
@@ -161,7 +165,7 @@ impl Config {
                     other,
                     "unknown section, expected one of `listeners`, `upstreams`, `routes`, \
                      `timeouts`, `limits`, `access_log`, `metrics`, `status`, \
-                     `overload`, `trusted_proxies`, `dns`, `tracing`, `redis`",
+                     `overload`, `trusted_proxies`, `dns`, `tracing`, `redis`, `auth`",
                 ),
             }
         }
@@ -196,6 +200,7 @@ impl Config {
             listeners,
             upstreams,
             routes,
+            auth,
             timeouts,
             limits,
             access_log,
@@ -227,6 +232,39 @@ impl Config {
             Err(Error::Config(diags.finish()))
         }
     }
+}
+
+/// `[[auth]]`: each element deserialized by its `type`; every name written counts as
+/// declared (an element with another mistake too), so a route naming it is not reported
+/// again.
+fn auth_of(
+    d: &mut Diags<'_>,
+    value: &Spanned<DeValue<'_>>,
+    declared: &mut HashSet<String>,
+) -> (Vec<usize>, Vec<crate::auth::AuthConfig>) {
+    let Some(items) = value.get_ref().as_array() else {
+        d.push(Some(value.span()), "auth", "expected an array (`[[auth]]`)");
+        return (Vec::new(), Vec::new());
+    };
+    let mut indexes = Vec::new();
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        if let Some(name) = item
+            .get_ref()
+            .get("name")
+            .and_then(|n| n.get_ref().as_str())
+        {
+            declared.insert(name.to_owned());
+        }
+        match crate::auth::parse(item) {
+            Ok(a) => {
+                indexes.push(i);
+                out.push(a);
+            }
+            Err((span, field, message)) => d.push(span, format!("auth[{i}]{field}"), message),
+        }
+    }
+    (indexes, out)
 }
 
 /// A list of networks (`["10.0.0.0/8", "::1"]`), each error at its element.

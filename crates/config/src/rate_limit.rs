@@ -83,8 +83,8 @@ pub struct RateLimitConfig {
     /// Requests admitted at once after a quiet period; default `rate`.
     #[serde(default)]
     pub burst: Option<Spanned<u64>>,
-    /// What a bucket is per: `client_ip` (default), `header:NAME`, or one bucket for all
-    /// (`route` on a route, `listener` on a listener).
+    /// What a bucket is per: `client_ip` (default), `header:NAME`, `consumer` (on a route
+    /// with `auth`), or one bucket for all (`route` on a route, `listener` on a listener).
     #[serde(default = "default_key")]
     pub key: Spanned<String>,
     /// Keys tracked at once (rounded up to a power of two of sets of 8), default 100,000.
@@ -124,6 +124,10 @@ pub enum KeyRule {
     Header(HeaderName),
     /// One bucket for everything the route or listener serves.
     All,
+    /// The consumer a route's `auth` named (a request without one, which only an open
+    /// route lets through, is not limited by this limit). Routes only: a listener's limit
+    /// is checked before authentication.
+    Consumer,
 }
 
 impl KeyRule {
@@ -135,6 +139,14 @@ impl KeyRule {
         if key == scope.as_str() {
             return Ok(KeyRule::All);
         }
+        if key == "consumer" {
+            return match scope {
+                Scope::Route => Ok(KeyRule::Consumer),
+                Scope::Listener => Err("`consumer` is a route's key: a listener's limit is \
+                                        checked before authentication"
+                    .into()),
+            };
+        }
         if let Some(name) = key.strip_prefix("header:") {
             if name.is_empty() {
                 return Err("`header:` needs a header name, like `header:X-Api-Key`".into());
@@ -144,8 +156,11 @@ impl KeyRule {
                 .map_err(|_| format!("`{name}` is not a header name"));
         }
         Err(format!(
-            "`{key}` is not a key; expected `client_ip`, `header:NAME` or `{}`",
-            scope.as_str()
+            "`{key}` is not a key; expected `client_ip`, `header:NAME`{}",
+            match scope {
+                Scope::Route => ", `route` or `consumer`",
+                Scope::Listener => " or `listener`",
+            }
         ))
     }
 }

@@ -104,6 +104,10 @@ pub struct RouteConfig {
     /// chosen.
     #[serde(default)]
     pub stream_request: bool,
+    /// The authenticators (`[[auth]]` names) of which any one must accept a request:
+    /// `auth = "users"` or `auth = ["users", "partners"]`; none: the route is open.
+    #[serde(default)]
+    pub auth: Option<Spanned<crate::auth::StringList>>,
 }
 
 /// `rewrite`: the path sent upstream instead of the client's (the query is kept).

@@ -26,6 +26,9 @@ pub(crate) struct FileIndexes {
     /// The file has a `[redis]` section (even one that did not deserialize: a global limit
     /// is then not reported as lacking one).
     pub(crate) redis: bool,
+    pub(crate) auth: Vec<usize>,
+    /// Every `[[auth]]` name written, those of elements that failed to deserialize too.
+    pub(crate) declared_auth: HashSet<String>,
 }
 
 /// Runs every check over `config`; `listeners_span` is where `[[listeners]]` is, `declared`
@@ -200,8 +203,28 @@ pub(crate) fn validate(
         );
     }
 
+    let mut auth_names = HashSet::new();
+    for (&i, a) in idx.auth.iter().zip(&config.auth) {
+        let name = a.name.get_ref();
+        if !auth_names.insert(name.as_str()) {
+            d.push(
+                Some(a.name.span()),
+                format!("auth[{i}].name"),
+                format!("duplicate auth name `{name}`"),
+            );
+        }
+        for (span, field, message) in a.check(&config.base_dir) {
+            d.push(
+                span.or(Some(a.name.span())),
+                format!("auth[{i}]{field}"),
+                message,
+            );
+        }
+    }
+
     let mut ids = HashSet::new();
     for (&i, r) in idx.routes.iter().zip(&config.routes) {
+        check_route_auth(d, i, r, &idx.declared_auth);
         let id = r.id.get_ref();
         if !ids.insert(id.as_str()) {
             d.push(
@@ -317,6 +340,51 @@ pub(crate) fn validate(
                 format!("no route with id `{id}`"),
             );
         }
+    }
+}
+
+/// A route's `auth`: names of declared authenticators, at least one, none twice; and a
+/// rate limit keyed by `consumer` only where there is a consumer.
+fn check_route_auth(
+    d: &mut Diags<'_>,
+    i: usize,
+    r: &crate::route::RouteConfig,
+    declared: &HashSet<String>,
+) {
+    if let Some(auth) = &r.auth {
+        if auth.get_ref().0.is_empty() {
+            d.push(
+                Some(auth.span()),
+                format!("routes[{i}].auth"),
+                "lists no authenticator; remove `auth` for an open route",
+            );
+        }
+        let mut seen = HashSet::new();
+        for (span, name) in crate::auth::StringList::items(auth) {
+            if !declared.contains(name) {
+                d.push(
+                    Some(span),
+                    format!("routes[{i}].auth"),
+                    format!("unknown auth `{name}` (no `[[auth]]` with that name)"),
+                );
+            } else if !seen.insert(name) {
+                d.push(
+                    Some(span),
+                    format!("routes[{i}].auth"),
+                    format!("`{name}` is listed twice"),
+                );
+            }
+        }
+    }
+    if let Some(limit) = &r.rate_limit
+        && limit.key.get_ref() == "consumer"
+        && r.auth.is_none()
+    {
+        d.push(
+            Some(limit.key.span()),
+            format!("routes[{i}].rate_limit.key"),
+            "`consumer` needs the route's `auth` (an open route has no consumer)",
+        );
     }
 }
 

@@ -166,17 +166,44 @@ impl Limiter {
     /// limit refuses it (counted in the metrics).
     #[inline]
     pub fn check(&self, now: Instant, client: IpAddr, headers: &HeaderMap) -> Result<(), Limited> {
+        self.check_as(now, client, headers, None)
+    }
+
+    /// Whether the limit's buckets are per consumer (`key = "consumer"`): checked after
+    /// the route's authentication, which names the consumer; other limits before it, so a
+    /// flood of bad credentials is limited before it costs a check.
+    pub fn by_consumer(&self) -> bool {
+        self.key == KeyRule::Consumer
+    }
+
+    /// [`Limiter::check`] of a request its route's `auth` let through as `consumer`.
+    #[inline]
+    pub fn check_as(
+        &self,
+        now: Instant,
+        client: IpAddr,
+        headers: &HeaderMap,
+        consumer: Option<&str>,
+    ) -> Result<(), Limited> {
         // `now` is the request's own start: no second clock read.
         let now =
             u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
         let tat = match (&self.buckets, &self.key) {
-            (Buckets::Global(table), key) => return self.global(table, key, now, client, headers),
+            (Buckets::Global(table), key) => {
+                return self.global(table, key, now, client, headers, consumer);
+            }
             (Buckets::One(tat), _) => &tat.0,
             (Buckets::Keyed(table), KeyRule::Header(name)) => {
                 let Some(value) = headers.get(name) else {
                     return Ok(());
                 };
                 self.keyed(table, table.hash(value.as_bytes()), now)
+            }
+            (Buckets::Keyed(table), KeyRule::Consumer) => {
+                let Some(name) = consumer else {
+                    return Ok(());
+                };
+                self.keyed(table, table.hash(name.as_bytes()), now)
             }
             (Buckets::Keyed(table), _) => self.keyed(table, table.hash(client.to_canonical()), now),
         };
@@ -202,6 +229,7 @@ impl Limiter {
         since_epoch_ns: u64,
         client: IpAddr,
         headers: &HeaderMap,
+        consumer: Option<&str>,
     ) -> Result<(), Limited> {
         let now_ms = clock().1 + since_epoch_ns / 1_000_000;
         let decision = match key {
@@ -216,6 +244,12 @@ impl Limiter {
                 IpAddr::V6(v6) => table.check(&v6.octets(), now_ms),
             },
             KeyRule::All => table.check(b"", now_ms),
+            KeyRule::Consumer => {
+                let Some(name) = consumer else {
+                    return Ok(());
+                };
+                table.check(name.as_bytes(), now_ms)
+            }
         };
         match decision {
             Decision::Admit => Ok(()),

@@ -267,6 +267,8 @@ pub(crate) fn log<B>(
             grpc_status: r.grpc_status,
             trace_id: ids.map(|(trace, _)| trace),
             span_id: ids.map(|(_, span)| span),
+            consumer: r.consumer.as_deref(),
+            auth_result: r.auth_result.map(tailguard_auth::AuthResult::as_str),
         }
     });
 }

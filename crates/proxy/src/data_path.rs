@@ -20,20 +20,25 @@
 //!    `crate::respond::rate_limited`);
 //! 6. **route**: `tailguard_policy::route::Router::find`; its `allow` / `deny` (step 3); on a
 //!    route with `cors`, what the response will carry for the request's `Origin` is decided
-//!    (`cors::Actual`); then the route's own rate limit;
-//! 7. **local answer**: a route with `redirect` or `respond` answers here
+//!    (`cors::Actual`); then the route's own rate limit (unless it is per consumer);
+//! 7. **auth**: the route's `auth` ([`authenticate`], `tailguard_auth::Gate`): the client's
+//!    copies of the headers it sets removed, its authenticators asked until one accepts
+//!    (a slow one awaited, its work off this thread); refused, the authenticator's answer
+//!    (`crate::respond::auth_refused`: `401`, `403`, ...); accepted, the request changed as
+//!    it says and its consumer noted; then a route's rate limit per consumer;
+//! 8. **local answer**: a route with `redirect` or `respond` answers here
 //!    ([`answer_locally`], the answer built by `tailguard_policy::policy`);
-//! 8. **body**: a request with a body waits for its first bytes (or its end) before an
+//! 9. **body**: a request with a body waits for its first bytes (or its end) before an
 //!    upstream is chosen, `timeouts.body_ms` at most (then `408`), unless its route streams
 //!    (`stream_request`, gRPC): [`wait_for_body`];
-//! 9. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
-//! 10. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
+//! 10. **admit**: `tailguard_policy::admission::admit` (the shedder); refused, a `503`;
+//! 11. **forward with retries**: `crate::forward::forward` for an HTTP/1.1 upstream,
 //!     `crate::forward_h2::forward` (through [`serve_h2`]) for HTTP/2 and gRPC; the route's
 //!     retries are `crate::retry`'s loops;
-//! 11. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
+//! 12. **respond**: the upstream's head with a `ResponseBody` that streams its body, or an
 //!     error's answer (`crate::respond::error_response`, the status from `Error::status`);
 //!     on a route with `cors`, whatever answers gets its CORS fields ([`apply_cors`]);
-//! 12. **record**: the response body carries the request's `Finish`, which reports it once
+//! 13. **record**: the response body carries the request's `Finish`, which reports it once
 //!     when the body ends or is dropped (`crate::finish`: metrics, access log).
 //!
 //! The per-request state travels down as arguments (the held snapshot, the connection,
@@ -219,10 +224,37 @@ pub(crate) async fn serve(
             break 'answer error_response(denied, record, held, None);
         }
         // Before local answers and admission: a limited request never counts against the
-        // shedder or a breaker, and a route that answers by itself is limited too.
+        // shedder or a breaker, and a route that answers by itself is limited too. Before
+        // authentication unless its buckets are per consumer, so a flood of bad
+        // credentials is limited before it costs a check.
         if let Some(r) = route
             && let Some(limit) = held.snapshot().rate_limits.route(r)
+            && !limit.by_consumer()
             && let Err(limited) = limit.check(start, conn.remote.ip(), req.headers())
+        {
+            record.route = Some(r);
+            record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+            break 'answer crate::respond::rate_limited(limited, record, held);
+        }
+        // Auth: before local answers (a route that answers by itself is protected too) and
+        // admission (a refused request never counts against the shedder or a breaker).
+        if let Some(r) = route
+            && let Some(refusal) = authenticate(conn, &held, &mut req, r, &mut record).await
+        {
+            record.route = Some(r);
+            record.grpc = tailguard_http::grpc::is_grpc(req.headers());
+            break 'answer crate::respond::auth_refused(refusal, record, held);
+        }
+        // A route's limit per consumer, now that the consumer is known.
+        if let Some(r) = route
+            && let Some(limit) = held.snapshot().rate_limits.route(r)
+            && limit.by_consumer()
+            && let Err(limited) = limit.check_as(
+                start,
+                conn.remote.ip(),
+                req.headers(),
+                record.consumer.as_deref(),
+            )
         {
             record.route = Some(r);
             record.grpc = tailguard_http::grpc::is_grpc(req.headers());
@@ -339,6 +371,49 @@ fn route_allows(conn: &ConnCtx, snapshot: &Snapshot, r: usize, headers: &http::H
         .access
         .as_deref()
         .is_none_or(|list| address_allowed(list, conn, snapshot, headers))
+}
+
+/// Runs route `route`'s `auth`, if it has one: the client's copies of the headers its
+/// authenticators set are removed, then each is asked until one accepts. Accepted: the
+/// request changed as the authenticator says (its claims set, its credential removed) and
+/// the consumer noted in the record; refused: the answer to give. A credential in the query
+/// is taken out of the logged target either way (`tailguard_auth::Gate::redact`).
+async fn authenticate(
+    conn: &ConnCtx,
+    held: &Held,
+    req: &mut Request<RequestBody>,
+    route: usize,
+    record: &mut RequestRecord,
+) -> Option<tailguard_auth::Refusal> {
+    use tailguard_auth::{AuthRequest, AuthResult, Check, Decision};
+    let snapshot = held.snapshot();
+    let gate = snapshot.auth.route(route)?;
+    gate.remove_client_copies(req.headers_mut());
+    let ask = AuthRequest {
+        method: req.method(),
+        uri: req.uri(),
+        headers: req.headers(),
+        peer: conn.remote,
+        route: &snapshot.router.get(route).id,
+    };
+    let decision = match gate.check(ask) {
+        Check::Ready(d) => d,
+        Check::Pending(p) => p.await,
+    };
+    if let Some(redacted) = gate.redact(req.uri()) {
+        record.uri = redacted;
+    }
+    match decision {
+        Decision::Accepted { accepted, .. } => {
+            let mut uri = std::mem::take(req.uri_mut());
+            accepted.apply(&mut uri, req.headers_mut());
+            *req.uri_mut() = uri;
+            record.consumer = accepted.consumer;
+            record.auth_result = Some(AuthResult::Ok);
+            None
+        }
+        Decision::Refused { refusal, .. } => Some(refusal),
+    }
 }
 
 /// Writes an actual request's CORS fields into its response. An HTTP/1.1 upstream's fields

@@ -51,6 +51,8 @@ impl Drop for Finish {
                 upstream_status: r.upstream_status,
                 grpc: r.grpc,
                 grpc_status: r.grpc_status,
+                consumer: r.consumer.as_deref(),
+                auth_result: r.auth_result.map(tailguard_auth::AuthResult::as_str),
             };
             crate::trace::finish(&snapshot.tracing, trace, &ended);
         }

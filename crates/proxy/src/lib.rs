@@ -13,7 +13,7 @@
 //! [`Server::shutdown`] drains.
 //!
 //! A request goes through the data path's stages (`data_path.rs`, `serve`): head parsed →
-//! by address (`allow` / `deny`) → rate limit → route → local answer →
+//! by address (`allow` / `deny`) → rate limit → route → auth → local answer →
 //! [`admit`](tailguard_policy::admission::admit) → forward with retries (hop-by-hop headers
 //! removed, forwarding headers added, body streamed under its limit) → response streamed back → [`finish::finish`]. Failures are
 //! [`Error`]s, each with a blame and one status ([`Error::status`]). See
@@ -42,11 +42,12 @@
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
 //!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`, \
-//!      `allow`, `deny`, `rate_limit`, `tracing`, `cors`, `stream_request`"
+//!      `allow`, `deny`, `rate_limit`, `tracing`, `cors`, `stream_request`, `auth`"
 //! );
 //! ```
 
 pub mod access_log;
+pub(crate) mod auth;
 pub mod builtin;
 pub(crate) mod clients;
 pub(crate) mod conn;

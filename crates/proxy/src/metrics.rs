@@ -215,6 +215,8 @@ pub struct GatewayMetrics {
     endpoints: Mutex<HashMap<EndpointKey, Arc<EndpointHandles>>>,
     synthetic: OnceLock<Synthetic>,
     pub(crate) rate_limit: tailguard_policy::rate_limit::RateLimitMetrics,
+    /// `tailguard_auth_requests_total`.
+    pub(crate) auth: tailguard_auth::AuthMetrics,
 }
 
 fn internal(e: MetricsError) -> Error {
@@ -386,6 +388,7 @@ impl GatewayMetrics {
             endpoints: Mutex::default(),
             synthetic: OnceLock::new(),
             rate_limit: tailguard_policy::rate_limit::RateLimitMetrics::register(r)?,
+            auth: tailguard_auth::AuthMetrics::register(r)?,
         }))
     }
 

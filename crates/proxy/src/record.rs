@@ -61,6 +61,10 @@ pub struct RequestRecord {
     /// Counts the request in its client address's in-flight requests until the record is
     /// dropped (`limits.client_requests`).
     pub(crate) client: Option<crate::clients::ClientGuard>,
+    /// Who called, as the route's `auth` named them (`$consumer`, the span's `enduser.id`).
+    pub consumer: Option<Arc<str>>,
+    /// How the route's `auth` ended (`$auth_result`); `None` on an open route.
+    pub auth_result: Option<tailguard_auth::AuthResult>,
 }
 
 impl RequestRecord {
@@ -108,6 +112,8 @@ impl RequestRecord {
                 grpc_status: None,
                 trace: None,
                 client: None,
+                consumer: None,
+                auth_result: None,
             },
         )
     }

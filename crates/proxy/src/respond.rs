@@ -1,6 +1,6 @@
 //! The answers the gateway makes itself: a plain-text local answer, an error's response
-//! (its status from [`Error::status`], its one log line), a rate limit's `429`, and a gRPC
-//! call's trailers-only answer.
+//! (its status from [`Error::status`], its one log line), a rate limit's `429`, a gRPC
+//! call's trailers-only answer, and the answer of a request its route's `auth` refused.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -160,5 +160,29 @@ pub(crate) fn trailers_only(
     let headers = resp.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     grpc::put_status(headers, code, message);
+    resp
+}
+
+/// The answer of a request its route's `auth` refused: the authenticator's own status,
+/// fields and body. Counted in `tailguard_auth_requests_total` (by the gate) and in the
+/// requests' metrics and access log like any answer; no log line of its own (a flood of
+/// bad credentials is the metric's to show, not the log's).
+pub(crate) fn auth_refused(
+    refusal: tailguard_auth::Refusal,
+    mut record: Box<RequestRecord>,
+    held: Held,
+) -> Response<ResponseBody> {
+    record.error = Some("auth_refused");
+    record.status = refusal.status.as_u16();
+    record.auth_result = Some(refusal.result);
+    let finish = Finish {
+        record,
+        held,
+        upstream_conn: None,
+        _admitted: None,
+    };
+    let mut resp = Response::new(ResponseBody::local(refusal.body, Some(finish)));
+    *resp.status_mut() = refusal.status;
+    *resp.headers_mut() = refusal.headers;
     resp
 }

@@ -56,6 +56,9 @@ pub struct Snapshot {
     /// `trusted_proxies`, compiled: the hops skipped when the forwarded client address is
     /// read for an `allow` / `deny` check (`tailguard_policy::access::client_ip`).
     pub(crate) trusted_proxies: tailguard_policy::access::Nets,
+    /// The routes' authentication, by router index (authenticators of an unchanged
+    /// `[[auth]]` carried over from the previous).
+    pub(crate) auth: crate::auth::Auth,
     /// Tracing: the process's tracer (the exporter and its queue outlive snapshots) and
     /// this config's sampling.
     pub tracing: crate::trace::SnapshotTracing,
@@ -255,6 +258,8 @@ impl Snapshot {
             previous.map(|p| &p.rate_limits),
             &metrics.rate_limit,
         )?;
+        let auth =
+            crate::auth::Auth::build(&config, &router, previous.map(|p| &p.auth), &metrics.auth)?;
         let metrics = SnapshotMetrics::build(
             metrics,
             router.routes().iter().map(|r| Arc::clone(&r.id)),
@@ -273,6 +278,7 @@ impl Snapshot {
             responders,
             rate_limits,
             trusted_proxies: tailguard_policy::access::Nets::build(&config.trusted_proxies),
+            auth,
             config,
         })
     }

@@ -454,6 +454,10 @@ pub(crate) struct Ended<'a> {
     pub(crate) upstream_status: Option<u16>,
     pub(crate) grpc: bool,
     pub(crate) grpc_status: Option<u8>,
+    /// The consumer the route's `auth` named (`enduser.id`).
+    pub(crate) consumer: Option<&'a str>,
+    /// How the route's `auth` ended (`tailguard.auth.result`).
+    pub(crate) auth_result: Option<&'static str>,
 }
 
 /// What the span says about how the request ended (`tailguard.outcome`).
@@ -550,6 +554,13 @@ fn server_span(
     });
     server.str("network.protocol.version", protocol_version(record.version));
     server.str("tailguard.outcome", outcome(record, trace));
+    if let Some(consumer) = record.consumer {
+        // OpenTelemetry's `enduser.id`: the authenticated caller (a name, never a key).
+        server.bytes("enduser.id", consumer.as_bytes());
+    }
+    if let Some(result) = record.auth_result {
+        server.str("tailguard.auth.result", result);
+    }
     if trace.tried > 0 {
         server.int("tailguard.tries", i64::from(trace.tried));
     }

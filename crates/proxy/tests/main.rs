@@ -1,6 +1,7 @@
 //! Integration tests of the gateway: real listeners, upstreams and clients on 127.0.0.1:0.
 
 mod access;
+mod auth;
 mod client_bounds;
 mod config;
 mod conformance;

@@ -378,7 +378,7 @@ rate_limit = { rate = 10, per = "day" }
             "gw.toml:17:33: routes[1].rate_limit.key: `header:` needs a header name, like \
              `header:X-Api-Key`",
             "gw.toml:22:33: routes[2].rate_limit.key: `cookie` is not a key; expected \
-             `client_ip`, `header:NAME` or `route`",
+             `client_ip`, `header:NAME`, `route` or `consumer`",
             "gw.toml:22:54: routes[2].rate_limit.max_keys: 0 is outside 1..=16777216",
             "gw.toml:27:33: routes[3]: unknown variant `day`, expected one of `second`, \
              `minute`, `hour`",

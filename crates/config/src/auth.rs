@@ -1,0 +1,307 @@
+//! `[[auth]]`: named authenticators as written (`name`, `type` and the type's own keys),
+//! parsed by their `type` so a key of another type is refused at its position, and their
+//! checks; a route's `auth = "name"` or `["a", "b"]`.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use tailguard_auth::{KeyHash, Source};
+use toml::Spanned;
+use toml::de::{DeValue, ValueDeserializer};
+
+/// The `type`s this build knows, as the error for an unknown one lists them.
+pub const TYPES: &[&str] = &["api_key"];
+
+/// One `[[auth]]` element.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthConfig {
+    /// Unique name, what routes refer to (the `auth` label of the metrics).
+    pub name: Spanned<String>,
+    /// The type and its keys.
+    pub kind: AuthKind,
+}
+
+/// An authenticator's type and its own keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AuthKind {
+    /// `type = "api_key"`.
+    ApiKey(ApiKeyConfig),
+}
+
+impl AuthKind {
+    /// The `type` as written.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            AuthKind::ApiKey(_) => "api_key",
+        }
+    }
+}
+
+/// `type = "api_key"`: keys from a header or the query, checked against stored hashes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The element's `name` (read by [`parse`]).
+    #[serde(rename = "name")]
+    _name: Spanned<String>,
+    /// The element's `type` (read by [`parse`]).
+    #[serde(rename = "type")]
+    _type: Spanned<String>,
+    /// Where the key is: `header:NAME` or `query:NAME`, one or a list tried in order;
+    /// default `header:x-api-key`.
+    #[serde(default)]
+    pub from: Option<Spanned<StringList>>,
+    /// Consumers and their keys' hashes: `[{ name = "acme", keys = ["sha256:HEX"] }]`.
+    #[serde(default)]
+    pub consumers: Vec<ConsumerConfig>,
+    /// A file of `NAME sha256:HEX` lines, re-read when it changes (relative to the config).
+    #[serde(default)]
+    pub keys_file: Option<Spanned<String>>,
+    /// Whether the upstream sees the key; default `false` (removed).
+    #[serde(default)]
+    pub forward_key: bool,
+}
+
+/// One consumer of an API-key authenticator.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// The name (`$consumer`).
+    pub name: Spanned<String>,
+    /// Its keys' hashes, `sha256:HEX` (`printf %s KEY | sha256sum`).
+    pub keys: Vec<Spanned<String>>,
+}
+
+/// One string or a list of them (`auth = "users"` or `auth = ["users", "partners"]`). A
+/// lone string takes the span of the field around it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StringList(pub Vec<Spanned<String>>);
+
+impl<'de> Deserialize<'de> for StringList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<StringList, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StringList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<StringList, E> {
+                Ok(StringList(vec![Spanned::new(0..0, s.to_owned())]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StringList, A::Error> {
+                let mut out = Vec::new();
+                while let Some(s) = seq.next_element::<Spanned<String>>()? {
+                    out.push(s);
+                }
+                Ok(StringList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl StringList {
+    /// Each string with its span (the list's own for a lone string).
+    pub fn items(list: &Spanned<StringList>) -> impl Iterator<Item = (Range<usize>, &str)> {
+        let outer = list.span();
+        list.get_ref().0.iter().map(move |s| {
+            let span = if s.span() == (0..0) {
+                outer.clone()
+            } else {
+                s.span()
+            };
+            (span, s.get_ref().as_str())
+        })
+    }
+}
+
+/// A problem: its span, the field after `auth[i].`, the message.
+pub type Problem = (Option<Range<usize>>, String, String);
+
+/// Deserializes one `[[auth]]` element by its `type`.
+pub(crate) fn parse(value: &Spanned<DeValue<'_>>) -> Result<AuthConfig, Problem> {
+    let de_problem = |e: toml::de::Error| -> Problem {
+        (
+            e.span().or(Some(value.span())),
+            String::new(),
+            e.message().trim_end().replace('\n', " "),
+        )
+    };
+    let table = value.get_ref();
+    if !table.is_table() {
+        return Err((
+            Some(value.span()),
+            String::new(),
+            "expected a table (`[[auth]]`)".into(),
+        ));
+    }
+    let name = match table.get("name") {
+        Some(n) => match n.get_ref().as_str() {
+            Some(s) => Spanned::new(n.span(), s.to_owned()),
+            None => return Err((Some(n.span()), ".name".into(), "expected a string".into())),
+        },
+        None => {
+            return Err((
+                Some(value.span()),
+                ".name".into(),
+                "missing field `name`".into(),
+            ));
+        }
+    };
+    let Some(kind) = table.get("type") else {
+        return Err((
+            Some(value.span()),
+            ".type".into(),
+            format!("missing field `type`, one of {}", list(TYPES)),
+        ));
+    };
+    let kind = match kind.get_ref().as_str() {
+        Some("api_key") => AuthKind::ApiKey(
+            ApiKeyConfig::deserialize(ValueDeserializer::from(value.clone()))
+                .map_err(de_problem)?,
+        ),
+        Some(other) => {
+            return Err((
+                Some(kind.span()),
+                ".type".into(),
+                format!("unknown type `{other}`, expected one of {}", list(TYPES)),
+            ));
+        }
+        None => {
+            return Err((
+                Some(kind.span()),
+                ".type".into(),
+                "expected a string".into(),
+            ));
+        }
+    };
+    Ok(AuthConfig { name, kind })
+}
+
+fn list(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|t| format!("`{t}`")).collect();
+    quoted.join(", ")
+}
+
+/// The sources an API key may come from.
+pub const API_KEY_SOURCES: &[&str] = &["header", "query"];
+
+impl ApiKeyConfig {
+    /// `from` parsed (empty: the default).
+    pub fn sources(&self) -> Vec<Source> {
+        self.from
+            .as_ref()
+            .map(|f| {
+                StringList::items(f)
+                    .filter_map(|(_, s)| Source::parse(s, API_KEY_SOURCES).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `keys_file` resolved against the config's directory.
+    pub fn keys_file(&self, base_dir: &Path) -> Option<std::path::PathBuf> {
+        self.keys_file.as_ref().map(|f| base_dir.join(f.get_ref()))
+    }
+
+    /// The inline consumers parsed (their hashes checked by [`AuthConfig::check`]).
+    pub fn consumers(&self) -> Vec<tailguard_auth::Consumer> {
+        self.consumers
+            .iter()
+            .map(|c| tailguard_auth::Consumer {
+                name: std::sync::Arc::from(c.name.get_ref().as_str()),
+                keys: c
+                    .keys
+                    .iter()
+                    .filter_map(|k| KeyHash::parse(k.get_ref()).ok())
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+impl AuthConfig {
+    /// This element's problems (`base_dir` resolves files, which are read to be checked).
+    pub fn check(&self, base_dir: &Path) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let name = self.name.get_ref();
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            out.push((
+                Some(self.name.span()),
+                ".name".into(),
+                format!("`{name}` is not a name (letters, digits, `-`, `_`, `.`)"),
+            ));
+        }
+        match &self.kind {
+            AuthKind::ApiKey(k) => k.check(base_dir, &mut out),
+        }
+        out
+    }
+}
+
+impl ApiKeyConfig {
+    fn check(&self, base_dir: &Path, out: &mut Vec<Problem>) {
+        if let Some(from) = &self.from {
+            if from.get_ref().0.is_empty() {
+                out.push((Some(from.span()), ".from".into(), "lists no source".into()));
+            }
+            for (span, s) in StringList::items(from) {
+                if let Err(m) = Source::parse(s, API_KEY_SOURCES) {
+                    out.push((Some(span), ".from".into(), m));
+                }
+            }
+        }
+        let mut seen = std::collections::HashMap::new();
+        let mut names = std::collections::HashSet::new();
+        for (j, c) in self.consumers.iter().enumerate() {
+            if !names.insert(c.name.get_ref().as_str()) {
+                out.push((
+                    Some(c.name.span()),
+                    format!(".consumers[{j}].name"),
+                    format!("duplicate consumer `{}`", c.name.get_ref()),
+                ));
+            }
+            if c.name.get_ref().is_empty() || c.name.get_ref().contains(char::is_whitespace) {
+                out.push((
+                    Some(c.name.span()),
+                    format!(".consumers[{j}].name"),
+                    "a consumer's name is one word".into(),
+                ));
+            }
+            for (k, key) in c.keys.iter().enumerate() {
+                match KeyHash::parse(key.get_ref()) {
+                    Ok(h) => {
+                        if let Some(other) = seen.insert(h, c.name.get_ref().clone()) {
+                            out.push((
+                                Some(key.span()),
+                                format!(".consumers[{j}].keys[{k}]"),
+                                format!("the same key as one of `{other}`'s"),
+                            ));
+                        }
+                    }
+                    Err(m) => out.push((Some(key.span()), format!(".consumers[{j}].keys[{k}]"), m)),
+                }
+            }
+        }
+        if let Some(f) = &self.keys_file
+            && let Some(path) = self.keys_file(base_dir)
+            && let Err(m) = tailguard_auth::api_key::read_keys_file(&path)
+        {
+            out.push((Some(f.span()), ".keys_file".into(), m));
+        }
+        if self.consumers.is_empty() && self.keys_file.is_none() {
+            out.push((
+                None,
+                String::new(),
+                "an `api_key` authenticator needs `consumers` or `keys_file`".into(),
+            ));
+        }
+    }
+}
