@@ -17,9 +17,9 @@
 //!
 //! The modules, as floors (each names only modules below it):
 //! - [`diagnostic`], [`limits`] (`[timeouts]`, `[limits]`), [`cidr`], [`dns`], [`health`],
-//!   [`rate_limit`], [`cors`], [`sni`], [`upstream_tls`], [`trace`] (`[tracing]`),
-//!   [`status`], [`auth`] (`[[auth]]`, a route's `auth`): one section or value each, with
-//!   its check;
+//!   [`rate_limit`], [`cors`], [`compress`], [`sni`], [`upstream_tls`], [`trace`]
+//!   (`[tracing]`), [`status`], [`auth`] (`[[auth]]`, a route's `auth`): one section or
+//!   value each, with its check;
 //! - [`error`], [`retry`], [`tls`], [`upstream`];
 //! - [`listener`], [`route`]: a listener and a route as written;
 //! - [`policy`] (a route's policy compiled and checked), [`access_log`],
@@ -84,6 +84,7 @@ pub mod access;
 pub mod access_log;
 pub mod auth;
 pub mod cidr;
+pub mod compress;
 pub mod cors;
 pub mod diagnostic;
 pub mod dns;

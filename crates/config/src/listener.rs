@@ -1,8 +1,9 @@
-//! `[[listeners]]`: a listening socket, its TLS, its own access log and rate limit.
+//! `[[listeners]]`: a listening socket, its TLS, its own access log, rate limit and compression.
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::compress::CompressConfig;
 use crate::rate_limit::RateLimitConfig;
 use crate::tls::{ListenerTls, TlsVersion};
 
@@ -33,6 +34,9 @@ pub struct ListenerConfig {
     /// A rate limit on everything this listener serves, checked before routing.
     #[serde(default)]
     pub rate_limit: Option<RateLimitConfig>,
+    /// Response compression for every route it serves that has no `compress` of its own.
+    #[serde(default)]
+    pub compress: Option<Spanned<CompressConfig>>,
 }
 
 impl ListenerConfig {

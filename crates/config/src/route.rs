@@ -1,11 +1,12 @@
 //! `[[routes]]` as written: what a route matches (path, host, method, headers), where it
 //! sends a request (an upstream) or how it answers by itself (a redirect, a static
 //! response), and the policy fields its policy is compiled from (rewrites, header
-//! operations), its own timeouts, retries, rate limit and CORS.
+//! operations), its own timeouts, retries, rate limit, CORS and compression.
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::compress::CompressConfig;
 use crate::cors::CorsConfig;
 use crate::rate_limit::RateLimitConfig;
 use crate::retry::{RetryConfig, RouteTimeouts};
@@ -98,6 +99,10 @@ pub struct RouteConfig {
     /// ([`crate::cors`]).
     #[serde(default)]
     pub cors: Option<Spanned<CorsConfig>>,
+    /// Response compression negotiated from `Accept-Encoding` ([`crate::compress`]); it
+    /// replaces the listener's `compress`, if any, for this route's responses.
+    #[serde(default)]
+    pub compress: Option<Spanned<CompressConfig>>,
     /// Forward a request as soon as its head is routed, before its body's first bytes
     /// arrive (streaming uploads; gRPC calls always are). Otherwise a request with a body is
     /// held until its first bytes or its end, up to `timeouts.body_ms`, before an upstream is

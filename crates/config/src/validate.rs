@@ -78,6 +78,15 @@ pub(crate) fn validate(
                 d.push(span, format!("listeners[{i}].rate_limit.{field}"), message);
             }
         }
+        if let Some(compress) = &l.compress {
+            for (span, field, message) in compress.get_ref().check() {
+                d.push(
+                    span.or(Some(compress.span())),
+                    format!("listeners[{i}].compress.{field}"),
+                    message,
+                );
+            }
+        }
         for p in tls::check(
             &config.base_dir,
             i,
@@ -293,6 +302,15 @@ pub(crate) fn validate(
         }
         for (span, field, message) in r.access().check() {
             d.push(span, format!("routes[{i}].{field}"), message);
+        }
+        if let Some(compress) = &r.compress {
+            for (span, field, message) in compress.get_ref().check() {
+                d.push(
+                    span.or(Some(compress.span())),
+                    format!("routes[{i}].compress.{field}"),
+                    message,
+                );
+            }
         }
         if let Some(cors) = &r.cors {
             for (span, field, message) in cors.get_ref().check() {

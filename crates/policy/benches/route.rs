@@ -28,6 +28,7 @@ fn route(id: String, host: HostMatch, path: PathMatch) -> Route {
         tries: Default::default(),
         cors: None,
         access: None,
+        compress: None,
     }
 }
 

@@ -19,12 +19,16 @@
 //!
 //! - [`cors`] decides per request from a route's compiled `Cors`: a preflight's answer,
 //!   and the fields an actual response gets for the request's `Origin` ([`cors::Actual`]).
+//! - [`compress`] decides per request from a route's or listener's compiled `Compress`:
+//!   the coding `Accept-Encoding` picks, whether the response is compressed (the skip
+//!   rules), and its fields then.
 //!
 //! - [`access::AccessList`] is a route's or a listener's `allow` / `deny`, checked against
 //!   [`access::client_ip`] (the peer, or behind trusted proxies the forwarded address).
 //!
 //! The modules, as floors (each names only modules below it): [`access`], [`retry_policy`],
-//! [`rate_limit`], [`cors`]; [`route`]; [`policy`], [`overload`]; [`admission`].
+//! [`rate_limit`], [`cors`], [`compress`]; [`route`]; [`policy`], [`overload`];
+//! [`admission`].
 //!
 //! Routes from a config, matched against request heads:
 //!
@@ -70,6 +74,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod compress;
 pub mod cors;
 pub mod overload;
 pub mod policy;

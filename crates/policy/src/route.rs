@@ -52,6 +52,9 @@ pub struct Route {
     pub cors: Option<Box<tailguard_config::cors::Cors>>,
     /// `allow` / `deny` (`None`: every address may call).
     pub access: Option<Box<crate::access::AccessList>>,
+    /// Response compression (`None`: the listener's, if it has one). Shared: a request
+    /// that may be compressed holds it until its response head is decided.
+    pub compress: Option<std::sync::Arc<tailguard_config::compress::Compress>>,
 }
 
 impl Route {
@@ -109,6 +112,11 @@ impl Route {
                 .and_then(|c| c.get_ref().compile().ok())
                 .map(Box::new),
             access: crate::access::AccessList::build(config.access()).map(Box::new),
+            compress: config
+                .compress
+                .as_ref()
+                .and_then(|c| c.get_ref().compile().ok())
+                .map(std::sync::Arc::new),
         }
     }
 

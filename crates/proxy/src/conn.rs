@@ -28,6 +28,8 @@ pub(crate) struct ConnCtx {
     pub(crate) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
     /// The listener's `allow` / `deny`, if it has them.
     pub(crate) access: Option<Arc<tailguard_policy::access::AccessList>>,
+    /// The listener's compression, for routes without their own.
+    pub(crate) compress: Option<Arc<tailguard_policy::compress::Compress>>,
     /// The in-flight requests of the client's address, all its connections together.
     pub(crate) in_flight: Arc<crate::clients::Client>,
 }

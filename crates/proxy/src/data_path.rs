@@ -56,7 +56,7 @@ use tailguard_http::headers;
 use tailguard_http1::timer::LazyTimer;
 use tailguard_policy::access::{self, AccessList};
 use tailguard_policy::admission::{self, AdmitGuard};
-use tailguard_policy::cors;
+use tailguard_policy::{compress, cors};
 
 use crate::conn::{ConnCtx, Held};
 use crate::finish::Finish;
@@ -212,6 +212,20 @@ pub(crate) async fn serve(
         let c = held.snapshot().router.get(r).cors.as_deref()?;
         Some(cors::Actual::of(c, req.headers()))
     });
+    // Compression: what the request accepts, decided from its head now (the route's
+    // `compress`, else its listener's); whether its response is compressed is decided when
+    // the upstream's head comes.
+    let compressing = route.and_then(|r| {
+        let c = held
+            .snapshot()
+            .router
+            .get(r)
+            .compress
+            .as_ref()
+            .or(conn.compress.as_ref())?;
+        let asked = compress::asked(c, req.method(), req.headers())?;
+        Some((Arc::clone(c), asked))
+    });
     let mut resp = 'answer: {
         // By address: the route's lists, before its rate limit (a refused client spends
         // none of it) and before anything that would ask for credentials.
@@ -340,6 +354,9 @@ pub(crate) async fn serve(
             }
         }
     };
+    if let Some((c, asked)) = &compressing {
+        apply_compress(c, *asked, &mut resp);
+    }
     if let Some(fields) = &cors_fields {
         apply_cors(fields, &mut resp);
     }
@@ -414,6 +431,46 @@ async fn authenticate(
         }
         Decision::Refused { refusal, .. } => Some(refusal),
     }
+}
+
+/// Decides an upstream's response's compression (`tailguard_policy::compress::respond`)
+/// and, when compressed, has its body go through an encoder. An HTTP/1.1 upstream's fields
+/// kept as lines are moved into the map first: the skip rules read several of them and the
+/// fields change. A local answer or an error's is never compressed.
+fn apply_compress(
+    c: &compress::Compress,
+    asked: compress::Asked,
+    resp: &mut Response<ResponseBody>,
+) {
+    use tailguard_http1::server::OutgoingBody as _;
+    if !resp.body().is_upstream() {
+        return;
+    }
+    if resp.body().raw_fields().is_some() {
+        let mut map = std::mem::take(resp.headers_mut());
+        resp.body_mut().fields_into(&mut map);
+        *resp.headers_mut() = map;
+    }
+    let length = http_body::Body::size_hint(resp.body())
+        .exact()
+        .or_else(|| compress::length_of(resp.headers()));
+    let mut decision = compress::decide(c, asked, resp.status(), resp.headers(), length);
+    if let compress::Decision::Compress(how) = decision {
+        let algorithm = match how.coding {
+            compress::Coding::Gzip => tailguard_compress::Algorithm::Gzip,
+            compress::Coding::Br => tailguard_compress::Algorithm::Br,
+            compress::Coding::Zstd => tailguard_compress::Algorithm::Zstd,
+        };
+        match tailguard_compress::Encoder::new(algorithm, c.level(how.coding), length) {
+            Ok(encoder) => resp.body_mut().compress(encoder, how.flush),
+            Err(e) => {
+                // zstd could not make its context (out of memory): sent as it is.
+                tracing::warn!(target: "tailguard::request", "no encoder: {e}");
+                decision = compress::Decision::Vary;
+            }
+        }
+    }
+    compress::rewrite(resp.headers_mut(), decision);
 }
 
 /// Writes an actual request's CORS fields into its response. An HTTP/1.1 upstream's fields

@@ -42,7 +42,7 @@
 //!     "gw.toml:8:1: routes[0]: unknown field `bogus`, expected one of `id`, `upstream`, \
 //!      `priority`, `host`, `path`, `method`, `headers`, `host_rewrite`, `rewrite`, \
 //!      `redirect`, `respond`, `request_headers`, `response_headers`, `timeouts`, `retry`, \
-//!      `allow`, `deny`, `rate_limit`, `tracing`, `cors`, `stream_request`, `auth`"
+//!      `allow`, `deny`, `rate_limit`, `tracing`, `cors`, `compress`, `stream_request`, `auth`"
 //! );
 //! ```
 

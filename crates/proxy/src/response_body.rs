@@ -1,6 +1,6 @@
 //! The response body sent downstream: the upstream's body streamed as it arrives (HTTP/1.1
-//! or HTTP/2), or a local answer; it counts bytes out and, when it ends, finishes the
-//! request record.
+//! or HTTP/2), or a local answer, compressed frame by frame when the route compresses it;
+//! it counts bytes out and, when it ends, finishes the request record.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -8,6 +8,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use tailguard_compress::Encoder;
 use tailguard_http::body::{H2Body, RequestBody};
 use tailguard_http::error::Error;
 use tailguard_http1::client::{RawFields, UpstreamBody};
@@ -31,6 +32,19 @@ enum Source {
 pub struct ResponseBody {
     source: Source,
     finish: Option<Finish>,
+    /// Compressing: the encoder the source's data goes through (boxed: most responses are
+    /// not compressed, and the body stays small for them).
+    encoding: Option<Box<Encoding>>,
+}
+
+/// A compressed body's encoder and what it holds back.
+#[derive(Debug)]
+struct Encoding {
+    encoder: Encoder,
+    /// Flush after every frame (an event stream: each event goes out as it comes).
+    flush: bool,
+    /// The source's trailers, sent after the encoder's last bytes.
+    trailers: Option<http::HeaderMap>,
 }
 
 impl ResponseBody {
@@ -43,6 +57,7 @@ impl ResponseBody {
         ResponseBody {
             source: Source::Upstream(first, body),
             finish,
+            encoding: None,
         }
     }
 
@@ -51,6 +66,7 @@ impl ResponseBody {
         ResponseBody {
             source: Source::UpstreamH2(Box::new(body)),
             finish,
+            encoding: None,
         }
     }
 
@@ -59,6 +75,7 @@ impl ResponseBody {
         ResponseBody {
             source: Source::Local(None),
             finish,
+            encoding: None,
         }
     }
 
@@ -67,7 +84,23 @@ impl ResponseBody {
         ResponseBody {
             source: Source::Local(Some(body)),
             finish,
+            encoding: None,
         }
+    }
+
+    /// Compresses the rest of the body with `encoder` (its head says so already), flushing
+    /// after every frame when `flush`.
+    pub(crate) fn compress(&mut self, encoder: Encoder, flush: bool) {
+        self.encoding = Some(Box::new(Encoding {
+            encoder,
+            flush,
+            trailers: None,
+        }));
+    }
+
+    /// The body streams an upstream's (not a local answer or an error's).
+    pub(crate) fn is_upstream(&self) -> bool {
+        !matches!(self.source, Source::Local(_))
     }
 
     fn count(&mut self, n: usize) {
@@ -134,16 +167,12 @@ impl ResponseBody {
     }
 }
 
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        let this = &mut *self;
-        let polled = match &mut this.source {
+impl ResponseBody {
+    /// The source's next frame, as it is (a gRPC stream the upstream broke ends in trailers
+    /// here).
+    fn poll_source(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = self;
+        match &mut this.source {
             Source::Local(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
             Source::Upstream(first, body) => match first.take() {
                 Some(frame) => Poll::Ready(Some(Ok(frame))),
@@ -179,6 +208,83 @@ impl Body for ResponseBody {
                     _ => Poll::Ready(polled),
                 }
             }
+        }
+    }
+
+    /// The next frame of a compressed body: the source's data through the encoder (polled
+    /// again while the encoder keeps what it was given), its last bytes when the source
+    /// ends, then the source's trailers.
+    fn poll_encoded(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        loop {
+            let encoding = self
+                .encoding
+                .as_mut()
+                .expect("only called while compressing");
+            if encoding.encoder.is_finished() {
+                return Poll::Ready(encoding.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            let (frame, ended) = match ready!(self.poll_source(cx)) {
+                Some(Ok(frame)) => (frame, self.source_ended()),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => (Frame::data(Bytes::new()), true),
+            };
+            let encoding = self
+                .encoding
+                .as_mut()
+                .expect("only called while compressing");
+            let out = match frame.into_data() {
+                Ok(data) => {
+                    let end = if ended {
+                        tailguard_compress::End::Finish
+                    } else if encoding.flush {
+                        tailguard_compress::End::Flush
+                    } else {
+                        tailguard_compress::End::No
+                    };
+                    encoding.encoder.encode(&data, end)
+                }
+                Err(frame) => {
+                    encoding.trailers = frame.into_trailers().ok();
+                    encoding
+                        .encoder
+                        .encode(&[], tailguard_compress::End::Finish)
+                }
+            };
+            match out {
+                Ok(out) if out.is_empty() => {}
+                Ok(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
+                Err(e) => {
+                    return Poll::Ready(Some(Err(Error::Internal(format!(
+                        "compressing the response: {e}"
+                    )))));
+                }
+            }
+        }
+    }
+
+    /// The source has no more frames.
+    fn source_ended(&self) -> bool {
+        match &self.source {
+            Source::Local(b) => b.is_none(),
+            Source::Upstream(first, b) => first.is_none() && b.is_end_stream(),
+            Source::UpstreamH2(b) => b.is_end_stream(),
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        let polled = if this.encoding.is_some() {
+            this.poll_encoded(cx)
+        } else {
+            this.poll_source(cx)
         };
         match ready!(polled) {
             Some(Ok(frame)) => {
@@ -204,14 +310,18 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.source {
-            Source::Local(b) => b.is_none(),
-            Source::Upstream(first, b) => first.is_none() && b.is_end_stream(),
-            Source::UpstreamH2(b) => b.is_end_stream(),
+        match &self.encoding {
+            // Its last bytes are out only once the encoder finished.
+            Some(e) => e.encoder.is_finished() && e.trailers.is_none(),
+            None => self.source_ended(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.encoding.is_some() {
+            // A compressed length is known only at its end.
+            return SizeHint::new();
+        }
         match &self.source {
             Source::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Source::Upstream(first, b) => {

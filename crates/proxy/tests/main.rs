@@ -3,6 +3,7 @@
 mod access;
 mod auth;
 mod client_bounds;
+mod compress;
 mod config;
 mod conformance;
 mod cors;

@@ -86,6 +86,7 @@ fn route() -> impl Strategy<Value = Route> {
             tries: Default::default(),
             cors: None,
             access: None,
+            compress: None,
         })
 }
 
@@ -157,6 +158,7 @@ fn a_large_table_matches_like_the_scan() {
             tries: Default::default(),
             cors: None,
             access: None,
+            compress: None,
         })
         .collect();
     let router = Router::new(routes);

@@ -137,6 +137,7 @@ fn conn_ctx(gateway: &Gateway, settings: &Settings, remote: SocketAddr) -> Arc<C
         access_log: settings.access_log.clone(),
         rate_limit: settings.rate_limit.clone(),
         access: settings.access.clone(),
+        compress: settings.compress.clone(),
         in_flight: gateway.clients().client(remote.ip()),
     })
 }

@@ -1,5 +1,6 @@
 //! What a listener serves new connections with ([`Settings`]: TLS, HTTP/1.1 and HTTP/2
-//! limits, access log, rate limit, allow/deny), built from a config at start and on each reload.
+//! limits, access log, rate limit, allow/deny, compression), built from a config at start and
+//! on each reload.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,8 @@ pub(super) struct Settings {
     pub(super) rate_limit: Option<Arc<tailguard_policy::rate_limit::Limiter>>,
     /// The listener's `allow` / `deny`, if it has them.
     pub(super) access: Option<Arc<tailguard_policy::access::AccessList>>,
+    /// The listener's compression, for its routes without their own.
+    pub(super) compress: Option<Arc<tailguard_policy::compress::Compress>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -116,6 +119,12 @@ pub(super) fn settings(
                 access_log,
                 rate_limit,
                 access: tailguard_policy::access::AccessList::build(listener.access())
+                    .map(Arc::new),
+                // The config was validated, so it compiles.
+                compress: listener
+                    .compress
+                    .as_ref()
+                    .and_then(|c| c.get_ref().compile().ok())
                     .map(Arc::new),
             })
         })
