@@ -209,7 +209,7 @@ impl RateLimitConfig {
                 format!("{} is outside 1..={MAX_BURST}", burst.get_ref()),
             ));
         }
-        if self.burst.is_none() && rate > MAX_BURST {
+        if self.burst.is_none() && rate > MAX_BURST && !self.is_global() {
             out.push((
                 Some(self.rate.span()),
                 "burst",

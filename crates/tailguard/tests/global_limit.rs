@@ -305,7 +305,12 @@ on_redis_error = "panic"
     let good = write(
         dir.path(),
         "good.toml",
-        &config("redis://127.0.0.1:6379", 10, "on_redis_error = \"deny\""),
+        // A global limit has no burst, so a rate above the largest burst needs none.
+        &config(
+            "redis://127.0.0.1:6379",
+            5_000_000,
+            "on_redis_error = \"deny\"",
+        ),
     );
     let (code, _, stderr) = check(&good);
     assert_eq!(code, 0, "{stderr}");
