@@ -1,8 +1,8 @@
+use crate::codec::held::Held;
 use crate::frame::{self, Frame, Kind, Reason};
 use crate::frame::{
     DEFAULT_MAX_FRAME_SIZE, DEFAULT_SETTINGS_HEADER_TABLE_SIZE, MAX_MAX_FRAME_SIZE,
 };
-use crate::codec::held::Held;
 use crate::proto::Error;
 
 use crate::hpack;

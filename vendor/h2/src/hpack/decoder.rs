@@ -158,7 +158,9 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // tailguard: taken for a header block with Huffman strings only
+            // (`decode_string`), released after it (`decode`).
+            buffer: BytesMut::new(),
         }
     }
 
@@ -174,7 +176,20 @@ impl Decoder {
     }
 
     /// Decodes the headers found in the given buffer.
-    pub fn decode<F>(
+    pub fn decode<F>(&mut self, src: &mut Cursor<&mut BytesMut>, f: F) -> Result<(), DecoderError>
+    where
+        F: FnMut(Header) -> ControlFlow<()>,
+    {
+        let decoded = self.decode_block(src, f);
+        // tailguard: the Huffman scratch buffer goes with the block: the
+        // strings decoded into it keep their parts alive as long as they need.
+        if self.buffer.capacity() != 0 {
+            self.buffer = BytesMut::new();
+        }
+        decoded
+    }
+
+    fn decode_block<F>(
         &mut self,
         src: &mut Cursor<&mut BytesMut>,
         mut f: F,
@@ -215,7 +230,8 @@ impl Decoder {
                     let entry = self.decode_literal(src, true)?;
 
                     // Insert the header into the table
-                    self.table.insert(entry.clone());
+                    // tailguard: a copy of its own (`Header::detached`).
+                    self.table.insert(entry.detached());
                     consume(src);
 
                     if f(entry).is_break() {
@@ -333,6 +349,10 @@ impl Decoder {
 
         let offset = (buf.position() - old_pos) as usize;
         if huff {
+            // tailguard: the scratch buffer is released after each block.
+            if self.buffer.capacity() == 0 {
+                self.buffer.reserve(4096);
+            }
             let ret = {
                 let raw = &buf.chunk()[..len];
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {

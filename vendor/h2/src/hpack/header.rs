@@ -102,6 +102,31 @@ impl Header {
         }
     }
 
+    /// tailguard: the same header with its value in an allocation of its own.
+    /// A decoded value can be a view of the frame's read buffer or of the
+    /// Huffman scratch buffer, an encoded one of whatever buffer the caller's
+    /// `HeaderValue` came from (an HTTP/1.1 response head). In a dynamic table
+    /// such a view keeps that whole buffer alive as long as the entry lives:
+    /// on an idle connection, for good.
+    pub fn detached(&self) -> Header {
+        match self {
+            Header::Field { name, value } => {
+                let copy = Bytes::copy_from_slice(value.as_bytes());
+                let mut copy =
+                    HeaderValue::from_maybe_shared(copy).unwrap_or_else(|_| value.clone());
+                copy.set_sensitive(value.is_sensitive());
+                Header::Field {
+                    name: name.clone(),
+                    value: copy,
+                }
+            }
+            Header::Authority(v) => Header::Authority(BytesStr::from(v.as_str())),
+            Header::Scheme(v) => Header::Scheme(BytesStr::from(v.as_str())),
+            Header::Path(v) => Header::Path(BytesStr::from(v.as_str())),
+            other => other.clone(),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match *self {
             Header::Field {

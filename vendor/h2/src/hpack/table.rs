@@ -339,7 +339,8 @@ impl Table {
 
         self.slots.push_front(Slot {
             hash,
-            header,
+            // tailguard: a copy of its own (`Header::detached`).
+            header: header.detached(),
             next: None,
         });
     }
