@@ -12,7 +12,9 @@
 //! - [`Authenticate`], [`AuthRequest`] ([`authenticate`]): the interface every type
 //!   implements;
 //! - [`keys`], [`watch`]: stored key hashes, and files re-read off the request path;
-//! - the types: [`ApiKey`] ([`api_key`]);
+//!   [`htpasswd`]: an htpasswd file's users and their hashes; [`hash_pool`]: the bounded
+//!   pool of low-priority threads that checks slow password hashes;
+//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]);
 //! - [`AuthMetrics`] ([`metrics`]) and [`Gate`] ([`gate`]): a route's authenticators, tried
 //!   in order until one accepts, counted once per request.
 //!
@@ -80,7 +82,10 @@
 
 pub mod api_key;
 pub mod authenticate;
+pub mod basic;
 pub mod gate;
+pub mod hash_pool;
+pub mod htpasswd;
 pub mod keys;
 pub mod metrics;
 pub mod outcome;
@@ -90,6 +95,7 @@ pub mod watch;
 
 pub use api_key::{ApiKey, ApiKeySettings};
 pub use authenticate::{AuthRequest, Authenticate};
+pub use basic::{Basic, BasicSettings};
 pub use gate::{Check, Decision, Gate, PendingCheck};
 pub use keys::{Consumer, KeyHash, KeyTable};
 pub use metrics::{AuthMetrics, ResultCounters};

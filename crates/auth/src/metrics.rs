@@ -22,7 +22,7 @@ impl AuthMetrics {
                  (the one that accepted, or the one whose refusal was answered) and the \
                  result (one of a fixed set: ok, missing, invalid, invalid_signature, \
                  expired, not_yet_valid, wrong_issuer, wrong_audience, missing_claim, \
-                 unknown_key, refused, auth_service_error).",
+                 unknown_key, refused, auth_service_error, busy).",
                 &["route", "auth", "result"],
             )?,
         })

@@ -32,11 +32,13 @@ pub enum AuthResult {
     Refused,
     /// The auth service (forward auth) failed or timed out: `503`, never let through.
     AuthServiceError,
+    /// The check could not be run now: the password-hash pool's queue was full (`503`).
+    Busy,
 }
 
 impl AuthResult {
     /// Every result, in label order (metric handles are made for each at load).
-    pub const ALL: [AuthResult; 12] = [
+    pub const ALL: [AuthResult; 13] = [
         AuthResult::Ok,
         AuthResult::Missing,
         AuthResult::Invalid,
@@ -49,6 +51,7 @@ impl AuthResult {
         AuthResult::UnknownKey,
         AuthResult::Refused,
         AuthResult::AuthServiceError,
+        AuthResult::Busy,
     ];
 
     /// The label value, also what `$auth_result` prints.
@@ -66,6 +69,7 @@ impl AuthResult {
             AuthResult::UnknownKey => "unknown_key",
             AuthResult::Refused => "refused",
             AuthResult::AuthServiceError => "auth_service_error",
+            AuthResult::Busy => "busy",
         }
     }
 

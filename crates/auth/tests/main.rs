@@ -1,1 +1,2 @@
 //! The integration tests of tailguard-auth.
+mod basic;

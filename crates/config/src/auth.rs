@@ -13,7 +13,7 @@ use toml::Spanned;
 use toml::de::{DeValue, ValueDeserializer};
 
 /// The `type`s this build knows, as the error for an unknown one lists them.
-pub const TYPES: &[&str] = &["api_key"];
+pub const TYPES: &[&str] = &["api_key", "basic"];
 
 /// One `[[auth]]` element.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,8 @@ pub struct AuthConfig {
 pub enum AuthKind {
     /// `type = "api_key"`.
     ApiKey(ApiKeyConfig),
+    /// `type = "basic"`.
+    Basic(BasicConfig),
 }
 
 impl AuthKind {
@@ -36,6 +38,7 @@ impl AuthKind {
     pub fn type_name(&self) -> &'static str {
         match self {
             AuthKind::ApiKey(_) => "api_key",
+            AuthKind::Basic(_) => "basic",
         }
     }
 }
@@ -63,6 +66,89 @@ pub struct ApiKeyConfig {
     /// Whether the upstream sees the key; default `false` (removed).
     #[serde(default)]
     pub forward_key: bool,
+}
+
+/// `type = "basic"`: HTTP Basic against an htpasswd file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicConfig {
+    /// The element's `name` (read by [`parse`]).
+    #[serde(rename = "name")]
+    _name: Spanned<String>,
+    /// The element's `type` (read by [`parse`]).
+    #[serde(rename = "type")]
+    _type: Spanned<String>,
+    /// The htpasswd file (relative to the config), re-read when it changes.
+    pub htpasswd: Spanned<String>,
+    /// The realm of the challenge; default the authenticator's name.
+    #[serde(default)]
+    pub realm: Option<Spanned<String>>,
+    /// How long a success is remembered per serving thread, seconds (0: never); default 60.
+    #[serde(default = "default_remember_s")]
+    pub remember_s: Spanned<u64>,
+    /// Threads checking password hashes, 1..=4; default 1.
+    #[serde(default = "default_workers")]
+    pub workers: Spanned<usize>,
+    /// Checks that may wait for a thread, 1..=4096; beyond it `503`. Default 32.
+    #[serde(default = "default_queue")]
+    pub queue: Spanned<usize>,
+    /// Whether the upstream sees the `Authorization` header; default `false` (removed).
+    #[serde(default)]
+    pub forward_credentials: bool,
+}
+
+fn default_remember_s() -> Spanned<u64> {
+    // A minute: a browser or a script sends the same credentials with every request; a
+    // password changed in the file still stops working at once (a new file forgets).
+    Spanned::new(0..0, 60)
+}
+
+fn default_workers() -> Spanned<usize> {
+    // One: a bcrypt check is single-threaded CPU work; more threads take more of the cores
+    // the serving threads use, for a flood's sake.
+    Spanned::new(0..0, 1)
+}
+
+fn default_queue() -> Spanned<usize> {
+    // 32 checks: ~0.1 s of waiting at bcrypt cost 5 on one thread; a longer queue only
+    // makes a legitimate user wait behind a flood instead of being told to retry.
+    Spanned::new(0..0, 32)
+}
+
+impl BasicConfig {
+    /// `htpasswd` resolved against the config's directory.
+    pub fn htpasswd(&self, base_dir: &Path) -> std::path::PathBuf {
+        base_dir.join(self.htpasswd.get_ref())
+    }
+
+    fn check(&self, base_dir: &Path, out: &mut Vec<Problem>) {
+        if let Err(m) = tailguard_auth::basic::read_htpasswd(&self.htpasswd(base_dir)) {
+            out.push((Some(self.htpasswd.span()), ".htpasswd".into(), m));
+        }
+        if *self.remember_s.get_ref() > 3600 {
+            out.push((
+                Some(self.remember_s.span()),
+                ".remember_s".into(),
+                "at most 3600 (an hour)".into(),
+            ));
+        }
+        if !(1..=4).contains(self.workers.get_ref()) {
+            out.push((Some(self.workers.span()), ".workers".into(), "1..=4".into()));
+        }
+        if !(1..=4096).contains(self.queue.get_ref()) {
+            out.push((Some(self.queue.span()), ".queue".into(), "1..=4096".into()));
+        }
+        if let Some(realm) = &self.realm
+            && (realm.get_ref().contains(['"', '\\'])
+                || realm.get_ref().chars().any(char::is_control))
+        {
+            out.push((
+                Some(realm.span()),
+                ".realm".into(),
+                "no `\"`, `\\` or control characters (it is quoted in `WWW-Authenticate`)".into(),
+            ));
+        }
+    }
 }
 
 /// One consumer of an API-key authenticator.
@@ -163,6 +249,9 @@ pub(crate) fn parse(value: &Spanned<DeValue<'_>>) -> Result<AuthConfig, Problem>
             ApiKeyConfig::deserialize(ValueDeserializer::from(value.clone()))
                 .map_err(de_problem)?,
         ),
+        Some("basic") => AuthKind::Basic(
+            BasicConfig::deserialize(ValueDeserializer::from(value.clone())).map_err(de_problem)?,
+        ),
         Some(other) => {
             return Err((
                 Some(kind.span()),
@@ -241,6 +330,7 @@ impl AuthConfig {
         }
         match &self.kind {
             AuthKind::ApiKey(k) => k.check(base_dir, &mut out),
+            AuthKind::Basic(b) => b.check(base_dir, &mut out),
         }
         out
     }

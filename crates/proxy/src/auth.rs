@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tailguard_auth::{ApiKey, ApiKeySettings, AuthMetrics, Authenticate, Gate};
+use tailguard_auth::{
+    ApiKey, ApiKeySettings, AuthMetrics, Authenticate, Basic, BasicSettings, Gate,
+};
 use tailguard_config::Config;
 use tailguard_config::auth::{AuthConfig, AuthKind, StringList};
 use tailguard_http::error::Error;
@@ -93,6 +95,21 @@ fn build_one(config: &Config, a: &AuthConfig) -> Result<Arc<dyn Authenticate>, E
                 consumers: k.consumers(),
                 keys_file: k.keys_file(&config.base_dir),
                 forward_key: k.forward_key,
+            })
+            .map_err(fail)?,
+        ),
+        AuthKind::Basic(b) => Arc::new(
+            Basic::build(BasicSettings {
+                name: name.clone(),
+                htpasswd: b.htpasswd(&config.base_dir),
+                realm: b
+                    .realm
+                    .as_ref()
+                    .map_or_else(|| name.clone(), |r| r.get_ref().clone()),
+                remember: std::time::Duration::from_secs(*b.remember_s.get_ref()),
+                workers: *b.workers.get_ref(),
+                queue: *b.queue.get_ref(),
+                forward_credentials: b.forward_credentials,
             })
             .map_err(fail)?,
         ),

@@ -2,6 +2,7 @@
 
 mod access;
 mod auth;
+mod auth_basic;
 mod client_bounds;
 mod compress;
 mod config;
