@@ -259,6 +259,8 @@ pub struct GlobalTable {
     shard_cap: usize,
     fleet: Arc<Fleet>,
     evictions: AtomicU64,
+    /// The shard the next sync's refresh of quiet keys starts at.
+    cursor: std::sync::atomic::AtomicUsize,
     /// `tailguard_rate_limit_evictions_total` of the limit.
     evicted: Option<Counter>,
 }
@@ -297,6 +299,7 @@ impl GlobalTable {
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
             fleet: Arc::clone(fleet),
             evictions: AtomicU64::new(0),
+            cursor: std::sync::atomic::AtomicUsize::new(0),
             evicted,
         });
         fleet.register(&table);
@@ -409,11 +412,43 @@ impl GlobalTable {
         2 * self.window_ms + 1000
     }
 
-    /// Takes every key with requests since the last sync into `out`: what each sends.
-    pub fn take_dirty(&self, out: &mut Vec<Pending>) {
-        for (index, shard) in self.shards.iter().enumerate() {
-            let mut shard = lock(shard);
+    /// Takes every key with requests since the last sync into `out` (what each sends), then
+    /// up to `*refresh` keys without requests that are live in `window` or the one before
+    /// (their totals only read), lowering `*refresh` by as many: a gateway that sees a key
+    /// rarely would otherwise judge its next request on the totals of its last one, however
+    /// old (the overshoot that left 1,000 keys of 6 a minute admitting 6-8). The refresh
+    /// starts where the last one stopped, so every live key is read in turn when there are
+    /// more than the budget.
+    pub fn take_dirty(&self, out: &mut Vec<Pending>, window: u64, refresh: &mut usize) {
+        let start = self.cursor.load(Ordering::Relaxed);
+        let mut next_cursor = None;
+        for k in 0..SHARDS {
+            let index = (start + k) % SHARDS;
+            let mut shard = lock(&self.shards[index]);
             let shard = &mut *shard;
+            // Quiet live keys first: those with requests are on the dirty list, taken next.
+            if *refresh == 0 {
+                next_cursor.get_or_insert(index);
+            } else {
+                for (&hash, e) in shard.entries.iter_mut() {
+                    if e.dirty || e.window + 1 < window {
+                        continue;
+                    }
+                    if *refresh == 0 {
+                        next_cursor.get_or_insert(index);
+                        break;
+                    }
+                    *refresh -= 1;
+                    e.roll(window);
+                    out.push(Pending {
+                        shard: index,
+                        hash,
+                        stable: e.stable,
+                        window: e.window,
+                        sent: e.unsent,
+                    });
+                }
+            }
             for hash in shard.dirty.drain(..) {
                 if let Some(e) = shard.entries.get_mut(&hash) {
                     e.dirty = false;
@@ -427,6 +462,8 @@ impl GlobalTable {
                 }
             }
         }
+        self.cursor
+            .store(next_cursor.unwrap_or(start), Ordering::Relaxed);
     }
 
     /// Stores what Redis answered for `p`: the totals of its window and the one before.
@@ -518,7 +555,7 @@ mod tests {
     /// Sends every dirty key to a fake Redis (`store`), as the sync thread does.
     fn sync(t: &GlobalTable, store: &mut HashMap<String, u64>) {
         let mut out = Vec::new();
-        t.take_dirty(&mut out);
+        t.take_dirty(&mut out, 0, &mut 0);
         for p in &out {
             let cur = t.redis_key(p.stable, p.window);
             let prev = t.redis_key(p.stable, p.window.wrapping_sub(1));
@@ -613,13 +650,50 @@ mod tests {
     }
 
     #[test]
+    fn quiet_keys_are_refreshed_so_a_rare_request_sees_the_fleet() {
+        let mut store = HashMap::new();
+        let start = 400 * MINUTE;
+        let a = table(6, MINUTE, &Arc::default());
+        let b = table(6, MINUTE, &Arc::default());
+        // b saw the key once, early; a then uses up the limit.
+        assert_eq!(admitted(&b, b"k", 1, start), 1);
+        sync(&b, &mut store);
+        // a had never synced the key: its empty view admits all 6 (the overshoot of a
+        // gateway new to a key).
+        assert_eq!(admitted(&a, b"k", 10, start + 1000), 6);
+        sync(&a, &mut store);
+        // A sync of b with a refresh budget reads the key although b had no request.
+        let mut out = Vec::new();
+        let mut budget = 10;
+        b.take_dirty(&mut out, 400, &mut budget);
+        assert_eq!((out.len(), budget), (1, 9));
+        for p in &out {
+            let cur = b.redis_key(p.stable, p.window);
+            let prev = b.redis_key(p.stable, p.window - 1);
+            b.apply(p, [store[&cur], store.get(&prev).copied().unwrap_or(0)]);
+        }
+        assert_eq!(
+            admitted(&b, b"k", 3, start + 2000),
+            0,
+            "b knows the key is used up"
+        );
+        // Keys of ended windows are not read; an exhausted budget reads nothing.
+        let (mut out, mut none) = (Vec::new(), 0);
+        b.take_dirty(&mut out, 400, &mut none);
+        assert_eq!(out.len(), 1, "only the key b just charged");
+        let mut out = Vec::new();
+        b.take_dirty(&mut out, 402, &mut 10);
+        assert!(out.is_empty());
+    }
+
+    #[test]
     fn a_failed_sync_sends_the_counts_next_time() {
         let t = table(100, MINUTE, &Arc::default());
         let mut store = HashMap::new();
         let start = 200 * MINUTE;
         admitted(&t, b"k", 7, start);
         let mut out = Vec::new();
-        t.take_dirty(&mut out);
+        t.take_dirty(&mut out, 0, &mut 0);
         for p in &out {
             t.retry(p);
         }
