@@ -46,8 +46,9 @@ def sender(addr, path, keys, rate_of, stop_at, records, lock, index):
         except Exception as e:  # noqa: BLE001 - every failure is recorded, never raised
             status = f"error: {e}"
             conn = None
+            n += 1
         with lock:
-            records.append((t, index, status))
+            records.append((t, index, status, keys[(n - 1) % len(keys)]))
 
 
 def main():
@@ -90,8 +91,8 @@ def main():
     for th in threads:
         th.join()
 
-    ok = sorted(t for t, _, s in records if s == 200)
-    failures = [(t, i, s) for t, i, s in records if s not in (200, 429)]
+    ok = sorted(t for t, _, s, _ in records if s == 200)
+    failures = [(t, i, s) for t, i, s, _ in records if s not in (200, 429)]
     by_window = {}
     for t in ok:
         w = int(t // a.window)
@@ -106,7 +107,7 @@ def main():
             j += 1
         if t - a.window >= start:
             best = max(best, i - j + 1)
-    per_gw = [sum(1 for _, g, s in records if g == i and s == 200) for i in range(len(gws))]
+    per_gw = [sum(1 for _, g, s, _ in records if g == i and s == 200) for i in range(len(gws))]
     summary = {
         "sent": len(records),
         "admitted": len(ok),
@@ -116,10 +117,25 @@ def main():
         "full_windows": [{"window_start_unix": int(w * a.window), "admitted": n} for w, n in full.items()],
         "max_sliding_window": best,
     }
+    if len(keys) > 1:
+        # Per key and full window: how many keys admitted how many.
+        counts = {}
+        for t, _, s, k in records:
+            w = int(t // a.window)
+            if s == 200 and first_full <= w <= last_full:
+                counts[(k, w)] = counts.get((k, w), 0) + 1
+        for w in full:
+            per_key = [counts.get((k, w), 0) for k in keys]
+            hist = {}
+            for c in per_key:
+                hist[c] = hist.get(c, 0) + 1
+            summary.setdefault("per_key_full_windows", []).append(
+                {"window_start_unix": int(w * a.window), "keys": len(keys),
+                 "min": min(per_key), "max": max(per_key), "admitted_histogram": hist})
     if a.records:
         with open(a.records, "w") as f:
-            for t, i, s in records:
-                f.write(f"{t:.3f} {i} {s}\n")
+            for t, i, s, k in records:
+                f.write(f"{t:.3f} {i} {s} {k}\n")
     print(json.dumps(summary))
 
 

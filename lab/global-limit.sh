@@ -7,14 +7,17 @@
 #             offered 3x (30 req/s) split 70/20/10 by lab/global-limit.py; admitted per
 #             full wall-clock minute (the limiter's windows) and over any sliding minute.
 #   rotate    the same with the split rotating among the gateways every 30 s.
-#   faults    the same traffic; Redis SIGKILLed $FAULT_AT (20) s in, started again $FAULT_FOR
+#   keys      $KEYS (1000) keys at once, each limited to 6 a minute and offered 3x (300 req/s
+#             in all), split 70/20/10: per key and full minute, how many each admitted.
+#   faults    the same traffic as accuracy; Redis SIGKILLed $FAULT_AT (20) s in, started again $FAULT_FOR
 #             (20) s later, $FAULT_SECONDS (90) s in all: failed
 #             requests, admitted per minute, and how long after Redis answered each gateway
 #             counted globally again (its fallback gauge polled every 50 ms).
 #   cost      one gateway (one serving thread, core 1) under `tailguard load` (core 0) at
-#             $RATE req/s on a route with no limit, a local limit and a global limit (one
-#             bucket, never reached), rounds interleaved: gateway CPU per request
-#             (/proc/PID/stat) and the load's P50/P99.
+#             $RATE req/s on a route with no limit, a local limit, a global limit (one
+#             bucket, never reached) and the global limit with Redis frozen (SIGSTOP: every
+#             sync times out), rounds interleaved: gateway CPU per request (/proc/PID/stat)
+#             and the load's P50/P99.
 #   redis     what a Redis round trip per request (APISIX's default `limit-count` with
 #             `policy = "redis"`) costs here: redis-benchmark running the limiter's own
 #             script, one key, 32 clients: latency percentiles and Redis's CPU per call.
@@ -28,7 +31,7 @@ acc_seconds=${ACC_SECONDS:-185}
 rate=${RATE:-3000}
 rounds=${ROUNDS:-4}
 dur=${DURATION:-10}
-parts=${PARTS:-accuracy rotate faults cost redis}
+parts=${PARTS:-accuracy rotate keys faults cost redis}
 fault_at=${FAULT_AT:-20}
 fault_for=${FAULT_FOR:-20}
 fault_seconds=${FAULT_SECONDS:-90}
@@ -42,7 +45,7 @@ done
 prio=()
 # shellcheck source=lab/lib.sh
 . lab/lib.sh
-trap cleanup EXIT
+trap 'if [ -n "${redis_pid:-}" ]; then kill -CONT "$redis_pid" 2>/dev/null || true; fi; cleanup' EXIT
 summary="$out/summary.txt"
 {
   echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
@@ -123,6 +126,17 @@ for part in $parts; do
       echo "$part: $(cat "$out/$part.json")" | tee -a "$summary"
       stop_fleet; kill "$redis_pid"; wait "$redis_pid" 2>/dev/null || true
       ;;
+    keys)
+      start_redis
+      fleet_config 'rate_limit = { rate = 6, per = "minute", key = "header:X-Api-Key", scope = "global" }' > "$out/keys.toml"
+      start_fleet 3 "$out/keys.toml"
+      echo "== keys: 3 gateways, ${KEYS:-1000} keys of 6/min each offered 3x, split 70/20/10, ${acc_seconds}s" >&2
+      taskset -c 0 python3 lab/global-limit.py --gateways "$(gateways_list)" --split 70,20,10 \
+        --total "$(python3 -c "print(${KEYS:-1000} * 18 / 60)")" --keys "${KEYS:-1000}" --seconds "$acc_seconds" \
+        --key k --window 60 > "$out/keys.json"
+      echo "keys: $(cat "$out/keys.json")" | tee -a "$summary"
+      stop_fleet; kill "$redis_pid"; wait "$redis_pid" 2>/dev/null || true
+      ;;
     faults)
       start_redis
       start_fleet 3 "$out/fleet.toml"
@@ -161,7 +175,7 @@ import sys
 recs = [l.split() for l in open(sys.argv[1])]
 k, u = float(sys.argv[2]), float(sys.argv[3])
 def admitted(a, b):
-    return sum(1 for t, g, s in recs if a <= float(t) < b and s == "200")
+    return sum(1 for t, g, s, *_ in recs if a <= float(t) < b and s == "200")
 d = u - k
 print(f"faults: admitted while Redis was down ({d:.1f} s): {admitted(k, u)} (local_share: each gateway"
       f" at most 600 / 3 = 200 a minute of its own); in the {d:.0f} s before: {admitted(k - d, k)};"
@@ -183,17 +197,22 @@ builtin = { status = 200, body = "ok" }
       printf '%s\n[[routes]]\nid = "api"\nupstream = "up"\npath = { prefix = "/" }\nrate_limit = { rate = 1000000000, per = "minute", key = "route", scope = "global" }\n\n[redis]\nurl = "redis://127.0.0.1:%s"\nsync_ms = 100\n' "$base" "$redis_port" > "$out/cost-global.toml"
       ticks=$(getconf CLK_TCK)
       : > "$out/cost-rounds.txt"
-      conds=(none local global)
+      cp "$out/cost-global.toml" "$out/cost-frozen.toml"
+      conds=(none local global frozen)
       for r in $(seq "$rounds"); do
-        for i in 0 1 2; do
-          c=${conds[$(( (r - 1 + i) % 3 ))]}
+        for i in 0 1 2 3; do
+          c=${conds[$(( (r - 1 + i) % 4 ))]}
           echo "== cost round $r: $c" >&2
           start_fleet 1 "$out/cost-$c.toml"
+          # frozen: the global limit with Redis stopped (SIGSTOP): every sync times out
+          # (timeout_ms, 1 s) and the gateway falls back; its requests must not notice.
+          if [ "$c" = frozen ]; then kill -STOP "$redis_pid"; fi
           "$b" load "http://127.0.0.1:${gw_ports[0]}/" --rate "$rate" --duration 3s --connections 16 --pin 0 --brief > /dev/null 2>&1
           before=$(awk '{print $14 + $15}' "/proc/${gw_pids[0]}/stat")
           "$b" load "http://127.0.0.1:${gw_ports[0]}/" --rate "$rate" --duration "${dur}s" --connections 16 --pin 0 \
             --brief --json "$out/cost-$c-$r.json" --hgrm "$out/cost-$c-$r.hgrm" > "$out/cost-$c-$r.txt" 2>&1
           after=$(awk '{print $14 + $15}' "/proc/${gw_pids[0]}/stat")
+          if [ "$c" = frozen ]; then kill -CONT "$redis_pid"; fi
           python3 - "$before" "$after" "$ticks" "$out/cost-$c-$r.json" "$r" "$c" "$out/cost-$c-$r.hgrm" <<'PY' >> "$out/cost-rounds.txt"
 import json, sys
 sys.path.insert(0, "lab")  # lab/hgrm.py (run from the repository's root)
@@ -215,7 +234,7 @@ print(f"cost: {sys.argv[2]} req/s for {sys.argv[3]} s a round; per round: round 
 for r in rows:
     print("cost:  ", " ".join(r))
 med = {}
-for c in ("none", "local", "global"):
+for c in ("none", "local", "global", "frozen"):
     cpu = [float(r[2]) for r in rows if r[1] == c]
     p99 = [float(r[4]) for r in rows if r[1] == c]
     med[c] = (statistics.median(cpu), statistics.median(p99))
