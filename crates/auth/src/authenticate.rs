@@ -1,7 +1,7 @@
 //! The interface every authenticator type implements ([`Authenticate`]) and the view of a
 //! request it is handed ([`AuthRequest`]).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderName, Method, Uri};
 
@@ -22,6 +22,12 @@ pub struct AuthRequest<'a> {
     pub headers: &'a HeaderMap,
     /// The downstream connection's peer.
     pub peer: SocketAddr,
+    /// The client's address: the peer, or behind `trusted_proxies` the address its
+    /// `X-Forwarded-For` names (what `allow` / `deny` are checked against; forward auth's
+    /// `X-Forwarded-For`).
+    pub client: IpAddr,
+    /// Whether the request came over TLS (forward auth's `X-Forwarded-Proto`).
+    pub tls: bool,
     /// The route's id (part of a cache key that must never cross routes).
     pub route: &'a str,
 }
@@ -57,4 +63,9 @@ pub trait Authenticate: Send + Sync + std::fmt::Debug {
     fn sources(&self) -> &[Source] {
         &[]
     }
+
+    /// A config reload kept this authenticator (its own config did not change): what it
+    /// remembered under the old config is to be forgotten (forward auth's cache keys carry
+    /// the revision).
+    fn revise(&self) {}
 }

@@ -14,7 +14,7 @@
 //! - [`keys`], [`watch`]: stored key hashes, and files re-read off the request path;
 //!   [`htpasswd`]: an htpasswd file's users and their hashes; [`hash_pool`]: the bounded
 //!   pool of low-priority threads that checks slow password hashes;
-//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]);
+//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]), [`Forward`] ([`forward`]);
 //! - [`AuthMetrics`] ([`metrics`]) and [`Gate`] ([`gate`]): a route's authenticators, tried
 //!   in order until one accepts, counted once per request.
 //!
@@ -71,6 +71,8 @@
 //!     uri: &uri,
 //!     headers: &headers,
 //!     peer: "127.0.0.1:5000".parse().unwrap(),
+//!     client: "127.0.0.1".parse().unwrap(),
+//!     tls: false,
 //!     route: "orders",
 //! };
 //! let Check::Ready(Decision::Accepted { accepted, auth }) = gate.check(req) else {
@@ -83,6 +85,7 @@
 pub mod api_key;
 pub mod authenticate;
 pub mod basic;
+pub mod forward;
 pub mod gate;
 pub mod hash_pool;
 pub mod htpasswd;
@@ -96,6 +99,7 @@ pub mod watch;
 pub use api_key::{ApiKey, ApiKeySettings};
 pub use authenticate::{AuthRequest, Authenticate};
 pub use basic::{Basic, BasicSettings};
+pub use forward::{Forward, ForwardSettings};
 pub use gate::{Check, Decision, Gate, PendingCheck};
 pub use keys::{Consumer, KeyHash, KeyTable};
 pub use metrics::{AuthMetrics, ResultCounters};

@@ -54,6 +54,8 @@ async fn ask(auth: &Basic, user: &str, password: &str) -> Outcome {
         uri: &uri,
         headers: &headers,
         peer: "127.0.0.1:1".parse().expect("an address"),
+        client: "127.0.0.1".parse().expect("an address"),
+        tls: false,
         route: "r",
     };
     match auth.check(&req) {

@@ -13,7 +13,7 @@ use toml::Spanned;
 use toml::de::{DeValue, ValueDeserializer};
 
 /// The `type`s this build knows, as the error for an unknown one lists them.
-pub const TYPES: &[&str] = &["api_key", "basic"];
+pub const TYPES: &[&str] = &["api_key", "basic", "forward"];
 
 /// One `[[auth]]` element.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +31,8 @@ pub enum AuthKind {
     ApiKey(ApiKeyConfig),
     /// `type = "basic"`.
     Basic(BasicConfig),
+    /// `type = "forward"`.
+    Forward(ForwardConfig),
 }
 
 impl AuthKind {
@@ -39,6 +41,7 @@ impl AuthKind {
         match self {
             AuthKind::ApiKey(_) => "api_key",
             AuthKind::Basic(_) => "basic",
+            AuthKind::Forward(_) => "forward",
         }
     }
 }
@@ -151,6 +154,142 @@ impl BasicConfig {
     }
 }
 
+/// `type = "forward"`: an auth service decides.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardConfig {
+    /// The element's `name` (read by [`parse`]).
+    #[serde(rename = "name")]
+    _name: Spanned<String>,
+    /// The element's `type` (read by [`parse`]).
+    #[serde(rename = "type")]
+    _type: Spanned<String>,
+    /// The auth service, `http://host:port/path`.
+    pub url: Spanned<String>,
+    /// Client headers passed to it.
+    #[serde(default)]
+    pub request_headers: Vec<Spanned<String>>,
+    /// Headers of its `2xx` answer set on the request sent upstream.
+    #[serde(default)]
+    pub upstream_headers: Vec<Spanned<String>>,
+    /// How long it may take, milliseconds; default 1000.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: Spanned<u64>,
+    /// `{ key_headers = ["authorization"], ttl_s = 30 }`: remember answers.
+    #[serde(default)]
+    pub cache: Option<Spanned<ForwardCacheConfig>>,
+}
+
+/// `cache` of a forward authenticator.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardCacheConfig {
+    /// The request headers whose values make the key (with the route).
+    pub key_headers: Vec<Spanned<String>>,
+    /// Seconds an answer is remembered, 1..=3600.
+    pub ttl_s: Spanned<u64>,
+}
+
+fn default_timeout_ms() -> Spanned<u64> {
+    // A second: an auth service answers in milliseconds; a client should not wait long
+    // for the `503` of one that does not.
+    Spanned::new(0..0, 1000)
+}
+
+/// Header names as written, each checked; the valid ones.
+fn header_names(list: &[Spanned<String>]) -> Vec<http::HeaderName> {
+    list.iter()
+        .filter_map(|h| http::HeaderName::from_bytes(h.get_ref().as_bytes()).ok())
+        .collect()
+}
+
+impl ForwardConfig {
+    /// The settings of the runtime's [`tailguard_auth::Forward`] (after [`AuthConfig::check`]).
+    pub fn settings(&self) -> Result<tailguard_auth::ForwardSettings, String> {
+        Ok(tailguard_auth::ForwardSettings {
+            url: self
+                .url
+                .get_ref()
+                .parse()
+                .map_err(|_| "not a URL".to_owned())?,
+            request_headers: header_names(&self.request_headers),
+            upstream_headers: header_names(&self.upstream_headers),
+            timeout: std::time::Duration::from_millis(*self.timeout_ms.get_ref()),
+            cache: self.cache.as_ref().map(|c| {
+                (
+                    header_names(&c.get_ref().key_headers),
+                    std::time::Duration::from_secs(*c.get_ref().ttl_s.get_ref()),
+                )
+            }),
+        })
+    }
+
+    fn check(&self, out: &mut Vec<Problem>) {
+        if let Err(m) = self.settings().and_then(tailguard_auth::forward::check_url) {
+            out.push((Some(self.url.span()), ".url".into(), m));
+        }
+        for (field, list) in [
+            ("request_headers", &self.request_headers),
+            ("upstream_headers", &self.upstream_headers),
+        ] {
+            for (j, h) in list.iter().enumerate() {
+                if http::HeaderName::from_bytes(h.get_ref().as_bytes()).is_err() {
+                    out.push((
+                        Some(h.span()),
+                        format!(".{field}[{j}]"),
+                        format!("`{}` is not a header name", h.get_ref()),
+                    ));
+                }
+            }
+        }
+        for (j, h) in self.upstream_headers.iter().enumerate() {
+            let lower = h.get_ref().to_ascii_lowercase();
+            if tailguard_auth::forward::RESERVED.contains(&lower.as_str()) {
+                out.push((
+                    Some(h.span()),
+                    format!(".upstream_headers[{j}]"),
+                    format!("`{lower}` is the gateway's own to write"),
+                ));
+            }
+        }
+        if !(1..=60_000).contains(self.timeout_ms.get_ref()) {
+            out.push((
+                Some(self.timeout_ms.span()),
+                ".timeout_ms".into(),
+                "1..=60000".into(),
+            ));
+        }
+        if let Some(c) = &self.cache {
+            let c2 = c.get_ref();
+            if c2.key_headers.is_empty() {
+                out.push((
+                    Some(c.span()),
+                    ".cache.key_headers".into(),
+                    "name at least one header (`[\"authorization\"]`): without one, every \
+                     client of a route would share one answer"
+                        .into(),
+                ));
+            }
+            for (j, h) in c2.key_headers.iter().enumerate() {
+                if http::HeaderName::from_bytes(h.get_ref().as_bytes()).is_err() {
+                    out.push((
+                        Some(h.span()),
+                        format!(".cache.key_headers[{j}]"),
+                        format!("`{}` is not a header name", h.get_ref()),
+                    ));
+                }
+            }
+            if !(1..=3600).contains(c2.ttl_s.get_ref()) {
+                out.push((
+                    Some(c2.ttl_s.span()),
+                    ".cache.ttl_s".into(),
+                    "1..=3600".into(),
+                ));
+            }
+        }
+    }
+}
+
 /// One consumer of an API-key authenticator.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -252,6 +391,10 @@ pub(crate) fn parse(value: &Spanned<DeValue<'_>>) -> Result<AuthConfig, Problem>
         Some("basic") => AuthKind::Basic(
             BasicConfig::deserialize(ValueDeserializer::from(value.clone())).map_err(de_problem)?,
         ),
+        Some("forward") => AuthKind::Forward(
+            ForwardConfig::deserialize(ValueDeserializer::from(value.clone()))
+                .map_err(de_problem)?,
+        ),
         Some(other) => {
             return Err((
                 Some(kind.span()),
@@ -331,6 +474,7 @@ impl AuthConfig {
         match &self.kind {
             AuthKind::ApiKey(k) => k.check(base_dir, &mut out),
             AuthKind::Basic(b) => b.check(base_dir, &mut out),
+            AuthKind::Forward(f) => f.check(&mut out),
         }
         out
     }

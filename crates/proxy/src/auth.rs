@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tailguard_auth::{
-    ApiKey, ApiKeySettings, AuthMetrics, Authenticate, Basic, BasicSettings, Gate,
+    ApiKey, ApiKeySettings, AuthMetrics, Authenticate, Basic, BasicSettings, Forward, Gate,
 };
 use tailguard_config::Config;
 use tailguard_config::auth::{AuthConfig, AuthKind, StringList};
@@ -44,7 +44,10 @@ impl Auth {
                     .map(|(_, auth)| Arc::clone(auth))
             });
             let auth = match kept {
-                Some(auth) => auth,
+                Some(auth) => {
+                    auth.revise();
+                    auth
+                }
                 None => build_one(config, a)?,
             };
             by_name.insert(a.name.get_ref().as_str(), Arc::clone(&auth));
@@ -113,5 +116,8 @@ fn build_one(config: &Config, a: &AuthConfig) -> Result<Arc<dyn Authenticate>, E
             })
             .map_err(fail)?,
         ),
+        AuthKind::Forward(f) => {
+            Arc::new(Forward::build(f.settings().map_err(fail)?).map_err(fail)?)
+        }
     })
 }

@@ -411,6 +411,13 @@ async fn authenticate(
         uri: req.uri(),
         headers: req.headers(),
         peer: conn.remote,
+        client: access::client_ip(
+            conn.remote.ip(),
+            conn.client.trusted,
+            req.headers(),
+            &snapshot.trusted_proxies,
+        ),
+        tls: conn.tls,
         route: &snapshot.router.get(route).id,
     };
     let decision = match gate.check(ask) {

@@ -3,6 +3,7 @@
 mod access;
 mod auth;
 mod auth_basic;
+mod auth_forward;
 mod client_bounds;
 mod compress;
 mod config;
