@@ -14,7 +14,10 @@
 //! - [`keys`], [`watch`]: stored key hashes, and files re-read off the request path;
 //!   [`htpasswd`]: an htpasswd file's users and their hashes; [`hash_pool`]: the bounded
 //!   pool of low-priority threads that checks slow password hashes;
-//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]), [`Forward`] ([`forward`]);
+//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]), [`Forward`] ([`forward`]); [`Jwt`] ([`jwt`]) over
+//!   [`jwk`] (keys bound to their family), [`jws`] (a token's refusals, its signature, its
+//!   claims), [`jwks`] (key sets kept fresh by the key fetcher thread, [`fetch`]) and
+//!   [`cache`] (verified tokens per serving thread);
 //! - [`AuthMetrics`] ([`metrics`]) and [`Gate`] ([`gate`]): a route's authenticators, tried
 //!   in order until one accepts, counted once per request.
 //!
@@ -85,10 +88,16 @@
 pub mod api_key;
 pub mod authenticate;
 pub mod basic;
+pub mod cache;
+pub mod fetch;
 pub mod forward;
 pub mod gate;
 pub mod hash_pool;
 pub mod htpasswd;
+pub mod jwk;
+pub mod jwks;
+pub mod jws;
+pub mod jwt;
 pub mod keys;
 pub mod metrics;
 pub mod outcome;
@@ -101,6 +110,10 @@ pub use authenticate::{AuthRequest, Authenticate};
 pub use basic::{Basic, BasicSettings};
 pub use forward::{Forward, ForwardSettings};
 pub use gate::{Check, Decision, Gate, PendingCheck};
+pub use jwk::{Alg, KeySet};
+pub use jwks::{Location, Refresh};
+pub use jws::ClaimRules;
+pub use jwt::{Jwt, JwtSettings};
 pub use keys::{Consumer, KeyHash, KeyTable};
 pub use metrics::{AuthMetrics, ResultCounters};
 pub use outcome::{Accepted, Outcome, PendingOutcome, Refusal, Verdict};

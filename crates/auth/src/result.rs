@@ -34,11 +34,14 @@ pub enum AuthResult {
     AuthServiceError,
     /// The check could not be run now: the password-hash pool's queue was full (`503`).
     Busy,
+    /// A token arrived before the authenticator's first key set did (a key server that
+    /// has not answered yet): `503` with `Retry-After`, never let through.
+    KeysUnavailable,
 }
 
 impl AuthResult {
     /// Every result, in label order (metric handles are made for each at load).
-    pub const ALL: [AuthResult; 13] = [
+    pub const ALL: [AuthResult; 14] = [
         AuthResult::Ok,
         AuthResult::Missing,
         AuthResult::Invalid,
@@ -52,6 +55,7 @@ impl AuthResult {
         AuthResult::Refused,
         AuthResult::AuthServiceError,
         AuthResult::Busy,
+        AuthResult::KeysUnavailable,
     ];
 
     /// The label value, also what `$auth_result` prints.
@@ -70,6 +74,7 @@ impl AuthResult {
             AuthResult::Refused => "refused",
             AuthResult::AuthServiceError => "auth_service_error",
             AuthResult::Busy => "busy",
+            AuthResult::KeysUnavailable => "keys_unavailable",
         }
     }
 

@@ -13,7 +13,7 @@ use toml::Spanned;
 use toml::de::{DeValue, ValueDeserializer};
 
 /// The `type`s this build knows, as the error for an unknown one lists them.
-pub const TYPES: &[&str] = &["api_key", "basic", "forward"];
+pub const TYPES: &[&str] = &["api_key", "basic", "forward", "jwt"];
 
 /// One `[[auth]]` element.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +33,8 @@ pub enum AuthKind {
     Basic(BasicConfig),
     /// `type = "forward"`.
     Forward(ForwardConfig),
+    /// `type = "jwt"` (boxed: its config is the largest).
+    Jwt(Box<JwtConfig>),
 }
 
 impl AuthKind {
@@ -42,6 +44,7 @@ impl AuthKind {
             AuthKind::ApiKey(_) => "api_key",
             AuthKind::Basic(_) => "basic",
             AuthKind::Forward(_) => "forward",
+            AuthKind::Jwt(_) => "jwt",
         }
     }
 }
@@ -395,6 +398,9 @@ pub(crate) fn parse(value: &Spanned<DeValue<'_>>) -> Result<AuthConfig, Problem>
             ForwardConfig::deserialize(ValueDeserializer::from(value.clone()))
                 .map_err(de_problem)?,
         ),
+        Some("jwt") => AuthKind::Jwt(Box::new(
+            JwtConfig::deserialize(ValueDeserializer::from(value.clone())).map_err(de_problem)?,
+        )),
         Some(other) => {
             return Err((
                 Some(kind.span()),
@@ -475,6 +481,7 @@ impl AuthConfig {
             AuthKind::ApiKey(k) => k.check(base_dir, &mut out),
             AuthKind::Basic(b) => b.check(base_dir, &mut out),
             AuthKind::Forward(f) => f.check(&mut out),
+            AuthKind::Jwt(j) => j.check(base_dir, &mut out),
         }
         out
     }
@@ -536,6 +543,315 @@ impl ApiKeyConfig {
                 String::new(),
                 "an `api_key` authenticator needs `consumers` or `keys_file`".into(),
             ));
+        }
+    }
+}
+
+fn default_leeway() -> u64 {
+    // 60 s: the issue's default, and what most identity providers' SDKs allow.
+    60
+}
+fn default_refresh() -> u64 {
+    // 5 minutes: a rotated key is picked up within 5 minutes even without an unknown `kid`.
+    300
+}
+fn default_min_refresh() -> u64 {
+    60
+}
+fn default_refetch_min() -> u64 {
+    // 30 s: a flood of tokens with made-up `kid`s costs the key server 2 fetches a minute.
+    30
+}
+fn default_timeout() -> u64 {
+    5_000
+}
+fn default_consumer_claim() -> String {
+    "sub".to_owned()
+}
+
+/// `type = "jwt"`: bearer tokens verified against a key set or a shared secret.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    #[serde(rename = "name")]
+    _name: Spanned<String>,
+    #[serde(rename = "type")]
+    _type: Spanned<String>,
+    /// The key set: an `http(s)://` URL (fetched and refreshed in the background) or a file
+    /// path (relative to the config; re-read when it changes).
+    #[serde(default)]
+    pub jwks: Option<Spanned<String>>,
+    /// A file whose bytes, as they are, are the HS256/384/512 secret.
+    #[serde(default)]
+    pub secret_file: Option<Spanned<String>>,
+    /// `iss` must equal this.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// `aud` must contain one of these.
+    #[serde(default)]
+    pub audiences: Option<Spanned<StringList>>,
+    /// Algorithms accepted; default every one the keys allow.
+    #[serde(default)]
+    pub algorithms: Option<Spanned<StringList>>,
+    /// Clock skew allowed on `exp` and `nbf`, seconds (default 60).
+    #[serde(default = "default_leeway")]
+    pub leeway_s: u64,
+    /// Claims a token must carry (`403` without one).
+    #[serde(default)]
+    pub required_claims: Vec<String>,
+    /// Where the token is: `header:NAME`, `query:NAME`, `cookie:NAME`; default
+    /// `header:authorization` (the `Bearer` scheme).
+    #[serde(default)]
+    pub from: Option<Spanned<StringList>>,
+    /// Claims copied to request headers: `{ sub = "x-user-id" }`.
+    #[serde(default)]
+    pub claims_to_headers: Option<Spanned<std::collections::BTreeMap<String, Spanned<String>>>>,
+    /// Whether the upstream sees the token (default `false`).
+    #[serde(default)]
+    pub forward_token: bool,
+    /// The claim naming the consumer (default `sub`).
+    #[serde(default = "default_consumer_claim")]
+    pub consumer_claim: String,
+    /// Seconds between fetches of a URL key set without `Cache-Control: max-age`.
+    #[serde(default = "default_refresh")]
+    pub refresh_s: u64,
+    /// The shortest period a `max-age` may set, seconds.
+    #[serde(default = "default_min_refresh")]
+    pub min_refresh_s: u64,
+    /// The shortest time between fetches asked for by unknown `kid`s, seconds.
+    #[serde(default = "default_refetch_min")]
+    pub refetch_min_s: u64,
+    /// A fetch's time limit, milliseconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+}
+
+/// The sources a token may come from.
+pub const JWT_SOURCES: &[&str] = &["header", "query", "cookie"];
+
+/// Headers `claims_to_headers` may not set: the request's framing, routing and the token.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "te",
+    "upgrade",
+    "authorization",
+    "cookie",
+];
+
+impl JwtConfig {
+    /// `jwks` resolved: a URL, or a file against the config's directory.
+    pub fn jwks_location(&self, base_dir: &Path) -> Option<tailguard_auth::Location> {
+        let j = self.jwks.as_ref()?.get_ref();
+        if j.starts_with("http://") || j.starts_with("https://") {
+            j.parse().ok().map(tailguard_auth::Location::Url)
+        } else {
+            Some(tailguard_auth::Location::File(base_dir.join(j)))
+        }
+    }
+
+    /// The refresh settings.
+    pub fn refresh(&self) -> tailguard_auth::Refresh {
+        use std::time::Duration;
+        tailguard_auth::Refresh {
+            refresh: Duration::from_secs(self.refresh_s),
+            min_refresh: Duration::from_secs(self.min_refresh_s),
+            refetch_min: Duration::from_secs(self.refetch_min_s),
+            timeout: Duration::from_millis(self.timeout_ms),
+        }
+    }
+
+    /// `secret_file` resolved.
+    pub fn secret_path(&self, base_dir: &Path) -> Option<std::path::PathBuf> {
+        self.secret_file
+            .as_ref()
+            .map(|f| base_dir.join(f.get_ref()))
+    }
+
+    /// `algorithms` parsed (empty: the default).
+    pub fn algorithms(&self) -> Vec<tailguard_auth::Alg> {
+        self.algorithms
+            .as_ref()
+            .map(|a| {
+                StringList::items(a)
+                    .filter_map(|(_, n)| tailguard_auth::Alg::parse(n))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `from` parsed (empty: the default).
+    pub fn sources(&self) -> Vec<Source> {
+        self.from
+            .as_ref()
+            .map(|f| {
+                StringList::items(f)
+                    .filter_map(|(_, s)| Source::parse(s, JWT_SOURCES).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The claim rules.
+    pub fn rules(&self) -> tailguard_auth::ClaimRules {
+        tailguard_auth::ClaimRules {
+            issuer: self.issuer.clone(),
+            audiences: self
+                .audiences
+                .as_ref()
+                .map(|a| StringList::items(a).map(|(_, s)| s.to_owned()).collect())
+                .unwrap_or_default(),
+            leeway_s: self.leeway_s,
+            required: self.required_claims.clone(),
+        }
+    }
+
+    /// `claims_to_headers` parsed.
+    pub fn claims_to_headers(&self) -> Vec<(String, http::HeaderName)> {
+        self.claims_to_headers
+            .as_ref()
+            .map(|m| {
+                m.get_ref()
+                    .iter()
+                    .filter_map(|(claim, h)| {
+                        http::HeaderName::from_bytes(h.get_ref().as_bytes())
+                            .ok()
+                            .map(|h| (claim.clone(), h))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn check(&self, base_dir: &Path, out: &mut Vec<Problem>) {
+        if self.jwks.is_none() && self.secret_file.is_none() {
+            out.push((
+                None,
+                String::new(),
+                "a `jwt` authenticator needs `jwks` or `secret_file`".into(),
+            ));
+        }
+        if let Some(j) = &self.jwks {
+            match self.jwks_location(base_dir) {
+                Some(tailguard_auth::Location::File(path)) => {
+                    let parsed = std::fs::read(&path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                        .and_then(|t| {
+                            tailguard_auth::KeySet::parse_jwks(&t)
+                                .map_err(|e| format!("{}: {e}", path.display()))
+                        });
+                    if let Err(m) = parsed {
+                        out.push((Some(j.span()), ".jwks".into(), m));
+                    }
+                }
+                Some(tailguard_auth::Location::Url(u)) if u.host().is_some() => {}
+                _ => out.push((
+                    Some(j.span()),
+                    ".jwks".into(),
+                    format!("`{}` is not a URL", j.get_ref()),
+                )),
+            }
+        }
+        if let Some(f) = &self.secret_file
+            && let Some(path) = self.secret_path(base_dir)
+        {
+            match std::fs::read(&path) {
+                // RFC 7518 §3.2: a key at least as long as the hash (32 bytes for HS256).
+                Ok(bytes) if bytes.len() < 32 => out.push((
+                    Some(f.span()),
+                    ".secret_file".into(),
+                    format!(
+                        "{} holds {} bytes; an HMAC secret needs at least 32",
+                        path.display(),
+                        bytes.len()
+                    ),
+                )),
+                Ok(_) => {}
+                Err(e) => out.push((
+                    Some(f.span()),
+                    ".secret_file".into(),
+                    format!("cannot read {}: {e}", path.display()),
+                )),
+            }
+        }
+        if let Some(a) = &self.algorithms {
+            if a.get_ref().0.is_empty() {
+                out.push((
+                    Some(a.span()),
+                    ".algorithms".into(),
+                    "lists no algorithm".into(),
+                ));
+            }
+            for (span, name) in StringList::items(a) {
+                match tailguard_auth::Alg::parse(name) {
+                    None => out.push((
+                        Some(span),
+                        ".algorithms".into(),
+                        format!(
+                            "`{name}` is not an algorithm; expected one of RS256, RS384, RS512, \
+                             PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512"
+                        ),
+                    )),
+                    Some(alg) if alg.is_hmac() && self.secret_file.is_none() => out.push((
+                        Some(span),
+                        ".algorithms".into(),
+                        format!(
+                            "`{name}` needs `secret_file` (a key set's keys are never HMAC secrets)"
+                        ),
+                    )),
+                    Some(alg) if !alg.is_hmac() && self.jwks.is_none() => out.push((
+                        Some(span),
+                        ".algorithms".into(),
+                        format!("`{name}` needs `jwks`"),
+                    )),
+                    Some(_) => {}
+                }
+            }
+        }
+        if let Some(from) = &self.from {
+            if from.get_ref().0.is_empty() {
+                out.push((Some(from.span()), ".from".into(), "lists no source".into()));
+            }
+            for (span, s) in StringList::items(from) {
+                if let Err(m) = Source::parse(s, JWT_SOURCES) {
+                    out.push((Some(span), ".from".into(), m));
+                }
+            }
+        }
+        if let Some(m) = &self.claims_to_headers {
+            for (claim, h) in m.get_ref() {
+                let name = h.get_ref().to_ascii_lowercase();
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    out.push((
+                        Some(h.span()),
+                        format!(".claims_to_headers.{claim}"),
+                        format!("`{}` is not a header name", h.get_ref()),
+                    ));
+                } else if RESERVED_HEADERS.contains(&name.as_str()) {
+                    out.push((
+                        Some(h.span()),
+                        format!(".claims_to_headers.{claim}"),
+                        format!("`{}` is not a header a claim may set", h.get_ref()),
+                    ));
+                }
+            }
+        }
+        for (field, v, lo, hi) in [
+            ("leeway_s", self.leeway_s, 0, 3_600),
+            ("refresh_s", self.refresh_s, 1, 86_400),
+            ("min_refresh_s", self.min_refresh_s, 1, 86_400),
+            ("refetch_min_s", self.refetch_min_s, 1, 86_400),
+            ("timeout_ms", self.timeout_ms, 1, 60_000),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                out.push((
+                    None,
+                    format!(".{field}"),
+                    format!("{v} is outside {lo}..={hi}"),
+                ));
+            }
         }
     }
 }

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tailguard_auth::{
-    ApiKey, ApiKeySettings, AuthMetrics, Authenticate, Basic, BasicSettings, Forward, Gate,
+    ApiKey, ApiKeySettings, AuthMetrics, Authenticate, Basic, BasicSettings, Forward, Gate, Jwt,
+    JwtSettings,
 };
 use tailguard_config::Config;
 use tailguard_config::auth::{AuthConfig, AuthKind, StringList};
@@ -48,7 +49,7 @@ impl Auth {
                     auth.revise();
                     auth
                 }
-                None => build_one(config, a)?,
+                None => build_one(config, a, metrics)?,
             };
             by_name.insert(a.name.get_ref().as_str(), Arc::clone(&auth));
             built.push((a.clone(), auth));
@@ -87,7 +88,11 @@ impl Auth {
     }
 }
 
-fn build_one(config: &Config, a: &AuthConfig) -> Result<Arc<dyn Authenticate>, Error> {
+fn build_one(
+    config: &Config,
+    a: &AuthConfig,
+    metrics: &AuthMetrics,
+) -> Result<Arc<dyn Authenticate>, Error> {
     let name = a.name.get_ref();
     let fail = |e: String| Error::Internal(format!("auth `{name}`: {e}"));
     Ok(match &a.kind {
@@ -118,6 +123,35 @@ fn build_one(config: &Config, a: &AuthConfig) -> Result<Arc<dyn Authenticate>, E
         ),
         AuthKind::Forward(f) => {
             Arc::new(Forward::build(f.settings().map_err(fail)?).map_err(fail)?)
+        }
+        AuthKind::Jwt(j) => {
+            let secret = match j.secret_path(&config.base_dir) {
+                Some(path) => Some(
+                    std::fs::read(&path)
+                        .map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?,
+                ),
+                None => None,
+            };
+            let key_metrics = metrics
+                .key_set(name)
+                .map_err(|e| Error::Internal(format!("metrics: {e}")))?;
+            Arc::new(
+                Jwt::build(
+                    JwtSettings {
+                        name: name.clone(),
+                        jwks: j.jwks_location(&config.base_dir).map(|l| (l, j.refresh())),
+                        secret,
+                        algorithms: j.algorithms(),
+                        rules: j.rules(),
+                        from: j.sources(),
+                        claims_to_headers: j.claims_to_headers(),
+                        forward_token: j.forward_token,
+                        consumer_claim: j.consumer_claim.clone(),
+                    },
+                    key_metrics,
+                )
+                .map_err(fail)?,
+            )
         }
     })
 }

@@ -344,7 +344,7 @@ auth = []
         "gw.toml:15:8: auth[1].name: duplicate auth name `partners`",
         "gw.toml:17:9: auth[1].from: `cookie:` is not a source here; expected `header:NAME` or `query:NAME`",
         "gw.toml:18:143: auth[1].consumers[1].keys[0]: the same key as one of `beta`'s",
-        "gw.toml:22:8: auth[2].type: unknown type `saml`, expected one of `api_key`, `basic`, `forward`",
+        "gw.toml:22:8: auth[2].type: unknown type `saml`, expected one of `api_key`, `basic`, `forward`, `jwt`",
         "gw.toml:27:1: auth[3]: unknown field `jwks`, expected one of `name`, `type`, `from`, `consumers`, `keys_file`, `forward_key`",
         "gw.toml:32:21: routes[0].auth: unknown auth `nobody` (no `[[auth]]` with that name)",
         "gw.toml:32:31: routes[0].auth: `partners` is listed twice",

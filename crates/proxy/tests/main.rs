@@ -4,6 +4,7 @@ mod access;
 mod auth;
 mod auth_basic;
 mod auth_forward;
+mod auth_jwt;
 mod client_bounds;
 mod compress;
 mod config;
