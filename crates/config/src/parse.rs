@@ -85,7 +85,9 @@ impl Config {
         let mut declared_upstreams = HashSet::new();
         let mut idx = FileIndexes::default();
 
-        for (key, value) in root.iter() {
+        // Owned: each section and element is deserialized from the parsed value itself, not
+        // a copy of it (at 100,000 routes the copies were a fifth of a reload's time).
+        for (key, value) in root {
             let key_name: &str = key.get_ref();
             match key_name {
                 "listeners" => {
@@ -93,7 +95,6 @@ impl Config {
                     (idx.listeners, listeners) = array_of(&mut diags, "listeners", value);
                 }
                 "upstreams" => {
-                    (idx.upstreams, upstreams) = array_of(&mut diags, "upstreams", value);
                     // Names of upstreams that failed to deserialize still count as declared,
                     // so a route naming one is not reported a second time.
                     if let Some(items) = value.get_ref().as_array() {
@@ -107,10 +108,11 @@ impl Config {
                             }
                         }
                     }
+                    (idx.upstreams, upstreams) = array_of(&mut diags, "upstreams", value);
                 }
                 "routes" => (idx.routes, routes) = array_of(&mut diags, "routes", value),
                 "auth" => {
-                    (idx.auth, auth) = auth_of(&mut diags, value, &mut idx.declared_auth);
+                    (idx.auth, auth) = auth_of(&mut diags, &value, &mut idx.declared_auth);
                 }
                 "timeouts" => {
                     if let Some(t) = one_of(&mut diags, "timeouts", value) {
@@ -142,7 +144,7 @@ impl Config {
                         overload = o;
                     }
                 }
-                "trusted_proxies" => trusted_proxies = cidrs(&mut diags, "trusted_proxies", value),
+                "trusted_proxies" => trusted_proxies = cidrs(&mut diags, "trusted_proxies", &value),
                 "dns" => {
                     if let Some(d) = one_of(&mut diags, "dns", value) {
                         dns = d;
@@ -294,12 +296,13 @@ fn cidrs(diags: &mut Diags<'_>, field: &str, value: &Spanned<DeValue<'_>>) -> Ve
 fn one_of<T: for<'de> Deserialize<'de>>(
     d: &mut Diags<'_>,
     field: &str,
-    value: &Spanned<DeValue<'_>>,
+    value: Spanned<DeValue<'_>>,
 ) -> Option<T> {
-    match T::deserialize(ValueDeserializer::from(value.clone())) {
+    let whole = value.span();
+    match T::deserialize(ValueDeserializer::from(value)) {
         Ok(v) => Some(v),
         Err(e) => {
-            let span = e.span().or(Some(value.span()));
+            let span = e.span().or(Some(whole));
             d.push(span, field, e.message().trim_end().replace('\n', " "));
             None
         }
@@ -312,19 +315,22 @@ fn one_of<T: for<'de> Deserialize<'de>>(
 fn array_of<T: for<'de> Deserialize<'de>>(
     d: &mut Diags<'_>,
     field: &str,
-    value: &Spanned<DeValue<'_>>,
+    value: Spanned<DeValue<'_>>,
 ) -> (Vec<usize>, Vec<T>) {
-    let Some(items) = value.get_ref().as_array() else {
+    let span = value.span();
+    let DeValue::Array(items) = value.into_inner() else {
         d.push(
-            Some(value.span()),
+            Some(span),
             field,
             format!("expected an array (`[[{field}]]`)"),
         );
         return (Vec::new(), Vec::new());
     };
-    let mut indexes = Vec::new();
-    let mut out = Vec::new();
-    for (i, item) in items.iter().enumerate() {
+    // Sized once: a route's config is over a kilobyte, and growing a vector of 100,000 of
+    // them by doubling copied each one about twice.
+    let mut indexes = Vec::with_capacity(items.len());
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
         if let Some(v) = one_of(d, &format!("{field}[{i}]"), item) {
             indexes.push(i);
             out.push(v);
