@@ -51,10 +51,11 @@ const BODIES: [(&str, &[u8]); 2] = [
     ("64k", include_bytes!("../../../lab/compress/64k.json")),
 ];
 
-/// The codings at the levels worth comparing: gzip 1 (nginx's default) and 6, brotli 4
+/// The codings at the levels worth comparing: gzip 1 (nginx's default), 3 and 6, brotli 4
 /// (the gateway's default) and 5, zstd 3 (the default) and 1.
-const CASES: [(&str, Algorithm, i32); 6] = [
+const CASES: [(&str, Algorithm, i32); 7] = [
     ("gzip_1", Algorithm::Gzip, 1),
+    ("gzip_3", Algorithm::Gzip, 3),
     ("gzip_6", Algorithm::Gzip, 6),
     ("br_4", Algorithm::Br, 4),
     ("br_5", Algorithm::Br, 5),
@@ -91,9 +92,22 @@ fn bench(c: &mut Criterion) {
                 encode(algorithm, level, body, None);
                 PEAK.load(Ordering::Relaxed) - base
             };
+            let zstd = if algorithm == Algorithm::Zstd {
+                let known = tailguard_compress::zstd_context_bytes(level, body, true)
+                    .expect("zstd compresses");
+                let unknown = tailguard_compress::zstd_context_bytes(level, body, false)
+                    .expect("zstd compresses");
+                format!(
+                    "; zstd context (C heap) {} KiB known, {} KiB not",
+                    known / 1024,
+                    unknown / 1024
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
                 "encode/{name}/{case}: {size} bytes of {} (ratio {:.2}); Rust heap peak {} KiB \
-                 with the length known, {} KiB without",
+                 with the length known, {} KiB without{zstd}",
                 body.len(),
                 body.len() as f64 / size as f64,
                 peak / 1024,

@@ -187,6 +187,12 @@ pub struct UpstreamArgs {
     /// Response body size in bytes.
     #[arg(long, default_value_t = 13)]
     pub body_bytes: usize,
+    /// Serve this file's bytes as the body instead (e.g. `lab/compress/8k.json`).
+    #[arg(long, value_name = "PATH")]
+    pub body_file: Option<std::path::PathBuf>,
+    /// The responses' `Content-Type` (default `text/plain`).
+    #[arg(long, value_name = "TYPE")]
+    pub content_type: Option<String>,
     /// Delay before each response, milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub latency: f64,
@@ -375,8 +381,25 @@ pub fn upstream(args: UpstreamArgs) -> anyhow::Result<ExitCode> {
             "--delay-ms is how long a request holds one of --workers N; without a worker limit use --latency"
         );
     }
+    let body = match &args.body_file {
+        Some(path) => {
+            Some(bytes::Bytes::from(std::fs::read(path).map_err(|e| {
+                anyhow::anyhow!("--body-file {}: {e}", path.display())
+            })?))
+        }
+        None => None,
+    };
+    let content_type = match &args.content_type {
+        Some(t) => Some(
+            hyper::header::HeaderValue::from_str(t)
+                .map_err(|_| anyhow::anyhow!("--content-type {t:?} is not a header value"))?,
+        ),
+        None => None,
+    };
     let config = crate::upstream::UpstreamConfig {
         body_bytes: args.body_bytes,
+        body,
+        content_type,
         latency: Duration::from_secs_f64(args.latency / 1e3),
         jitter: Duration::from_secs_f64(args.jitter / 1e3),
         cpu_ns: (args.cpu_ms * 1e6) as u64,

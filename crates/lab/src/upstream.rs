@@ -19,8 +19,12 @@ use tokio::sync::Semaphore;
 /// What every response of the upstream does.
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamConfig {
-    /// Response body size in bytes (filled with `x`).
+    /// Response body size in bytes (filled with `x`), unless `body` is given.
     pub body_bytes: usize,
+    /// The response body as it is (a file's bytes), instead of `body_bytes` of `x`.
+    pub body: Option<Bytes>,
+    /// The response's `Content-Type` (default `text/plain`).
+    pub content_type: Option<hyper::header::HeaderValue>,
     /// Delay before answering.
     pub latency: Duration,
     /// Uniform extra delay in `[0, jitter)`.
@@ -48,7 +52,10 @@ struct Shared {
 /// Serves `listener` until the task is dropped or the process ends.
 pub async fn serve(listener: TcpListener, config: UpstreamConfig) -> std::io::Result<()> {
     let shared = Arc::new(Shared {
-        body: Bytes::from(vec![b'x'; config.body_bytes]),
+        body: config
+            .body
+            .clone()
+            .unwrap_or_else(|| Bytes::from(vec![b'x'; config.body_bytes])),
         workers: config.workers.map(|n| Semaphore::new(n.max(1))),
         config,
     });
@@ -119,7 +126,11 @@ async fn handle(
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain"),
+        shared
+            .config
+            .content_type
+            .clone()
+            .unwrap_or(hyper::header::HeaderValue::from_static("text/plain")),
     );
     Ok(resp)
 }
