@@ -27,9 +27,9 @@ pub const REFRESH_KEYS: usize = 4096;
 /// The sorted set of live gateways (score: Redis's time of each one's last heartbeat).
 const FLEET_KEY: &str = "tailguard:fleet";
 
-/// Adds a batch's counts and returns the fleet's totals. KEYS: per key, its current
-/// window's key and the previous window's; ARGV[1]: the keys' TTL in ms; ARGV[i + 1] and
-/// ARGV[i + 2]: what this gateway adds to KEYS[i] and KEYS[i + 1] (0: only read). Returns
+/// Adds a batch's counts and returns the fleet's totals. `KEYS`: per key, its current
+/// window's key and the previous window's; `ARGV[1]`: the keys' TTL in ms; `ARGV[i + 1]` and
+/// `ARGV[i + 2]`: what this gateway adds to `KEYS[i]` and `KEYS[i + 1]` (0: only read). Returns
 /// the two totals per key, in order. A key gets its TTL when its first count creates it.
 pub const COUNT_SCRIPT: &str = r"
 local ttl = tonumber(ARGV[1])
@@ -48,7 +48,7 @@ end
 return out
 ";
 
-/// This gateway's heartbeat: KEYS[1] the fleet's set, ARGV[1] this gateway's id, ARGV[2]
+/// This gateway's heartbeat: `KEYS[1]` the fleet's set, `ARGV[1]` this gateway's id, `ARGV[2]`
 /// how long a gateway counts without a heartbeat (ms). Returns the fleet's size. Redis's
 /// own clock scores the set, so the gateways' clocks need not agree for it.
 pub const HEARTBEAT_SCRIPT: &str = r"
