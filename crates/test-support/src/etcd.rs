@@ -114,29 +114,14 @@ impl EtcdServer {
     }
 
     fn start_with(options: EtcdBuilder) -> Option<EtcdServer> {
-        let present = Command::new("etcd")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !present {
-            assert!(
-                std::env::var("TAILGUARD_SKIP_ETCD_TESTS").as_deref() == Ok("1"),
-                "etcd is not installed: run scripts/install-tools (apt-get install etcd-server), \
-                 or set TAILGUARD_SKIP_ETCD_TESTS=1 to skip the etcd tests"
-            );
-            eprintln!("etcd not installed and TAILGUARD_SKIP_ETCD_TESTS=1: skipping");
+        if !crate::tools::installed_or_skipped(
+            "etcd",
+            "TAILGUARD_SKIP_ETCD_TESTS",
+            "apt-get install etcd-server",
+        ) {
             return None;
         }
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tailguard-etcd-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("etcd temp dir");
+        let dir = crate::tools::fresh_dir("etcd");
         let pki = options
             .tls
             .then(|| EtcdPki::write(&dir, options.client_cert_auth));

@@ -45,6 +45,7 @@ mod recording;
 pub mod redis;
 mod switchable;
 mod tls_upstream;
+mod tools;
 
 pub use ports::free_port;
 pub use recording::{ConnectionLog, RecordedRequest, RecordingUpstream, parse_request};

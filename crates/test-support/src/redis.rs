@@ -80,29 +80,14 @@ impl RedisServer {
     }
 
     fn start_with(options: RedisBuilder) -> Option<RedisServer> {
-        let present = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !present {
-            assert!(
-                std::env::var("TAILGUARD_SKIP_REDIS_TESTS").as_deref() == Ok("1"),
-                "redis-server is not installed: run scripts/install-tools (apt-get install \
-                 redis-server), or set TAILGUARD_SKIP_REDIS_TESTS=1 to skip the Redis tests"
-            );
-            eprintln!("redis-server not installed and TAILGUARD_SKIP_REDIS_TESTS=1: skipping");
+        if !crate::tools::installed_or_skipped(
+            "redis-server",
+            "TAILGUARD_SKIP_REDIS_TESTS",
+            "apt-get install redis-server",
+        ) {
             return None;
         }
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tailguard-redis-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("redis temp dir");
+        let dir = crate::tools::fresh_dir("redis");
         let pki = options.tls.then(|| {
             let ca = TestCa::new("tailguard redis test CA");
             let ca_path = dir.join("ca.pem");
