@@ -138,6 +138,10 @@ impl Controller {
                         w.allowance *= 0.9;
                     }
                 }
+                // The bound holds against the capacity of now, not of when the allowance
+                // grew: a capacity that falls (its busy buckets leaving the window) takes
+                // the allowance down with it, or the gate stays wider than `9·C + cores`.
+                w.allowance = w.allowance.min(cfg.hard_trigger.max(1.0) * w.capacity);
                 let limit = w.capacity * factor(cfg.threshold) + cores + w.allowance;
                 self.gate.limit.set(limit);
                 self.gate.limit_high.set(limit);
