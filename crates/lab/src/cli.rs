@@ -73,6 +73,10 @@ pub struct RequestArgs {
     /// Extra header, `Name: value` (repeatable).
     #[arg(long, short = 'H')]
     pub header: Vec<String>,
+    /// A header whose value changes per request, `Name: FILE`: each request carries the
+    /// next line of FILE (blank lines skipped), round and round, e.g. 1,000 distinct tokens.
+    #[arg(long)]
+    pub header_file: Option<String>,
     /// File whose contents are sent as the request body.
     #[arg(long)]
     pub body: Option<PathBuf>,
@@ -122,6 +126,10 @@ impl LoadArgs {
                     .with_context(|| format!("--header `{h}`: bad value"))?,
             ));
         }
+        let rotate = match &self.request.header_file {
+            Some(spec) => Some(header_file(spec)?),
+            None => None,
+        };
         let body = match &self.request.body {
             Some(path) => Bytes::from(
                 std::fs::read(path).with_context(|| format!("--body {}", path.display()))?,
@@ -132,6 +140,7 @@ impl LoadArgs {
             url: self.url.clone(),
             method,
             headers,
+            rotate,
             body,
             rate: self.rate,
             duration: self.duration,
@@ -153,6 +162,30 @@ impl LoadArgs {
             watch: None,
         })
     }
+}
+
+/// `--header-file Name: FILE`: the header's name and FILE's non-blank lines as its values.
+fn header_file(spec: &str) -> anyhow::Result<(HeaderName, std::sync::Arc<[HeaderValue]>)> {
+    let (name, path) = spec
+        .split_once(':')
+        .with_context(|| format!("--header-file `{spec}` must be `Name: FILE`"))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
+        .with_context(|| format!("--header-file `{spec}`: bad name"))?;
+    let path = path.trim();
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("--header-file: reading {path}"))?;
+    let mut values = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        values.push(
+            HeaderValue::from_str(line.trim())
+                .with_context(|| format!("--header-file {path}:{}: not a header value", n + 1))?,
+        );
+    }
+    anyhow::ensure!(!values.is_empty(), "--header-file {path}: no values");
+    Ok((name, values.into()))
 }
 
 /// Arguments of `tailguard lab`.

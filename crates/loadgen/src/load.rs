@@ -47,6 +47,10 @@ pub struct LoadConfig {
     pub method: Method,
     /// Extra request headers.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// A header whose value changes from request to request: each generator thread sends
+    /// these values in turn, from the first, round and round (e.g. 1,000 distinct tokens, so
+    /// that a gateway sees many credentials rather than one).
+    pub rotate: Option<(HeaderName, Arc<[HeaderValue]>)>,
     /// Request body.
     pub body: Bytes,
     /// Requests per second.
@@ -87,6 +91,7 @@ impl LoadConfig {
             url: url.to_string(),
             method: Method::GET,
             headers: Vec::new(),
+            rotate: None,
             body: Bytes::new(),
             rate,
             duration,
@@ -112,6 +117,9 @@ struct Template {
     path: Uri,
     headers: HeaderMap,
     body: Bytes,
+    /// The rotating header and the index of the value the next request carries.
+    rotate: Option<(HeaderName, Arc<[HeaderValue]>)>,
+    next: Cell<usize>,
 }
 
 impl Template {
@@ -120,6 +128,13 @@ impl Template {
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.path.clone();
         *req.headers_mut() = self.headers.clone();
+        if let Some((name, values)) = &self.rotate
+            && !values.is_empty()
+        {
+            let i = self.next.get();
+            self.next.set((i + 1) % values.len());
+            req.headers_mut().insert(name.clone(), values[i].clone());
+        }
         req
     }
 }
@@ -334,6 +349,8 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
                 path: target.path.clone(),
                 headers: headers.clone(),
                 body: config.body.clone(),
+                rotate: config.rotate.clone(),
+                next: Cell::new(0),
             };
             let timeline = Timeline::new(&config.phases, config.rate, duration_s);
             let target = target.clone();

@@ -5,6 +5,7 @@
 
 mod coordinated_omission;
 mod report;
+mod rotate;
 mod schedule;
 mod scrape;
 mod slowest;
