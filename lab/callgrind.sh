@@ -6,6 +6,9 @@
 # total instructions per request and the top functions (inclusive and self) per request.
 # Instruction counts do not depend on the machine being quiet.
 #   REQUESTS=10000 RATE=500 [TAILGUARD=target/release/tailguard] lab/callgrind.sh
+# START_WAIT=600 waits that many seconds for the gateway to listen (valgrind parses a big
+# table slowly). URL_PATH=/t50000/api/items sends the load to that path instead of `/` (with EXTRA_CONFIG
+# holding a large route table, to count what the table's size costs a request).
 # EXTRA_CONFIG=file appends that TOML to the gateway's config (e.g. a `[tracing]` table, to
 # count what a traced request costs); TRACE_SINK=1 [TRACE_RATIO=] appends one exporting to an
 # OTLP sink (lab/lib.sh `start_otlp_sink`), so the exporter's work is that of a collector
@@ -48,11 +51,12 @@ fi
 gw=$!
 pids+=("$gw")
 # Valgrind starts the gateway slowly.
-wait_port "$gw_port" 60
-"$exe" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration 3s --connections "$conns" --brief > /dev/null
+wait_port "$gw_port" "${START_WAIT:-60}"
+path=${URL_PATH:-/}
+"$exe" load "http://127.0.0.1:$gw_port$path" --rate "$rate" --duration 3s --connections "$conns" --brief > /dev/null
 callgrind_control --zero "$gw" > /dev/null
 secs=$(( (requests + rate - 1) / rate ))
-"$exe" load "http://127.0.0.1:$gw_port/" --rate "$rate" --duration "${secs}s" --connections "$conns" \
+"$exe" load "http://127.0.0.1:$gw_port$path" --rate "$rate" --duration "${secs}s" --connections "$conns" \
   --brief --json "$out/load.json" > "$out/load.txt"
 callgrind_control --dump=measured "$gw" > /dev/null
 kill "$gw"; wait "$gw" 2>/dev/null || true

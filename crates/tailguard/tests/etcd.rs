@@ -214,6 +214,8 @@ struct Load {
     ok: Arc<AtomicUsize>,
     failed: Arc<AtomicUsize>,
     failures: Arc<Mutex<Vec<String>>>,
+    /// When each request was sent and how long it took, succeeded or not.
+    times: Arc<Mutex<Vec<(Instant, Duration)>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -223,15 +225,22 @@ impl Load {
         let ok = Arc::new(AtomicUsize::new(0));
         let failed = Arc::new(AtomicUsize::new(0));
         let failures = Arc::new(Mutex::new(Vec::new()));
+        let times = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for gw in gateways {
             for _ in 0..2 {
                 let url = format!("{}/", gw.url());
-                let (stop, ok, failed, failures) =
-                    (stop.clone(), ok.clone(), failed.clone(), failures.clone());
+                let (stop, ok, failed, failures, times) = (
+                    stop.clone(),
+                    ok.clone(),
+                    failed.clone(),
+                    failures.clone(),
+                    times.clone(),
+                );
                 tasks.push(rt.spawn(async move {
                     let client = http1_client();
                     while !stop.load(Ordering::Relaxed) {
+                        let sent = Instant::now();
                         let request = http::Request::get(&url)
                             .body(tailguard_test_support::TestBody::default())
                             .expect("request");
@@ -245,6 +254,7 @@ impl Load {
                             Ok(r) => Err(format!("status {}", r.status())),
                             Err(e) => Err(format!("{e:?}")),
                         };
+                        times.lock().expect("lock").push((sent, sent.elapsed()));
                         match outcome {
                             Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
                             Err(e) => {
@@ -263,8 +273,23 @@ impl Load {
             ok,
             failed,
             failures,
+            times,
             tasks,
         }
+    }
+
+    /// The times of the requests sent in `from..to`, sorted.
+    fn times_between(&self, from: Instant, to: Instant) -> Vec<Duration> {
+        let mut v: Vec<Duration> = self
+            .times
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(sent, _)| (from..to).contains(sent))
+            .map(|&(_, took)| took)
+            .collect();
+        v.sort();
+        v
     }
 
     /// Stops the load: (succeeded, failed, the first few failures).
@@ -780,6 +805,149 @@ fn push_figures() {
     println!(
         "requests under constant load during the pushes: {ok} ok, {failed} failed {failures:?}"
     );
+    assert_eq!(failed, 0);
+}
+
+/// The lab's table of `n` path routes (half prefixes, half exact) and `n / 10` host routes,
+/// all to upstream `up` (`tailguard lab routes` builds the same for a file).
+fn route_table(n: usize) -> String {
+    let mut t = String::with_capacity(n * 80);
+    for i in 0..n {
+        let path = if i % 2 == 0 {
+            format!("prefix = \"/t{i}/api\"")
+        } else {
+            format!("exact = \"/t{i}/x\"")
+        };
+        t.push_str(&format!(
+            "\n[[routes]]\nid = \"r{i}\"\nupstream = \"up\"\npath = {{ {path} }}\n"
+        ));
+    }
+    for j in 0..n / 10 {
+        t.push_str(&format!(
+            "\n[[routes]]\nid = \"h{j}\"\nupstream = \"up\"\nhost = \"h{j}.example.com\"\n"
+        ));
+    }
+    t
+}
+
+/// Issue 46's etcd path: three gateway processes start from, and then apply, a document of
+/// 100,000 path routes and 10,000 host routes (about 7 MiB, so etcd runs with a larger
+/// `--max-request-bytes`, as docs/etcd.md says) while each is under constant load. Prints
+/// the start, push-to-applied on each gateway (a route only the new revision has, as in
+/// [`push_figures`]), and the load's percentiles before and during the pushes. Run it with
+/// `TAILGUARD_BIN=target/release/tailguard cargo test -p tailguard --test main --
+/// --ignored push_figures_100k_routes --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check: prints figures"]
+fn push_figures_100k_routes() {
+    const PUSHES: usize = 5;
+    let routes: usize = std::env::var("ROUTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let Some(etcd) = Etcd::builder().arg("--max-request-bytes=33554432").start() else {
+        return;
+    };
+    let rt = runtime();
+    let up = rt.block_on(Upstream::builder().body("up").start());
+    let table = route_table(routes);
+    let doc = |mark: &str| format!("{}{table}", marked(up.addr, mark));
+    let first = doc("v0");
+    println!(
+        "document: {routes} path routes + {} host routes, {:.1} MiB",
+        routes / 10,
+        first.len() as f64 / 1048576.0
+    );
+    put(&etcd, &first);
+    let binary =
+        std::env::var_os("TAILGUARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailguard").into());
+    let url = etcd.url();
+    let args = [
+        "--etcd",
+        &url,
+        "--etcd-key",
+        KEY,
+        "--threads",
+        "1",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let started = Instant::now();
+    let gateways = [0, 1, 2].map(|_| Gateway::run_binary(&binary, &args));
+    for gw in &gateways {
+        wait_until("the first revision", Duration::from_secs(120), || {
+            get(gw.addr, "/v0").1 == "v0"
+        });
+    }
+    println!(
+        "three gateways started (one after the other) and answering from the etcd document: {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    let load = Load::start(&rt, &[&gateways[0], &gateways[1], &gateways[2]]);
+    let mut client = rt.block_on(client(&url));
+    std::thread::sleep(Duration::from_secs(5));
+    let pushes_from = Instant::now();
+    let mut each = Vec::with_capacity(3 * PUSHES);
+    let mut acknowledged = Vec::with_capacity(PUSHES);
+    for n in 1..=PUSHES {
+        let mark = format!("v{n}");
+        let path = format!("/{mark}");
+        for gw in &gateways {
+            assert_eq!(
+                get(gw.addr, &path),
+                (200, "up".to_owned()),
+                "before push {n}"
+            );
+        }
+        let next = doc(&mark);
+        let pushed = Instant::now();
+        rt.block_on(client.put(KEY, next)).expect("put");
+        acknowledged.push(pushed.elapsed());
+        let mut applied = [None; 3];
+        while applied.iter().any(Option::is_none) {
+            for (i, gw) in gateways.iter().enumerate() {
+                if applied[i].is_none() && get(gw.addr, &path).1 == mark {
+                    applied[i] = Some(pushed.elapsed());
+                }
+            }
+            assert!(
+                pushed.elapsed() < Duration::from_secs(60),
+                "push {n} never applied"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        each.extend(applied.map(|d| d.expect("applied")));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let pushes_to = Instant::now();
+    let before = load.times_between(pushes_from - Duration::from_secs(5), pushes_from);
+    let during = load.times_between(pushes_from, pushes_to);
+    let (ok, failed, failures) = load.finish(&rt);
+    each.sort();
+    acknowledged.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let line = |v: &[Duration]| {
+        let at = |q: f64| ms(v[((v.len() as f64 * q) as usize).min(v.len() - 1)]);
+        format!(
+            "{} requests, P50 {:.2} ms, P99 {:.2} ms, P99.9 {:.2} ms, P100 {:.2} ms",
+            v.len(),
+            at(0.5),
+            at(0.99),
+            at(0.999),
+            at(1.0)
+        )
+    };
+    println!(
+        "push to applied, each of 3 gateways x {PUSHES} pushes: median {:.0} ms, max {:.0} ms; \
+         etcd acknowledging the put (part of it): median {:.0} ms, max {:.0} ms",
+        ms(each[each.len() / 2]),
+        ms(each[each.len() - 1]),
+        ms(acknowledged[PUSHES / 2]),
+        ms(acknowledged[PUSHES - 1]),
+    );
+    println!("load, 5 s before the pushes: {}", line(&before));
+    println!("load, during the pushes:     {}", line(&during));
+    println!("requests under load: {ok} ok, {failed} failed {failures:?}");
     assert_eq!(failed, 0);
 }
 
