@@ -20,6 +20,8 @@
 # by the requests sent is its CPU per response. Printed: the median per case and proxy, the
 # per-round ratio tailguard/nginx and its median, and each response's size (curl) with
 # its ratio to nginx's. Every process runs at nice $NICE (default -10, when root).
+# CASES="identity gzip1 gzip6" runs only those cases (identity is always run: the others are
+# stated over it); SIZES="8k" only that body.
 #   DURATION=5s ROUNDS=3 RATE_8K=1000 RATE_64K=300 lab/compare-compress.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,9 +52,17 @@ wait_url() {
   echo "compare-compress: nothing answers at $1" >&2; exit 1
 }
 
-sizes=(8k 64k)
-tg_cases=(identity gzip1 gzip6 br4 br5 zstd1 zstd3)
-ng_cases=(identity gzip1 gzip6)
+read -r -a sizes <<< "${SIZES:-8k 64k}"
+tg_cases=(identity)
+ng_cases=(identity)
+for c in ${CASES:-gzip1 gzip6 br4 br5 zstd1 zstd3}; do
+  case $c in
+    identity) ;;
+    gzip1|gzip6) tg_cases+=("$c"); ng_cases+=("$c") ;;
+    br4|br5|zstd1|zstd3) tg_cases+=("$c") ;;
+    *) echo "compare-compress: no case $c" >&2; exit 2 ;;
+  esac
+done
 declare -A up_port
 for s in "${sizes[@]}"; do
   up_port[$s]=$(free_port)
@@ -196,6 +206,8 @@ print("| body | case | tailguard CPU us/resp (median) | nginx CPU us/resp (media
 print("|---|---|---|---|---|---|---|---|")
 for s in ("8k", "64k"):
     for c in ("identity", "gzip1", "gzip6", "br4", "br5", "zstd1", "zstd3"):
+        if ("tailguard", c, s) not in sizes:
+            continue
         tg = [us("tailguard", c, s, r) for r in range(1, rounds + 1)]
         tgb = sizes[("tailguard", c, s)][0]
         if ("nginx", c, s) in sizes:

@@ -1,8 +1,9 @@
 //! CPU per response of each coding at its common web levels, for the JSON bodies the lab's
-//! `compress` scenario serves (`lab/compress/8k.json`, `64k.json`): a fresh encoder per
-//! response (told the body's length, as the gateway is when the upstream sends
-//! `Content-Length`), the body fed in 16 KiB pieces as an upstream's frames would come, and
-//! the stream finished. The baseline is a plain copy of the body into `Bytes` (what an
+//! `compress` scenario serves (`lab/compress/8k.json`, `64k.json`): an encoder per response
+//! (told the body's length, as the gateway is when the upstream sends `Content-Length`), the
+//! body fed in 16 KiB pieces as an upstream's frames would come, and the stream finished.
+//! gzip reuses the thread's idle deflate state as the gateway does (`src/gzip.rs`);
+//! `gzip_N_fresh` sets one up per response instead (as before the reuse), for comparison. The baseline is a plain copy of the body into `Bytes` (what an
 //! uncompressed response costs here). Each compressed size is printed beside the bench's
 //! name, and the heap a stream holds at its peak (Rust allocations: gzip and brotli; zstd's
 //! context is C's, stated in the crate's doc).
@@ -82,11 +83,14 @@ fn bench(c: &mut Criterion) {
         });
         for (case, algorithm, level) in CASES {
             let length = Some(body.len() as u64);
+            // A fresh stream's memory: no idle gzip state to reuse.
+            tailguard_compress::gzip::drop_idle();
             let base = IN_USE.load(Ordering::Relaxed);
             PEAK.store(base, Ordering::Relaxed);
             let size = encode(algorithm, level, body, length);
             let peak = PEAK.load(Ordering::Relaxed) - base;
             let unknown = {
+                tailguard_compress::gzip::drop_idle();
                 let base = IN_USE.load(Ordering::Relaxed);
                 PEAK.store(base, Ordering::Relaxed);
                 encode(algorithm, level, body, None);
@@ -116,6 +120,14 @@ fn bench(c: &mut Criterion) {
             g.bench_function(case, |b| {
                 b.iter(|| encode(algorithm, level, black_box(body), length));
             });
+            if algorithm == Algorithm::Gzip {
+                g.bench_function(format!("{case}_fresh"), |b| {
+                    b.iter(|| {
+                        tailguard_compress::gzip::drop_idle();
+                        encode(algorithm, level, black_box(body), length)
+                    });
+                });
+            }
         }
         g.finish();
     }

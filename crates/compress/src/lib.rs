@@ -10,9 +10,12 @@
 //! encoder from its response body.
 //!
 //! Memory per stream, by coding (the window is what the decoder needs too):
-//! - gzip: zlib's deflate state for a 32 KiB window at memory level 8 (the zlib defaults,
-//!   which nginx uses): 2 x 32 KiB window + 64 KiB chains + 128 KiB hash + 64 KiB pending
-//!   symbols, about 256 KiB, and flate2's 32 KiB output buffer: [`GZIP_BYTES`].
+//! - gzip: zlib-rs's deflate state for a 32 KiB window at memory level 8 (the zlib
+//!   defaults, which nginx uses): 2 x 32 KiB window + 64 KiB chains + 128 KiB hash heads +
+//!   64 KiB pending + 48 KiB symbols, and a 16 KiB output scratch: [`GZIP_BYTES`], less for
+//!   a body whose length is known to be under 16 KiB (the window fits it). Each thread also
+//!   keeps up to [`gzip::IDLE_PER_THREAD`] idle states between responses, to reset instead of
+//!   setting one up per response ([`gzip`]).
 //!
 //! ```
 //! use std::io::Read;
@@ -29,19 +32,19 @@
 //! assert_eq!(text, r#"{"a":1,"b":2}"#);
 //! ```
 //!
-//! The gzip backend is flate2's: which one it runs on (miniz_oxide, zlib-rs, zlib-ng) was
-//! chosen by measuring them here (`benches/encode.rs`, the crate's `Cargo.toml` says the
-//! choice and its figures).
+//! The gzip backend is zlib-rs (the one flate2 runs on here), used directly for its
+//! reset: which backend was chosen by measuring them here (`benches/encode.rs`, the
+//! crate's `Cargo.toml` says the choice and its figures).
+
+pub mod gzip;
 
 use std::io::{self, Write};
 
 use bytes::Bytes;
-use flate2::write::GzEncoder;
 
-/// A stream's gzip memory, stated: zlib's `deflateInit2` formula for a 32 KiB window
-/// (`windowBits` 15) and memory level 8, `(1 << (15 + 2)) + (1 << (8 + 9))` = 256 KiB,
-/// plus flate2's 32 KiB output buffer.
-pub const GZIP_BYTES: usize = (1 << 17) + (1 << 17) + 32 * 1024;
+/// A stream's gzip memory at most, stated: [`gzip::STATE_BYTES`] (zlib-rs's layout of a
+/// 32 KiB window at memory level 8, and the output scratch).
+pub const GZIP_BYTES: usize = gzip::STATE_BYTES;
 
 /// zstd's window: 2^19 = 512 KiB at most (zstd's own level 3 would take 2 MiB and more,
 /// RFC 8878 allows a decoder to refuse over 8 MiB). Set when the body's length is not
@@ -54,7 +57,7 @@ pub const ZSTD_TABLE_LOG: u32 = 16;
 /// Brotli's window: 2^18 = 256 KiB (brotli's own 4 MiB default is sized for files, not for
 /// responses).
 pub const BROTLI_WINDOW_LOG: u32 = 18;
-/// The output buffers of the brotli and zstd writers (flate2's is 32 KiB).
+/// The output buffers of the brotli and zstd writers.
 const OUT_BUFFER: usize = 16 * 1024;
 
 /// A content coding.
@@ -85,7 +88,7 @@ pub struct Encoder {
 }
 
 enum Inner {
-    Gzip(GzEncoder<Vec<u8>>),
+    Gzip(gzip::Gzip),
     Br(Box<brotli::CompressorWriter<Vec<u8>>>),
     Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
     /// Finished: nothing more can be written.
@@ -107,21 +110,10 @@ impl std::fmt::Debug for Encoder {
 impl Encoder {
     /// An encoder for `algorithm` at `level` (a level outside the coding's range is
     /// clamped into it; the config refuses one before it gets here). `length` is the body's
-    /// length when known: zstd and brotli size their window and tables to it.
+    /// length when known: each coding sizes its window and tables to it.
     pub fn new(algorithm: Algorithm, level: i32, length: Option<u64>) -> io::Result<Encoder> {
         let inner = match algorithm {
-            Algorithm::Gzip => {
-                // Level 1 is zlib's (and so nginx's): deflate_fast without lazy matches,
-                // which zlib-rs (like zlib-ng) runs as its level 2. zlib-rs's own level 1
-                // is deflate_quick (static Huffman codes only): about 3x less CPU here but
-                // 20 % more bytes than nginx's level 1 (benches/encode.rs). The other levels
-                // are zlib-rs's own (3 to 6 deflate_medium: within 0.3 % of zlib's sizes).
-                let level = match u32::try_from(level.clamp(1, 9)).unwrap_or(1) {
-                    1 => 2,
-                    n => n,
-                };
-                Inner::Gzip(GzEncoder::new(Vec::new(), flate2::Compression::new(level)))
-            }
+            Algorithm::Gzip => Inner::Gzip(gzip::Gzip::new(level, length)),
             Algorithm::Br => {
                 let params = brotli::enc::BrotliEncoderParams {
                     quality: level.clamp(0, 11),
@@ -157,15 +149,7 @@ impl Encoder {
     /// sending, unless told to flush or finish).
     pub fn encode(&mut self, data: &[u8], end: End) -> io::Result<Bytes> {
         let out = match &mut self.inner {
-            Inner::Gzip(e) => {
-                e.write_all(data)?;
-                match end {
-                    End::No => {}
-                    End::Flush => e.flush()?,
-                    End::Finish => e.try_finish()?,
-                }
-                take(e.get_mut())
-            }
+            Inner::Gzip(e) => e.encode(data, end)?,
             Inner::Br(e) => {
                 e.write_all(data)?;
                 match end {
