@@ -115,10 +115,10 @@ impl Encoder {
         let inner = match algorithm {
             Algorithm::Gzip => Inner::Gzip(gzip::Gzip::new(level, length)),
             Algorithm::Br => {
+                let quality = level.clamp(0, 11);
                 let params = brotli::enc::BrotliEncoderParams {
-                    quality: level.clamp(0, 11),
-                    // A known length shrinks the window (and the ring buffer) to fit it.
-                    lgwin: length.map_or(BROTLI_WINDOW_LOG, window_log_for) as i32,
+                    quality,
+                    lgwin: brotli_window_log(quality, length) as i32,
                     size_hint: length.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
                     ..Default::default()
                 };
@@ -249,6 +249,25 @@ pub fn zstd_context_bytes(level: i32, body: &[u8], length_known: bool) -> io::Re
     Ok(cctx.sizeof())
 }
 
+/// The smallest brotli window at or above which rust-brotli picks a hasher of its own for
+/// qualities 5 to 8 (C brotli's H5, 2^14 buckets of 2^(quality - 1) entries).
+const BROTLI_H5_WINDOW_LOG: u32 = 17;
+
+/// Brotli's window for a stream at `quality`: fitted to a known length (and the ring buffer
+/// with it), else [`BROTLI_WINDOW_LOG`]. At qualities 5 to 8 never under
+/// [`BROTLI_H5_WINDOW_LOG`]: for a smaller window C brotli uses its forgetful-chain hashers
+/// (H40 to H42), which rust-brotli does not have, so it fell back to H6 with its default
+/// tables, 2^15 buckets of 2^8 entries of 4 bytes: 32 MiB zeroed per stream (level 5 cost
+/// 10x level 4 per response, the 2026-12-02 compress run).
+fn brotli_window_log(quality: i32, length: Option<u64>) -> u32 {
+    let fitted = length.map_or(BROTLI_WINDOW_LOG, window_log_for);
+    if (5..=8).contains(&quality) {
+        fitted.max(BROTLI_H5_WINDOW_LOG)
+    } else {
+        fitted
+    }
+}
+
 /// The smallest brotli window (2^10 to 2^[`BROTLI_WINDOW_LOG`]) that holds `n` bytes.
 fn window_log_for(n: u64) -> u32 {
     let bits = u64::BITS - n.saturating_sub(1).leading_zeros();
@@ -351,6 +370,23 @@ mod tests {
         assert_eq!(window_log_for(8192), 13);
         assert_eq!(window_log_for(65_536), 16);
         assert_eq!(window_log_for(u64::MAX), BROTLI_WINDOW_LOG);
+    }
+
+    #[test]
+    fn brotli_5_to_8_keep_a_window_with_a_hasher_of_their_own() {
+        for quality in 5..=8 {
+            assert_eq!(brotli_window_log(quality, Some(8192)), BROTLI_H5_WINDOW_LOG);
+            assert_eq!(brotli_window_log(quality, None), BROTLI_WINDOW_LOG);
+        }
+        for quality in [0, 4, 9, 11] {
+            assert_eq!(brotli_window_log(quality, Some(8192)), 13);
+        }
+        // And it compresses as before.
+        let body = json(8192);
+        let mut enc = Encoder::new(Algorithm::Br, 5, Some(8192)).expect("an encoder");
+        let out = enc.encode(&body, End::Finish).expect("encodes");
+        assert!(out.len() < body.len() / 3);
+        assert_eq!(decode(Algorithm::Br, &out), body);
     }
 
     #[test]
