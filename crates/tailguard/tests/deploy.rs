@@ -277,9 +277,31 @@ upstream = "api"
 path = { prefix = "/global" }
 rate_limit = { rate = 100, per = "minute", key = "route", scope = "global" }
 
+# Authentication (issue 47): a key set read from a file and a consumer's key, so the auth
+# panels have their series; the traffic presents no credential, so it is refused.
+[[auth]]
+name = "idp"
+type = "jwt"
+jwks = "JWKS_FILE"
+
+[[auth]]
+name = "partners"
+type = "api_key"
+consumers = [{ name = "acme", keys = ["sha256:640574f1f4e283be31cf43430d416e90e57af9f5e0ac5524ead6908856fe749e"] }]
+
+[[routes]]
+id = "authed"
+upstream = "api"
+path = { prefix = "/authed" }
+auth = ["idp", "partners"]
+
 [redis]
 url = "REDIS_URL"
 "#;
+
+/// The key set of the `idp` authenticator: the Ed25519 public key of RFC 8037 appendix A.
+const JWKS: &str = r#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"rfc8037",
+"x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
 
 /// The etcd key the Prometheus test's gateway reads its config from.
 const ETCD_KEY: &str = "/tailguard/config";
@@ -312,6 +334,7 @@ async fn traffic(url: String, stop: Arc<AtomicBool>) {
             "/limited",
             "/global",
             "/status/503",
+            "/authed/x",
         ] {
             let _ = tailguard_test_support::get(&client, &format!("{url}{path}")).await;
         }
@@ -348,9 +371,12 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
     let (api, grpc) = rt.block_on(async { (Upstream::start().await, GrpcUpstream::start().await) });
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("gw.toml");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, JWKS).expect("write jwks");
     std::fs::write(
         &config,
         GATEWAY_CONFIG
+            .replace("JWKS_FILE", jwks.to_str().expect("utf-8 path"))
             .replace("API_PORT", &api.addr.port().to_string())
             .replace("GRPC_PORT", &grpc.addr.port().to_string())
             .replace("REDIS_URL", &redis.url())
@@ -447,6 +473,8 @@ fn dashboard_queries_and_alert_rules_work_in_a_real_prometheus_scraping_a_real_g
                 "tailguard_config_etcd_revision > 0",
                 "tailguard_config_etcd_connected == 1",
                 "tailguard_config_etcd_last_apply_ok == 1",
+                r#"tailguard_auth_requests_total{route="authed",result="missing"} > 0"#,
+                r#"tailguard_auth_jwks_last_success_timestamp_seconds{auth="idp"} > 0"#,
             ]
             .iter()
             .all(|q| query(prometheus, q).is_ok_and(|r| !r.is_empty()));
