@@ -7,6 +7,9 @@
 //! `Set-Cookie`, `Content-Type`, body up to [`BODY_LIMIT`]). The service unreachable, or
 //! silent past `timeout_ms`: `503`, result `auth_service_error`; never let through.
 //!
+//! An `https://` service is called over TLS (rustls), verified against the system's roots and
+//! the certificates of `ca` if given ([`crate::connect`]).
+//!
 //! The call is the request's [`Verdict::Pending`] future, awaited on the serving thread
 //! that asked: no thread of its own, no CPU while it waits. Connections are keep-alive and
 //! pooled per serving thread and authenticator (hyper-util's pooled client, one per thread,
@@ -19,6 +22,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -28,10 +32,10 @@ use http::header::{CONTENT_TYPE, HOST, LOCATION, SET_COOKIE, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::authenticate::{AuthRequest, Authenticate};
+use crate::connect::Connector;
 use crate::outcome::{Accepted, Outcome, Refusal, Verdict};
 use crate::result::AuthResult;
 
@@ -49,8 +53,11 @@ const IDLE_PER_THREAD: usize = 64;
 /// What a [`Forward`] is built from.
 #[derive(Debug, Clone)]
 pub struct ForwardSettings {
-    /// The auth service's URL (`http://host:port/path`): a `GET` to it per request.
+    /// The auth service's URL (`http://host:port/path` or `https://...`): a `GET` to it per
+    /// request.
     pub url: Uri,
+    /// A PEM file of CA certificates trusted for an `https://` URL besides the system's.
+    pub ca: Option<PathBuf>,
     /// Client headers passed to the auth service (besides the `X-Forwarded-*` ones).
     pub request_headers: Vec<HeaderName>,
     /// Headers of the service's `2xx` answer set on the request sent upstream.
@@ -67,6 +74,8 @@ pub struct Forward {
     settings: Arc<ForwardSettings>,
     /// `Host` of the call (the URL's authority).
     host: HeaderValue,
+    /// The TLS config of an `https://` URL (read at build: never on a serving thread).
+    tls: Option<Arc<rustls::ClientConfig>>,
     /// Ties a serving thread's client and cache entries to this authenticator: theirs die
     /// with it.
     id: Arc<()>,
@@ -88,7 +97,7 @@ enum Decided {
 type Cache = HashMap<[u8; 32], (Decided, Instant)>;
 
 /// The pooled client of one authenticator on one serving thread.
-type ThreadClient = Client<HttpConnector, Empty<Bytes>>;
+type ThreadClient = Client<Connector, Empty<Bytes>>;
 
 /// One authenticator's client and cache on a serving thread, tied to it by a weak pointer.
 type PerThread = (Weak<()>, ThreadClient, Cache);
@@ -112,18 +121,26 @@ pub const RESERVED: &[&str] = &[
     "upgrade",
 ];
 
-/// Whether the gateway can call `settings.url`: `http://` with a host.
-pub fn check_url(settings: ForwardSettings) -> Result<(), String> {
+/// Whether the gateway can call `settings.url`: `http://` or `https://` with a host.
+pub fn check_url(settings: &ForwardSettings) -> Result<(), String> {
     host_of(&settings.url).map(|_| ())
 }
 
+/// Whether `settings.ca` can be used: only with an `https://` URL, a readable PEM file of
+/// certificates.
+pub fn check_ca(settings: &ForwardSettings) -> Result<(), String> {
+    let Some(path) = &settings.ca else {
+        return Ok(());
+    };
+    if settings.url.scheme_str() != Some("https") {
+        return Err("only with an https:// `url`".to_owned());
+    }
+    crate::connect::read_ca(path).map(|_| ())
+}
+
 fn host_of(url: &Uri) -> Result<HeaderValue, String> {
-    if url.scheme_str() != Some("http") {
-        return Err(
-            "must be an http:// URL (TLS to the auth service is not supported: keep \
-                    it on the host or a private network)"
-                .to_owned(),
-        );
+    if !matches!(url.scheme_str(), Some("http" | "https")) {
+        return Err("must be an http:// or https:// URL".to_owned());
     }
     url.authority()
         .ok_or("has no host")?
@@ -133,15 +150,23 @@ fn host_of(url: &Uri) -> Result<HeaderValue, String> {
 }
 
 impl Forward {
-    /// Builds it; `Err` for a URL it cannot call (not `http://`, no host).
+    /// Builds it; `Err` for a URL it cannot call (not `http://` or `https://`, no host) or
+    /// a `ca` it cannot read.
     pub fn build(settings: ForwardSettings) -> Result<Forward, String> {
         let host = host_of(&settings.url)?;
+        check_ca(&settings)?;
+        let tls = if settings.url.scheme_str() == Some("https") {
+            Some(crate::connect::tls_config(settings.ca.as_deref())?)
+        } else {
+            None
+        };
         let mut salt = [0u8; 16];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt)
             .map_err(|_| "no random bytes for the cache's salt".to_owned())?;
         Ok(Forward {
             settings: Arc::new(settings),
             host,
+            tls,
             id: Arc::new(()),
             salt,
             revision: AtomicU64::new(0),
@@ -223,15 +248,14 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
 
 /// This thread's client for the authenticator `id`, made on first use; entries of dropped
 /// authenticators are pruned then.
-fn thread_client(id: &Arc<()>) -> ThreadClient {
+fn thread_client(id: &Arc<()>, tls: Option<&Arc<rustls::ClientConfig>>) -> ThreadClient {
     THREAD.with(|t| {
         let mut t = t.borrow_mut();
         if let Some((_, client, _)) = t.iter().find(|(w, _, _)| w.as_ptr() == Arc::as_ptr(id)) {
             return client.clone();
         }
         t.retain(|(w, _, _)| w.strong_count() > 0);
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        let connector = Connector::new(tls.cloned());
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(IDLE_PER_THREAD)
             .pool_idle_timeout(Duration::from_secs(60))
@@ -308,7 +332,7 @@ fn unavailable() -> Outcome {
 impl Authenticate for Forward {
     fn check(&self, req: &AuthRequest<'_>) -> Verdict {
         let key = self.key(req);
-        let client = thread_client(&self.id);
+        let client = thread_client(&self.id, self.tls.as_ref());
         if let Some(key) = key {
             let now = Instant::now();
             let hit = with_cache(&self.id, |c| {

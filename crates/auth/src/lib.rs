@@ -14,12 +14,15 @@
 //! - [`keys`], [`watch`]: stored key hashes, and files re-read off the request path;
 //!   [`htpasswd`]: an htpasswd file's users and their hashes; [`hash_pool`]: the bounded
 //!   pool of low-priority threads that checks slow password hashes;
-//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]), [`Forward`] ([`forward`]); [`Jwt`] ([`jwt`]) over
+//! - the types: [`ApiKey`] ([`api_key`]), [`Basic`] ([`basic`]), [`Forward`] ([`forward`],
+//!   its connections by [`connect`]); [`Jwt`] ([`jwt`]) over
 //!   [`jwk`] (keys bound to their family), [`jws`] (a token's refusals, its signature, its
 //!   claims), [`jwks`] (key sets kept fresh by the key fetcher thread, [`fetch`]) and
 //!   [`cache`] (verified tokens per serving thread);
 //! - [`AuthMetrics`] ([`metrics`]) and [`Gate`] ([`gate`]): a route's authenticators, tried
-//!   in order until one accepts, counted once per request.
+//!   in order until one accepts, counted once per request;
+//! - [`AuthLayer`] ([`layer`]): a gate as a tower layer, for an axum or hyper service
+//!   (`examples/axum.rs`).
 //!
 //! # Adding an authenticator type
 //!
@@ -89,6 +92,7 @@ pub mod api_key;
 pub mod authenticate;
 pub mod basic;
 pub mod cache;
+pub mod connect;
 pub mod fetch;
 pub mod forward;
 pub mod gate;
@@ -99,6 +103,7 @@ pub mod jwks;
 pub mod jws;
 pub mod jwt;
 pub mod keys;
+pub mod layer;
 pub mod metrics;
 pub mod outcome;
 pub mod result;
@@ -115,6 +120,7 @@ pub use jwks::{Location, Refresh};
 pub use jws::ClaimRules;
 pub use jwt::{Jwt, JwtSettings};
 pub use keys::{Consumer, KeyHash, KeyTable};
+pub use layer::{AuthFuture, AuthLayer, AuthService, Authenticated, PeerFn};
 pub use metrics::{AuthMetrics, ResultCounters};
 pub use outcome::{Accepted, Outcome, PendingOutcome, Refusal, Verdict};
 pub use result::AuthResult;

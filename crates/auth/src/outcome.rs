@@ -89,6 +89,54 @@ impl Refusal {
     }
 }
 
+impl Refusal {
+    /// The gRPC status a gRPC client reads for this answer, as gRPC maps HTTP statuses
+    /// (`doc/http-grpc-status-mapping.md`): `401` UNAUTHENTICATED (16), `403`
+    /// PERMISSION_DENIED (7), `429` / `502` / `503` / `504` UNAVAILABLE (14), `400`
+    /// INTERNAL (13), `404` UNIMPLEMENTED (12), anything else UNKNOWN (2).
+    pub fn grpc_status(&self) -> u8 {
+        match self.status.as_u16() {
+            400 => 13,
+            401 => 16,
+            403 => 7,
+            404 => 12,
+            429 | 502 | 503 | 504 => 14,
+            _ => 2,
+        }
+    }
+
+    /// This refusal as a gRPC client expects it: trailers-only (HTTP `200`,
+    /// `content-type: application/grpc`, `grpc-status`, `grpc-message` with the HTTP
+    /// reason, no body). `WWW-Authenticate` and `Retry-After` stay (a client may read them);
+    /// the body and its type go (a gRPC client would take them for a message).
+    pub fn into_grpc(self) -> Refusal {
+        let code = self.grpc_status();
+        let mut headers = HeaderMap::new();
+        for name in [WWW_AUTHENTICATE, http::header::RETRY_AFTER] {
+            for v in self.headers.get_all(&name) {
+                headers.append(name.clone(), v.clone());
+            }
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            HeaderName::from_static("grpc-status"),
+            HeaderValue::from(u16::from(code)),
+        );
+        // The reason phrase is ASCII without `%`: no percent-encoding needed.
+        let message = self.status.canonical_reason().unwrap_or("refused");
+        headers.insert(
+            HeaderName::from_static("grpc-message"),
+            HeaderValue::from_static(message),
+        );
+        Refusal {
+            result: self.result,
+            status: StatusCode::OK,
+            headers,
+            body: Bytes::new(),
+        }
+    }
+}
+
 /// A boxed future of an [`Outcome`]: a check that runs elsewhere (a pool, another service).
 pub type PendingOutcome = Pin<Box<dyn Future<Output = Outcome> + Send + 'static>>;
 

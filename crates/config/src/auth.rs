@@ -167,8 +167,12 @@ pub struct ForwardConfig {
     /// The element's `type` (read by [`parse`]).
     #[serde(rename = "type")]
     _type: Spanned<String>,
-    /// The auth service, `http://host:port/path`.
+    /// The auth service, `http://host:port/path` or `https://...`.
     pub url: Spanned<String>,
+    /// A PEM file of CA certificates trusted for an `https://` `url` besides the system's
+    /// (relative to the config).
+    #[serde(default)]
+    pub ca: Option<Spanned<String>>,
     /// Client headers passed to it.
     #[serde(default)]
     pub request_headers: Vec<Spanned<String>>,
@@ -208,13 +212,14 @@ fn header_names(list: &[Spanned<String>]) -> Vec<http::HeaderName> {
 
 impl ForwardConfig {
     /// The settings of the runtime's [`tailguard_auth::Forward`] (after [`AuthConfig::check`]).
-    pub fn settings(&self) -> Result<tailguard_auth::ForwardSettings, String> {
+    pub fn settings(&self, base_dir: &Path) -> Result<tailguard_auth::ForwardSettings, String> {
         Ok(tailguard_auth::ForwardSettings {
             url: self
                 .url
                 .get_ref()
                 .parse()
                 .map_err(|_| "not a URL".to_owned())?,
+            ca: self.ca.as_ref().map(|c| base_dir.join(c.get_ref())),
             request_headers: header_names(&self.request_headers),
             upstream_headers: header_names(&self.upstream_headers),
             timeout: std::time::Duration::from_millis(*self.timeout_ms.get_ref()),
@@ -227,9 +232,18 @@ impl ForwardConfig {
         })
     }
 
-    fn check(&self, out: &mut Vec<Problem>) {
-        if let Err(m) = self.settings().and_then(tailguard_auth::forward::check_url) {
-            out.push((Some(self.url.span()), ".url".into(), m));
+    fn check(&self, base_dir: &Path, out: &mut Vec<Problem>) {
+        match self.settings(base_dir) {
+            Err(m) => out.push((Some(self.url.span()), ".url".into(), m)),
+            Ok(settings) => {
+                if let Err(m) = tailguard_auth::forward::check_url(&settings) {
+                    out.push((Some(self.url.span()), ".url".into(), m));
+                }
+                if let (Some(ca), Err(m)) = (&self.ca, tailguard_auth::forward::check_ca(&settings))
+                {
+                    out.push((Some(ca.span()), ".ca".into(), m));
+                }
+            }
         }
         for (field, list) in [
             ("request_headers", &self.request_headers),
@@ -480,7 +494,7 @@ impl AuthConfig {
         match &self.kind {
             AuthKind::ApiKey(k) => k.check(base_dir, &mut out),
             AuthKind::Basic(b) => b.check(base_dir, &mut out),
-            AuthKind::Forward(f) => f.check(&mut out),
+            AuthKind::Forward(f) => f.check(base_dir, &mut out),
             AuthKind::Jwt(j) => j.check(base_dir, &mut out),
         }
         out

@@ -122,7 +122,7 @@ fn build_one(
             .map_err(fail)?,
         ),
         AuthKind::Forward(f) => {
-            Arc::new(Forward::build(f.settings().map_err(fail)?).map_err(fail)?)
+            Arc::new(Forward::build(f.settings(&config.base_dir).map_err(fail)?).map_err(fail)?)
         }
         AuthKind::Jwt(j) => {
             let secret = match j.secret_path(&config.base_dir) {

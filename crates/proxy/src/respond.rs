@@ -173,6 +173,14 @@ pub(crate) fn auth_refused(
     held: Held,
 ) -> Response<ResponseBody> {
     record.error = Some("auth_refused");
+    // A gRPC client reads `grpc-status` (16 unauthenticated, 7 permission denied, 14
+    // unavailable), in a trailers-only answer, as for the gateway's own errors.
+    let refusal = if record.grpc {
+        record.grpc_status = Some(refusal.grpc_status());
+        refusal.into_grpc()
+    } else {
+        refusal
+    };
     record.status = refusal.status.as_u16();
     record.auth_result = Some(refusal.result);
     let finish = Finish {
@@ -181,7 +189,14 @@ pub(crate) fn auth_refused(
         upstream_conn: None,
         _admitted: None,
     };
-    let mut resp = Response::new(ResponseBody::local(refusal.body, Some(finish)));
+    let body = if refusal.body.is_empty() {
+        // No DATA frame: a gRPC trailers-only answer is one HEADERS frame that ends the
+        // stream.
+        ResponseBody::empty(Some(finish))
+    } else {
+        ResponseBody::local(refusal.body, Some(finish))
+    };
+    let mut resp = Response::new(body);
     *resp.status_mut() = refusal.status;
     *resp.headers_mut() = refusal.headers;
     resp

@@ -1,7 +1,8 @@
 //! `type = "forward"` through the real gateway, against a real auth service on 127.0.0.1:0:
 //! what the service is sent, a `2xx` letting the request through with its headers (the
 //! client's spoofed copies removed), any other answer passed back as given, the service down
-//! or silent answered `503`, the cache, and keep-alive connections to the service.
+//! or silent answered `503`, the cache, keep-alive connections to the service, and a service
+//! over TLS (`https://`, its certificate from a test CA given as `ca`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,6 +29,15 @@ struct AuthService {
 
 impl AuthService {
     async fn start() -> AuthService {
+        AuthService::start_with(None).await
+    }
+
+    /// The service over TLS with `config` (a certificate from a test CA).
+    async fn start_tls(config: rustls::ServerConfig) -> AuthService {
+        AuthService::start_with(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> AuthService {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -42,6 +52,7 @@ impl AuthService {
                 };
                 c.fetch_add(1, Ordering::SeqCst);
                 let h = Arc::clone(&h);
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                         h.lock().expect("heads").push(req.headers().clone());
@@ -52,9 +63,18 @@ impl AuthService {
                             .unwrap_or_default();
                         async move { Ok::<_, std::convert::Infallible>(decide(&who)) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let server = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    match tls {
+                        None => {
+                            let _ = server.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(tls) => {
+                            let Ok(stream) = tls.accept(stream).await else {
+                                return;
+                            };
+                            let _ = server.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                    }
                 });
             }
         });
@@ -338,7 +358,8 @@ endpoints = [{ address = "127.0.0.1:1" }]
 [[auth]]
 name = "a"
 type = "forward"
-url = "https://auth.example/verify"
+url = "ftp://auth.example/verify"
+ca = "ca.pem"
 request_headers = ["bad header"]
 upstream_headers = ["x-user", "Content-Length"]
 timeout_ms = 0
@@ -351,12 +372,68 @@ auth = "a"
 "#;
     let errors = config_errors(text);
     let expected = [
-        "gw.toml:11:7: auth[0].url: must be an http:// URL (TLS to the auth service is not supported: keep it on the host or a private network)",
-        "gw.toml:12:20: auth[0].request_headers[0]: `bad header` is not a header name",
-        "gw.toml:13:31: auth[0].upstream_headers[1]: `content-length` is the gateway's own to write",
-        "gw.toml:14:14: auth[0].timeout_ms: 1..=60000",
-        "gw.toml:15:9: auth[0].cache.key_headers: name at least one header (`[\"authorization\"]`): without one, every client of a route would share one answer",
-        "gw.toml:15:37: auth[0].cache.ttl_s: 1..=3600",
+        "gw.toml:11:7: auth[0].url: must be an http:// or https:// URL",
+        "gw.toml:12:6: auth[0].ca: only with an https:// `url`",
+        "gw.toml:13:20: auth[0].request_headers[0]: `bad header` is not a header name",
+        "gw.toml:14:31: auth[0].upstream_headers[1]: `content-length` is the gateway's own to write",
+        "gw.toml:15:14: auth[0].timeout_ms: 1..=60000",
+        "gw.toml:16:9: auth[0].cache.key_headers: name at least one header (`[\"authorization\"]`): without one, every client of a route would share one answer",
+        "gw.toml:16:37: auth[0].cache.ttl_s: 1..=3600",
     ];
     assert_eq!(errors, expected, "{errors:#?}");
+}
+
+#[tokio::test]
+async fn an_https_auth_service_is_called_over_tls_trusting_the_ca_file() {
+    let ca = tailguard_test_support::TestCa::new("auth test CA");
+    let service = AuthService::start_tls(ca.issue(&["localhost"]).server_config(None)).await;
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    ca.write(&dir.path().join("auth-ca.pem"));
+    let url = format!("https://localhost:{}/verify", service.addr.port());
+    let text = gateway(upstream.addr, &url, "ca = \"auth-ca.pem\"\n");
+    let server = Server::start(config_in(dir.path(), &text), 1).expect("gateway starts");
+    let gw = format!("http://{}", server.local_addrs()[0]);
+
+    let (status, _, body) = send(
+        &format!("{gw}/echo/app"),
+        &[("authorization", "Bearer alice")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(echoed(&body, "x-user"), ["alice"], "{body}");
+    let (status, head, _) = send(
+        &format!("{gw}/echo/app"),
+        &[("authorization", "Bearer eve")],
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(head["www-authenticate"], "Bearer realm=\"sso\"");
+    assert_eq!(service.calls(), 2);
+    // Kept alive over TLS too: one handshake, one connection for both calls.
+    assert_eq!(service.connections.load(Ordering::SeqCst), 1);
+    server.shutdown(Duration::from_secs(5)).await;
+
+    // Without the CA, the service's certificate is not trusted: 503, never a pass.
+    let text = gateway(upstream.addr, &url, "");
+    let server = Server::start(config_in(dir.path(), &text), 1).expect("gateway starts");
+    let gw = format!("http://{}", server.local_addrs()[0]);
+    let (status, _, _) = send(
+        &format!("{gw}/echo/app"),
+        &[("authorization", "Bearer alice")],
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        service.calls(),
+        2,
+        "no request was sent over an untrusted connection"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The config `text`, its files relative to `dir`.
+fn config_in(dir: &std::path::Path, text: &str) -> tailguard_proxy::Config {
+    tailguard_proxy::Config::parse(text, "gw.toml", dir)
+        .unwrap_or_else(|e| panic!("invalid test config:\n{e}"))
 }

@@ -880,3 +880,128 @@ type = "jwt"
         short.display()
     );
 }
+
+#[tokio::test]
+async fn forward_token_true_passes_the_token_to_the_upstream_from_the_header_and_the_query() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
+    let upstream = Upstream::start().await;
+    let (gw, url) = start(
+        dir.path(),
+        upstream.addr,
+        "[[auth]]\nname = \"kept\"\ntype = \"jwt\"\nsecret_file = \"secret\"\n\
+         from = [\"header:authorization\", \"query:access_token\"]\n\
+         forward_token = true\nclaims_to_headers = { sub = \"x-user-id\" }\n\n\
+         [[auth]]\nname = \"taken\"\ntype = \"jwt\"\nsecret_file = \"secret\"\n\
+         from = [\"header:authorization\", \"query:access_token\"]\n\n\
+         [[routes]]\nid = \"kept\"\nupstream = \"up\"\npath = { prefix = \"/echo/kept\" }\nauth = \"kept\"\n\n\
+         [[routes]]\nid = \"taken\"\nupstream = \"up\"\npath = { prefix = \"/echo/taken\" }\nauth = \"taken\"\n",
+    );
+    let token = Signer::Hmac.sign(json!({"alg": "HS256"}), claims("alice"));
+
+    // In the header: passed as the client sent it, claims set beside it.
+    let (status, _, echoed) = with_token(&format!("{url}/echo/kept"), &token).await;
+    assert_eq!(status, 200, "{echoed}");
+    assert!(
+        echoed.contains(&format!("authorization: Bearer {token}\n")),
+        "{echoed}"
+    );
+    assert!(echoed.contains("x-user-id: alice\n"), "{echoed}");
+    // In the query: the target keeps it.
+    let (status, _, echoed) = get(&format!("{url}/echo/kept?a=1&access_token={token}"), &[]).await;
+    assert_eq!(status, 200, "{echoed}");
+    assert!(
+        echoed.contains(&format!("access_token={token}")),
+        "{echoed}"
+    );
+
+    // The default (`forward_token = false`) takes it out of both.
+    let (status, _, echoed) = with_token(&format!("{url}/echo/taken"), &token).await;
+    assert_eq!(status, 200, "{echoed}");
+    assert!(!echoed.contains("authorization"), "{echoed}");
+    let (status, _, echoed) = get(&format!("{url}/echo/taken?a=1&access_token={token}"), &[]).await;
+    assert_eq!(status, 200, "{echoed}");
+    assert!(!echoed.contains(&token), "{echoed}");
+    assert!(!echoed.contains("access_token"), "{echoed}");
+    gw.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A gRPC call (`content-type: application/grpc`) over h2c to `url`, with `headers`: its
+/// HTTP status, head and body.
+async fn grpc_call(url: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, Vec<u8>) {
+    use http_body_util::BodyExt as _;
+    let mut req = Request::post(format!("{url}/test.Echo/Unary"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let body = http_body_util::Full::new(tailguard_test_support::grpc::frame(
+        &tailguard_test_support::grpc::Msg::new("hi", 1),
+    ))
+    .map_err(|never| match never {})
+    .boxed();
+    let resp =
+        within(tailguard_test_support::h2c_client().request(req.body(body).expect("request")))
+            .await
+            .expect("an answer");
+    let (parts, body) = resp.into_parts();
+    let body = within(body.collect()).await.expect("body").to_bytes();
+    (parts.status.as_u16(), parts.headers, body.to_vec())
+}
+
+#[tokio::test]
+async fn a_refused_grpc_call_is_answered_trailers_only_with_unauthenticated_or_permission_denied() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
+    let grpc = tailguard_test_support::grpc::GrpcUpstream::start().await;
+    let text = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+         [[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\n\
+         endpoints = [{{ address = \"{}\" }}]\n\n\
+         [[auth]]\nname = \"idp\"\ntype = \"jwt\"\nsecret_file = \"secret\"\n\
+         required_claims = [\"tenant\"]\n\n\
+         [[routes]]\nid = \"grpc\"\nupstream = \"grpc\"\nauth = \"idp\"\n",
+        grpc.addr
+    );
+    let config = tailguard_proxy::Config::parse(&text, "gw.toml", dir.path())
+        .unwrap_or_else(|e| panic!("invalid test config:\n{e}"));
+    let (gw, url) = support::start(config);
+    let bearer = |c: Value| format!("Bearer {}", Signer::Hmac.sign(json!({"alg": "HS256"}), c));
+
+    // No token: UNAUTHENTICATED (16), in one HEADERS frame: HTTP 200, no message.
+    let (status, head, body) = grpc_call(&url, &[]).await;
+    assert_eq!(status, 200, "{head:?}");
+    assert_eq!(head["grpc-status"], "16", "{head:?}");
+    assert_eq!(head["grpc-message"], "Unauthorized", "{head:?}");
+    assert_eq!(head["content-type"], "application/grpc", "{head:?}");
+    assert!(
+        head["www-authenticate"]
+            .to_str()
+            .is_ok_and(|v| v.starts_with("Bearer")),
+        "{head:?}"
+    );
+    assert!(body.is_empty(), "trailers-only: {body:?}");
+    // A token without the required claim: PERMISSION_DENIED (7).
+    let (status, head, body) = grpc_call(&url, &[("authorization", &bearer(claims("a")))]).await;
+    assert_eq!(status, 200, "{head:?}");
+    assert_eq!(head["grpc-status"], "7", "{head:?}");
+    assert!(body.is_empty(), "{body:?}");
+    assert_eq!(grpc.calls(), 0, "refused calls never reach the upstream");
+    // A good one goes through.
+    let mut ok = claims("a");
+    ok["tenant"] = json!("acme");
+    let (status, _, body) = grpc_call(&url, &[("authorization", &bearer(ok))]).await;
+    assert_eq!(status, 200);
+    assert!(!body.is_empty(), "the upstream's answer");
+    assert_eq!(grpc.calls(), 1);
+
+    let text = metrics_text(&gw);
+    for line in [
+        "tailguard_grpc_requests_total{route=\"grpc\",grpc_status=\"16\"} 1",
+        "tailguard_grpc_requests_total{route=\"grpc\",grpc_status=\"7\"} 1",
+    ] {
+        assert!(has_line(&text, line), "no `{line}` in:\n{text}");
+    }
+    gw.shutdown(Duration::from_secs(5)).await;
+}
