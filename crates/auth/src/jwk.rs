@@ -84,6 +84,14 @@ impl Alg {
     pub fn is_hmac(self) -> bool {
         matches!(self, Alg::HS256 | Alg::HS384 | Alg::HS512)
     }
+
+    /// Whether a cold check is slow enough to go to a pool off the serving thread: ES384,
+    /// ~580 µs with ring where every other algorithm takes 1-60 µs
+    /// (`benches/verify.rs`, docs/benchmarks/2026-12-02-auth-verify/), more than a hand-off
+    /// to another thread costs.
+    pub fn is_slow(self) -> bool {
+        matches!(self, Alg::ES384)
+    }
 }
 
 /// The public part of one key, by family.

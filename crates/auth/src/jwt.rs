@@ -4,10 +4,16 @@
 //!
 //! The cost on a serving thread: a cache hit is a hash and a compare; a cold token costs
 //! its signature check (ring; `benches/verify.rs` measures each algorithm), done here
-//! because it is tens of microseconds, cheaper than handing it to another thread.
+//! because it is tens of microseconds, cheaper than handing it to another thread. The
+//! exception is ES384 (~0.6 ms, [`Alg::is_slow`]): when the pinned algorithms allow it, the
+//! authenticator has a one-thread [`HashPool`] (nice 19, a bounded queue; full: `503`,
+//! `busy`) and a cold ES384 token is verified there, the serving thread awaiting the answer
+//! ([`Verdict::Pending`]), so a flood of such tokens takes no serving thread's CPU.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::hash_pool::HashPool;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -47,7 +53,22 @@ pub struct JwtSettings {
 /// A JWT authenticator.
 #[derive(Debug)]
 pub struct Jwt {
+    inner: Arc<Inner>,
+}
+
+/// Queued cold checks of slow algorithms per authenticator: beyond them a request gets
+/// `503` at once (a flood never queues without bound).
+const SLOW_QUEUE: usize = 64;
+
+/// The authenticator's state, shared with the checks that finish later (a slow algorithm's
+/// verification on the pool).
+#[derive(Debug)]
+struct Inner {
     id: u64,
+    /// The pool for [`Alg::is_slow`] algorithms, if any is pinned.
+    pool: Option<HashPool>,
+    /// Checks sent to the pool.
+    pooled: AtomicU64,
     keys: Option<Arc<KeySource>>,
     secret: Option<Key>,
     pinned: Vec<Alg>,
@@ -109,8 +130,18 @@ impl Jwt {
         } else {
             s.from
         };
-        Ok(Jwt {
+        let pool = if pinned.iter().any(|a| a.is_slow()) {
+            Some(
+                HashPool::start(&format!("jwt-{}", s.name), 1, SLOW_QUEUE)
+                    .map_err(|e| format!("cannot start the verification thread: {e}"))?,
+            )
+        } else {
+            None
+        };
+        let inner = Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            pool,
+            pooled: AtomicU64::new(0),
             keys,
             secret: s.secret.map(Key::hmac),
             pinned,
@@ -123,11 +154,25 @@ impl Jwt {
             challenge: value(""),
             invalid: value(", error=\"invalid_token\""),
             insufficient: value(", error=\"insufficient_scope\""),
+        };
+        Ok(Jwt {
+            inner: Arc::new(inner),
         })
     }
 
+    /// Cold checks sent to the pool so far (slow algorithms only).
+    pub fn pooled_checks(&self) -> u64 {
+        self.inner.pooled.load(Ordering::Relaxed)
+    }
+}
+
+impl Inner {
     fn refuse(&self, result: AuthResult) -> Verdict {
-        let refusal = match result {
+        Verdict::Ready(Outcome::Refused(self.refusal(result)))
+    }
+
+    fn refusal(&self, result: AuthResult) -> Refusal {
+        match result {
             AuthResult::Missing => Refusal::unauthorized(result, self.challenge.clone()),
             AuthResult::MissingClaim => {
                 let mut r = Refusal::text(result, StatusCode::FORBIDDEN);
@@ -135,23 +180,26 @@ impl Jwt {
                     .insert(http::header::WWW_AUTHENTICATE, self.insufficient.clone());
                 r
             }
-            AuthResult::KeysUnavailable => {
+            AuthResult::KeysUnavailable | AuthResult::Busy => {
                 let mut r = Refusal::text(result, StatusCode::SERVICE_UNAVAILABLE);
                 r.headers
                     .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
                 r
             }
             _ => Refusal::unauthorized(result, self.invalid.clone()),
-        };
-        Verdict::Ready(Outcome::Refused(refusal))
+        }
     }
 
     fn accepted(&self, source: &Source, r: &Remembered) -> Verdict {
-        Verdict::Ready(Outcome::Accepted(Accepted {
+        Verdict::Ready(self.accept(source, r))
+    }
+
+    fn accept(&self, source: &Source, r: &Remembered) -> Outcome {
+        Outcome::Accepted(Accepted {
             consumer: r.consumer.clone(),
             headers: r.headers.clone(),
             strip: (!self.forward_token).then(|| source.clone()),
-        }))
+        })
     }
 
     /// The consumer and the headers a verified token's claims give.
@@ -194,8 +242,8 @@ fn claim_text(v: &serde_json::Value) -> Option<String> {
     }
 }
 
-impl Authenticate for Jwt {
-    fn check(&self, req: &AuthRequest<'_>) -> Verdict {
+impl Inner {
+    fn check(self: &Arc<Self>, req: &AuthRequest<'_>) -> Verdict {
         let found = self
             .from
             .iter()
@@ -210,24 +258,62 @@ impl Authenticate for Jwt {
         if let Some(r) = cache::get(self.id, generation, token, now) {
             return self.accepted(source, &r);
         }
+        let has_set = current.as_ref().is_some_and(|c| c.keys.is_some());
+        if let Some(pool) = &self.pool
+            && has_set
+            && jws::header_alg(token).is_some_and(Alg::is_slow)
+        {
+            // Owned copies for the pool's thread: the token, the pins, the key set.
+            let current = current.map(arc_swap::Guard::into_inner);
+            let (owned, pinned) = (token.to_vec(), self.pinned.clone());
+            let verifying = pool.try_run(move || {
+                let keys = current.as_ref().and_then(|c| c.keys.as_ref());
+                jws::verify(&owned, &pinned, keys, None)
+            });
+            let Ok(answer) = verifying else {
+                return self.refuse(AuthResult::Busy);
+            };
+            self.pooled.fetch_add(1, Ordering::Relaxed);
+            let (this, source, token) = (Arc::clone(self), source.clone(), token.to_vec());
+            return Verdict::Pending(Box::pin(async move {
+                // The pool dropped the job only if it is shutting down: nothing verified.
+                let verified = answer.await.unwrap_or(Err(Failure::BadSignature));
+                this.settle(verified, has_set, &source, &token, generation, now)
+            }));
+        }
         let keys = current.as_ref().and_then(|c| c.keys.as_ref());
-        let verified = match jws::verify(token, &self.pinned, keys, self.secret.as_ref()) {
+        let verified = jws::verify(token, &self.pinned, keys, self.secret.as_ref());
+        Verdict::Ready(self.settle(verified, has_set, source, token, generation, now))
+    }
+
+    /// A verification's outcome: the claims checked and the token remembered, or the
+    /// refusal. Runs on the serving thread (the cache is per thread).
+    fn settle(
+        &self,
+        verified: Result<jws::Verified, Failure>,
+        has_set: bool,
+        source: &Source,
+        token: &[u8],
+        generation: u64,
+        now: u64,
+    ) -> Outcome {
+        let verified = match verified {
             Ok(v) => v,
             Err(Failure::UnknownKey) => {
                 // No set yet: the fetcher is at it already (and retrying on its backoff).
-                if self.keys.is_some() && keys.is_none() {
-                    return self.refuse(AuthResult::KeysUnavailable);
+                if self.keys.is_some() && !has_set {
+                    return Outcome::Refused(self.refusal(AuthResult::KeysUnavailable));
                 }
                 if let Some(k) = &self.keys {
                     k.ask_refetch();
                 }
-                return self.refuse(AuthResult::UnknownKey);
+                return Outcome::Refused(self.refusal(AuthResult::UnknownKey));
             }
-            Err(f) => return self.refuse(f.result()),
+            Err(f) => return Outcome::Refused(self.refusal(f.result())),
         };
         let until = match self.rules.check(&verified.claims, now) {
             Ok(until) => until,
-            Err(result) => return self.refuse(result),
+            Err(result) => return Outcome::Refused(self.refusal(result)),
         };
         let remembered = Arc::new(self.remember(&verified.claims));
         // Only a token with `exp` is remembered: one without would stay valid for as long
@@ -235,14 +321,20 @@ impl Authenticate for Jwt {
         if let Some(until) = until {
             cache::put(self.id, generation, token, until, Arc::clone(&remembered));
         }
-        self.accepted(source, &remembered)
+        self.accept(source, &remembered)
+    }
+}
+
+impl Authenticate for Jwt {
+    fn check(&self, req: &AuthRequest<'_>) -> Verdict {
+        self.inner.check(req)
     }
 
     fn sets_headers(&self) -> &[HeaderName] {
-        &self.sets
+        &self.inner.sets
     }
 
     fn sources(&self) -> &[Source] {
-        &self.from
+        &self.inner.from
     }
 }

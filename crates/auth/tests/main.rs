@@ -5,3 +5,4 @@
 
 mod axum_app;
 mod basic;
+mod jwt_pool;
