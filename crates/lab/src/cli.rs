@@ -77,6 +77,11 @@ pub struct RequestArgs {
     /// next line of FILE (blank lines skipped), round and round, e.g. 1,000 distinct tokens.
     #[arg(long)]
     pub header_file: Option<String>,
+    /// With `--header-file`: count the answers per value and per wall-clock window of this
+    /// length, e.g. `60s` (printed, and in the `--json` report's `keys`): a per-key rate
+    /// limit checked key by key.
+    #[arg(long, value_name = "WINDOW", value_parser = parse_duration)]
+    pub count_per_value: Option<Duration>,
     /// File whose contents are sent as the request body.
     #[arg(long)]
     pub body: Option<PathBuf>,
@@ -130,6 +135,10 @@ impl LoadArgs {
             Some(spec) => Some(header_file(spec)?),
             None => None,
         };
+        if let Some(window) = self.request.count_per_value {
+            anyhow::ensure!(rotate.is_some(), "--count-per-value needs --header-file");
+            anyhow::ensure!(!window.is_zero(), "--count-per-value must be above 0");
+        }
         let body = match &self.request.body {
             Some(path) => Bytes::from(
                 std::fs::read(path).with_context(|| format!("--body {}", path.display()))?,
@@ -141,6 +150,7 @@ impl LoadArgs {
             method,
             headers,
             rotate,
+            count_values: self.request.count_per_value,
             body,
             rate: self.rate,
             duration: self.duration,

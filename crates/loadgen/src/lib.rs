@@ -53,6 +53,7 @@
 pub mod clock;
 mod error;
 pub mod hgrm;
+pub mod keys;
 pub mod latency;
 pub mod load;
 pub mod pinning;

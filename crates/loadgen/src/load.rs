@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 
 use crate::LoadError;
 use crate::clock::{from_ns, now_ns};
+use crate::keys::{KeyCounts, KeyTally};
 use crate::latency::Latency;
 use crate::report::{Report, Scrape};
 use crate::schedule::{Phase, Schedule};
@@ -51,6 +52,9 @@ pub struct LoadConfig {
     /// these values in turn, from the first, round and round (e.g. 1,000 distinct tokens, so
     /// that a gateway sees many credentials rather than one).
     pub rotate: Option<(HeaderName, Arc<[HeaderValue]>)>,
+    /// With `rotate`: count the answers per value and per wall-clock window of this length
+    /// (the report's `keys`), e.g. to check a per-key rate limit key by key.
+    pub count_values: Option<Duration>,
     /// Request body.
     pub body: Bytes,
     /// Requests per second.
@@ -92,6 +96,7 @@ impl LoadConfig {
             method: Method::GET,
             headers: Vec::new(),
             rotate: None,
+            count_values: None,
             body: Bytes::new(),
             rate,
             duration,
@@ -123,19 +128,22 @@ struct Template {
 }
 
 impl Template {
-    fn build(&self) -> Request<Full<Bytes>> {
+    /// The next request, and the number of the rotating header's value it carries.
+    fn build(&self) -> (Request<Full<Bytes>>, Option<usize>) {
         let mut req = Request::new(Full::new(self.body.clone()));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.path.clone();
         *req.headers_mut() = self.headers.clone();
+        let mut value = None;
         if let Some((name, values)) = &self.rotate
             && !values.is_empty()
         {
             let i = self.next.get();
             self.next.set((i + 1) % values.len());
             req.headers_mut().insert(name.clone(), values[i].clone());
+            value = Some(i);
         }
-        req
+        (req, value)
     }
 }
 
@@ -165,6 +173,7 @@ struct ThreadStats {
     max_queue: u64,
     timeline: Timeline,
     slowest: Slowest,
+    keys: Option<KeyCounts>,
 }
 
 /// The FIFO between the dispatcher and the connections of one thread.
@@ -183,6 +192,7 @@ struct Shared {
     timeout: Duration,
     scrape_clock: Arc<ScrapeClock>,
     progress: Option<Arc<Progress>>,
+    keys: Option<RefCell<KeyTally>>,
 }
 
 impl Shared {
@@ -358,6 +368,12 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
             let (start_cell, connected, started) =
                 (start_cell.clone(), connected.clone(), started.clone());
             let timeout = config.timeout;
+            let keys = match (&config.rotate, config.count_values) {
+                (Some((name, values)), Some(window)) => {
+                    Some(KeyTally::new(name, values.len(), window))
+                }
+                _ => None,
+            };
             let pin = config.pin.clone();
             let nice = config.nice;
             let handle = std::thread::Builder::new()
@@ -408,6 +424,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
                             duration_ns,
                             timeout,
                             timeline,
+                            keys,
                         };
                         run_thread(setup).await
                     })
@@ -496,6 +513,9 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
             total.max_queue = total.max_queue.max(stats.max_queue);
             total.timeline.add(&stats.timeline);
             total.slowest.add(stats.slowest);
+            if let Some(k) = &stats.keys {
+                total.keys.get_or_insert_with(KeyCounts::default).add(k);
+            }
         }
         if reports.is_empty() {
             total.timeline.set_gauges(&readings);
@@ -526,6 +546,7 @@ pub fn run_streams(configs: &[LoadConfig]) -> Result<Vec<Report>, LoadError> {
             scrapes: std::mem::take(&mut scrapes),
             slowest: total.slowest.report(&scrape_spans),
             timeline: total.timeline,
+            keys: total.keys,
         });
     }
     Ok(reports)
@@ -567,6 +588,7 @@ struct ThreadSetup {
     duration_ns: u64,
     timeout: Duration,
     timeline: Timeline,
+    keys: Option<KeyTally>,
 }
 
 async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LoadError> {
@@ -608,6 +630,7 @@ async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LoadError> {
         timeout: setup.timeout,
         scrape_clock: setup.scrape_clock,
         progress: setup.progress,
+        keys: setup.keys.map(RefCell::new),
     });
     if connect_errors > 0 {
         shared
@@ -648,6 +671,10 @@ async fn run_thread(setup: ThreadSetup) -> Result<ThreadStats, LoadError> {
         .filter(|&&(t, _)| t >= measure_from)
         .count() as u64;
     let mut stats = shared.stats.take();
+    stats.keys = shared
+        .keys
+        .as_ref()
+        .map(|k| k.borrow_mut().finish(start, window_end));
     let accounted = stats.completed + stats.errors.values().sum::<u64>() - connect_errors;
     let unfinished = stats.sent.saturating_sub(accounted).max(left);
     if unfinished > 0 {
@@ -748,7 +775,13 @@ async fn connection(
                 }
             },
         };
-        let req = shared.template.build();
+        let (req, value) = shared.template.build();
+        let sent_ns = now_ns();
+        let count = |status: Option<u16>| {
+            if let (Some(k), Some(value)) = (&shared.keys, value) {
+                k.borrow_mut().record(value, sent_ns, status);
+            }
+        };
         let exchange = async {
             s.ready().await?;
             let resp = s.send_request(req).await?;
@@ -766,6 +799,7 @@ async fn connection(
             Ok(Ok((status, bytes))) => {
                 let done = now_ns();
                 sender = Some(s);
+                count(Some(status));
                 if let Some(p) = &shared.progress {
                     p.completed.fetch_add(1, Ordering::Relaxed);
                     p.interval
@@ -805,9 +839,15 @@ async fn connection(
                 }
                 st.bytes += bytes;
             }
-            Ok(Err(e)) => shared.error(intended, error_kind(&e), number),
+            Ok(Err(e)) => {
+                count(None);
+                shared.error(intended, error_kind(&e), number);
+            }
             // HTTP/1.1 cannot cancel a request in flight: the connection is dropped.
-            Err(_) => shared.error(intended, "timeout", number),
+            Err(_) => {
+                count(None);
+                shared.error(intended, "timeout", number);
+            }
         }
     }
 }

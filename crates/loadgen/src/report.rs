@@ -100,6 +100,10 @@ pub struct Report {
     /// the lab had timelines).
     #[serde(default)]
     pub timeline: crate::timeline::Timeline,
+    /// Answers per key and wall-clock window, when the run rotated a header over many keys
+    /// (`--keys`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<crate::keys::KeyCounts>,
 }
 
 impl Report {
@@ -267,6 +271,9 @@ impl Report {
             for r in &self.slowest[..shown] {
                 let _ = writeln!(o, "  {}", slow_line(r, !self.scrapes.is_empty()));
             }
+        }
+        if let Some(keys) = &self.keys {
+            o.push_str(&keys.render());
         }
         o
     }

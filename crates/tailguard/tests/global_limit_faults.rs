@@ -241,3 +241,45 @@ fn an_acl_user_shares_the_limit_and_a_wrong_password_falls_back() {
     // Requests go on: its share of a fleet it never saw is the whole limit.
     assert_eq!(admitted(&b, "other", 15), 10);
 }
+
+/// "Redis made slow does not move any route": with Redis frozen (SIGSTOP) and `timeout_ms`
+/// far off, a sync waits on Redis and the gateway has not fallen back, yet every request is
+/// answered from the gateway's own view of the fleet's counts (a request that waited on
+/// Redis would get no answer before the client's 10 s read timeout), and those counts reach
+/// Redis once it thaws.
+#[test]
+fn a_frozen_redis_holds_no_request() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = write(
+        dir.path(),
+        "gw.toml",
+        &crate::global_limit::config(&redis.url(), 10, "timeout_ms = 60000"),
+    );
+    let a = gateway(&file);
+    assert_eq!(admitted(&a, "k", 3), 3);
+    wait_until("the counts in Redis", || redis_total(&redis) == 3);
+    wait_synced(&a, 1.0);
+
+    redis.freeze(true);
+    // The next sync waits on Redis until it thaws (timeout_ms is a minute).
+    assert_eq!(admitted(&a, "k", 20), 7, "the 10 a minute, counted here");
+    assert_eq!(
+        admitted(&a, "other", 12),
+        10,
+        "another key, new to the gateway"
+    );
+    assert_eq!(
+        metric(&a, "tailguard_rate_limit_fallback"),
+        Some(0.0),
+        "no fallback: the sync has not timed out, the answers came from the gateway's view"
+    );
+
+    redis.freeze(false);
+    wait_until("the frozen minute's counts in Redis", || {
+        redis_total(&redis) == 20
+    });
+    assert_eq!(metric(&a, "tailguard_rate_limit_fallback"), Some(0.0));
+}
