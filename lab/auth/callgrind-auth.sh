@@ -3,8 +3,10 @@
 # condition's gateway (its config from a compare-auth run's output directory) under
 # callgrind, one serving thread, `tailguard load` sending the condition's rotating header;
 # counters zeroed after a warm-up, dumped after the measured requests (lab/callgrind.sh's
-# method). Instruction counts do not depend on the machine being quiet, so they resolve
-# differences of a percent that tick-sampled CPU time on a shared VM cannot.
+# method); `top-COND.txt` lists the heaviest functions (inclusive, per request) and
+# `stage-COND.txt` those of the auth stage. Instruction counts do not depend on the machine
+# being quiet, so they resolve differences of a percent that tick-sampled CPU time on a
+# shared VM cannot. Valgrind hides SHA-NI from ring: SHA-256 counts are of its AVX code.
 #   DIR=/tmp/compare-auth.XXXX [CONDITIONS="open-key key"] [REQUESTS=10000] [RATE=500] \
 #     [B=tailguard] [LOAD=...] lab/auth/callgrind-auth.sh
 set -euo pipefail
@@ -14,7 +16,7 @@ load=${LOAD:-$b}
 dir=${DIR:?DIR is a lab/compare-auth.sh output directory (its configs and credentials)}
 rate=${RATE:-500}
 requests=${REQUESTS:-10000}
-top=${TOP:-25}
+top=${TOP:-400}
 conditions=(${CONDITIONS:-open-rs jwt-rs open-es jwt-es open-key key fwd-cache fwd})
 out=${OUT:-$(mktemp -d /tmp/callgrind-auth.XXXXXX)}
 prio=()
@@ -69,5 +71,7 @@ for line in sys.stdin:
     k += 1
     if k >= $top: break
 sys.stdin.read()" > "$out/top-$c.txt"
+  # The auth stage and what it calls (the top of the inclusive list is the runtime's frames).
+  grep -E "tailguard_auth|ring::|hyper_util::client" "$out/top-$c.txt" > "$out/stage-$c.txt" || true
 done
 echo "raw: $out"
