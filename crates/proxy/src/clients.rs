@@ -6,12 +6,17 @@
 //! then pays one atomic add on that counter and one subtract when it finishes; no lock, no
 //! allocation. An address has an entry only while it has open connections, so the maps
 //! hold at most one entry per open connection (`limits.connections` per listener).
+//! The table also keeps the addresses held off after abuse ([`crate::holdoff`]), which a
+//! connection reaches through its counter.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Instant;
+
+use crate::holdoff::Holdoffs;
 
 /// 16 shards: accepts on two serving threads rarely meet on one lock, and an entry's
 /// removal (its address's last connection closing) locks one shard only.
@@ -24,6 +29,8 @@ type Shard = Mutex<HashMap<IpAddr, Weak<Client>>>;
 pub(crate) struct Clients {
     shards: [Shard; SHARDS],
     hasher: RandomState,
+    /// Addresses whose connections are closed at the accept for now.
+    holdoffs: Holdoffs,
 }
 
 impl Default for Clients {
@@ -31,6 +38,7 @@ impl Default for Clients {
         Clients {
             shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
             hasher: RandomState::new(),
+            holdoffs: Holdoffs::default(),
         }
     }
 }
@@ -59,6 +67,12 @@ impl Clients {
         });
         shard.insert(ip, Arc::downgrade(&client));
         client
+    }
+
+    /// Whether a connection from `ip` accepted at `now` is to be closed at once
+    /// (`limits.abuse_holdoff_ms`).
+    pub(crate) fn is_held(&self, ip: IpAddr, now: Instant) -> bool {
+        self.holdoffs.is_held(ip, now)
     }
 
     /// How many addresses have an entry (for tests).
@@ -94,6 +108,11 @@ impl Client {
             return None;
         }
         Some(ClientGuard(Arc::clone(self)))
+    }
+
+    /// Holds this address off until `until`: its next connections are closed at the accept.
+    pub(crate) fn hold_off(&self, until: Instant) {
+        self.clients.holdoffs.hold(self.ip, until);
     }
 }
 

@@ -58,6 +58,7 @@ pub(crate) mod forward;
 pub(crate) mod forward_h2;
 pub mod gateway;
 pub(crate) mod handler;
+pub(crate) mod holdoff;
 pub(crate) mod log_every;
 pub mod metrics;
 pub(crate) mod park;

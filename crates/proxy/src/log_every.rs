@@ -26,9 +26,13 @@ pub(crate) enum Cause {
     SendTimeout = 3,
     /// HTTP/1.1 request heads refused (malformed, too large, too slow: `timeouts.header_ms`).
     RefusedHead = 4,
+    /// Connections closed at the accept, their address held off after abuse.
+    HeldOff = 5,
+    /// HTTP/2 connections closed for abuse (`GOAWAY(ENHANCE_YOUR_CALM)`).
+    Abuse = 6,
 }
 
-const CAUSES: usize = 5;
+const CAUSES: usize = 7;
 
 thread_local! {
     /// Per cause: events since the last line, and when the next line may be written.

@@ -317,7 +317,7 @@ impl GatewayMetrics {
         let refused_family = r.counter(
             "tailguard_downstream_refused",
             "Client requests refused or streams cut to bound what a client holds, by reason \
-             (client_requests, body_timeout, send_timeout).",
+             (client_requests, body_timeout, send_timeout, held_off).",
             &["reason"],
         )?;
         let mut refused = Vec::with_capacity(Refusal::ALL.len());
@@ -543,13 +543,17 @@ pub(crate) enum Refusal {
     BodyTimeout = 1,
     /// Its response could not go out for `timeouts.send_ms`.
     SendTimeout = 2,
+    /// A connection closed at the accept: its address is held off after abuse
+    /// (`limits.abuse_holdoff_ms`).
+    HeldOff = 3,
 }
 
 impl Refusal {
-    pub(crate) const ALL: [Refusal; 3] = [
+    pub(crate) const ALL: [Refusal; 4] = [
         Refusal::ClientRequests,
         Refusal::BodyTimeout,
         Refusal::SendTimeout,
+        Refusal::HeldOff,
     ];
 
     /// The label value.
@@ -558,6 +562,7 @@ impl Refusal {
             Refusal::ClientRequests => "client_requests",
             Refusal::BodyTimeout => "body_timeout",
             Refusal::SendTimeout => "send_timeout",
+            Refusal::HeldOff => "held_off",
         }
     }
 }

@@ -349,3 +349,101 @@ async fn a_connection_whose_responses_wait_on_the_client_for_send_ms_is_closed()
     assert_eq!(refused(&server, "send_timeout"), Some(1));
     within(server.shutdown(Duration::from_millis(100))).await;
 }
+
+/// RST_STREAM's and GOAWAY's code for a peer that may be generating excessive load.
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// A rapid-reset connection (CVE-2023-44487): `n` GETs, each cancelled at once, in one write.
+fn rapid_resets(n: u32) -> Vec<u8> {
+    (0..n)
+        .flat_map(|i| {
+            let stream = 1 + 2 * i;
+            let mut pair = get(stream, "/");
+            pair.extend(frame(0x3, 0, stream, &0x8u32.to_be_bytes()));
+            pair
+        })
+        .collect()
+}
+
+/// Opens a rapid-reset connection and returns the code of the GOAWAY it ends with. Raw, and
+/// written once: the client never writes after its burst (not even a SETTINGS ack), so the
+/// server, having read all of it, closes with a FIN and the GOAWAY before it is read whole.
+/// 100 resets: five times `h2`'s limit of resets before accept (20), in one 4 KiB segment.
+async fn cut_for_resets(addr: SocketAddr) -> Option<u32> {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut burst = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    burst.extend(frame(0x4, 0, 0, &[]));
+    burst.extend(rapid_resets(100));
+    let _ = s.write_all(&burst).await;
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got).await;
+    let mut rest = &got[..];
+    while rest.len() >= 9 {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        let (kind, payload) = (rest[3], rest.get(9..9 + len)?);
+        if kind == 0x7 {
+            return Some(u32::from_be_bytes([
+                payload[4], payload[5], payload[6], payload[7],
+            ]));
+        }
+        rest = &rest[9 + len..];
+    }
+    None
+}
+
+/// Connects from `source` and reads until the server closes: the bytes it sent (none,
+/// when the connection was closed at the accept). Writes and reads that fail count as
+/// the close they are.
+async fn bytes_from_server(source: &str, addr: SocketAddr) -> usize {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new(source.parse().expect("ip"), 0))
+        .expect("bind");
+    let mut s = socket.connect(addr).await.expect("connect");
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    opening.extend(frame(0x4, 0, 0, &[]));
+    let _ = s.write_all(&opening).await;
+    let mut got = 0;
+    let mut buf = [0u8; 4096];
+    // A served connection sends SETTINGS at once; a held-off one closes without a byte.
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got += n,
+        }
+        if got > 0 {
+            return got;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_address_cut_for_rapid_reset_is_held_off_and_another_is_not() {
+    let upstream = HeldUpstream::start().await;
+    let server = gateway(&upstream, "client_requests = 0\nabuse_holdoff_ms = 600000");
+    let addr = server.local_addrs()[0];
+    assert_eq!(
+        within(cut_for_resets(addr)).await,
+        Some(ENHANCE_YOUR_CALM),
+        "HTTP/2 cuts the connection for its resets"
+    );
+    // Its address is held off: closed at the accept, before a byte of HTTP/2, every time.
+    for _ in 0..3 {
+        assert_eq!(within(bytes_from_server("127.0.0.1", addr)).await, 0);
+    }
+    assert_eq!(refused(&server, "held_off"), Some(3));
+    // Another address is served.
+    assert!(within(bytes_from_server("127.0.0.2", addr)).await > 0);
+    within(server.shutdown(Duration::from_millis(100))).await;
+}
+
+#[tokio::test]
+async fn with_abuse_holdoff_ms_0_an_address_cut_for_rapid_reset_connects_again() {
+    let upstream = HeldUpstream::start().await;
+    let server = gateway(&upstream, "client_requests = 0\nabuse_holdoff_ms = 0");
+    let addr = server.local_addrs()[0];
+    assert_eq!(within(cut_for_resets(addr)).await, Some(ENHANCE_YOUR_CALM));
+    assert!(within(bytes_from_server("127.0.0.1", addr)).await > 0);
+    assert_eq!(refused(&server, "held_off"), Some(0));
+    within(server.shutdown(Duration::from_millis(100))).await;
+}

@@ -100,6 +100,17 @@ impl Acceptor {
                     }
                 },
             };
+            // An address held off after abuse: closed before TLS or HTTP/2 costs anything.
+            if settings.holdoff.is_some()
+                && gateway
+                    .clients()
+                    .is_held(remote.ip(), std::time::Instant::now())
+            {
+                // Counted before the close, so whoever sees the close sees it counted.
+                held_off(&gateway, remote);
+                drop(stream);
+                continue;
+            }
             let _ = stream.set_nodelay(true);
             let admitted = Admitted {
                 _counted: gateway.metrics().connection_opened(),
@@ -121,6 +132,23 @@ impl Acceptor {
         drop(listener);
         parker.close();
         drain.finish().await;
+    }
+}
+
+/// Counts, and now and then logs, a connection closed at the accept because its address
+/// is held off.
+fn held_off(gateway: &Gateway, remote: SocketAddr) {
+    gateway.metrics().refused(crate::metrics::Refusal::HeldOff);
+    if let Some(count) =
+        crate::log_every::note(crate::log_every::Cause::HeldOff, std::time::Instant::now())
+    {
+        tracing::info!(
+            count,
+            last_remote = %remote,
+            "{count} connections closed at the accept in the last {} s: their address is held \
+             off after abuse (limits.abuse_holdoff_ms)",
+            crate::log_every::INTERVAL.as_secs()
+        );
     }
 }
 

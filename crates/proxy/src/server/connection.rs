@@ -198,6 +198,7 @@ where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let remote = ctx.remote;
+    let client = Arc::clone(&ctx.in_flight);
     let watch = Arc::new(SendWatch::default());
     let metrics = Arc::clone(&ctx.snapshot.metrics.gateway);
     let service = service_fn({
@@ -247,6 +248,39 @@ where
         }
     };
     if let Err(e) = result {
+        if closed_for_abuse(&e) {
+            if let Some(holdoff) = settings.holdoff {
+                client.hold_off(std::time::Instant::now() + holdoff);
+            }
+            if let Some(count) =
+                crate::log_every::note(crate::log_every::Cause::Abuse, std::time::Instant::now())
+            {
+                tracing::info!(
+                    count,
+                    last_remote = %remote,
+                    "{count} HTTP/2 connections closed for abuse in the last {} s \
+                     (GOAWAY ENHANCE_YOUR_CALM: streams reset faster than served); their \
+                     addresses held off for limits.abuse_holdoff_ms",
+                    crate::log_every::INTERVAL.as_secs()
+                );
+            }
+        }
         tracing::debug!(%remote, "connection ended: {e}");
     }
+}
+
+/// Whether HTTP/2 closed the connection for abuse: `h2` sends `GOAWAY(ENHANCE_YOUR_CALM)`
+/// when a client resets streams faster than they are served (CVE-2023-44487) or makes the
+/// server reset too many of its streams. A client's own GOAWAY does not count.
+fn closed_for_abuse(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h2) = s.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                && !h2.is_remote()
+                && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        source = s.source();
+    }
+    false
 }

@@ -25,6 +25,9 @@ pub(super) struct Settings {
     pub(super) http2: Arc<Http2>,
     /// `timeouts.send_ms`: an HTTP/2 connection whose responses wait on it this long closes.
     pub(super) send: Option<Duration>,
+    /// `limits.abuse_holdoff_ms`: how long an address whose HTTP/2 connection was closed for
+    /// abuse has its new connections closed at the accept.
+    pub(super) holdoff: Option<Duration>,
     /// HTTP/1.1 settings from `[limits]` and `[timeouts]` (idle, header, body).
     pub(super) http1: downstream::Limits,
     pub(super) access_log: AccessLog,
@@ -112,6 +115,7 @@ pub(super) fn settings(
                 tls,
                 http2: Arc::clone(&http2),
                 send: millis(config.timeouts.send_ms),
+                holdoff: millis(config.limits.abuse_holdoff_ms),
                 http1: downstream::Limits {
                     park_after,
                     ..http1
