@@ -1,8 +1,9 @@
 //! One `GET` of a key set's URL (http or https), bounded in time and size, for the key
-//! fetcher's thread: a connection per fetch (a fetch every few minutes needs no pool), the
-//! system's roots for TLS, and the response's `Cache-Control: max-age`.
+//! fetcher's thread: a connection per fetch (a fetch every few minutes needs no pool), TLS
+//! by the caller's config (the system's roots and `jwks_ca`, [`crate::connect::tls_config`]),
+//! and the response's `Cache-Control: max-age`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,34 +23,18 @@ pub struct Fetched {
     pub max_age: Option<u64>,
 }
 
-fn tls_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    Arc::clone(CONFIG.get_or_init(|| {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-            .unwrap_or_else(|_| {
-                rustls::ClientConfig::builder()
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth()
-            });
-        Arc::new(config)
-    }))
-}
-
-/// Fetches `url`, all of it within `timeout`.
-pub async fn get(url: &Uri, timeout: Duration) -> Result<Fetched, String> {
-    tokio::time::timeout(timeout, get_inner(url))
+/// Fetches `url`, all of it within `timeout`; an `https://` URL over `tls`.
+pub async fn get(
+    url: &Uri,
+    timeout: Duration,
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<Fetched, String> {
+    tokio::time::timeout(timeout, get_inner(url, tls))
         .await
         .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
 }
 
-async fn get_inner(url: &Uri) -> Result<Fetched, String> {
+async fn get_inner(url: &Uri, tls: &Arc<rustls::ClientConfig>) -> Result<Fetched, String> {
     let https = match url.scheme_str() {
         Some("https") => true,
         Some("http") => false,
@@ -77,7 +62,7 @@ async fn get_inner(url: &Uri) -> Result<Fetched, String> {
         let name =
             rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
                 .map_err(|e| format!("server name: {e}"))?;
-        let tls = tokio_rustls::TlsConnector::from(tls_config())
+        let tls = tokio_rustls::TlsConnector::from(Arc::clone(tls))
             .connect(name, tcp)
             .await
             .map_err(|e| format!("TLS: {e}"))?;

@@ -101,10 +101,13 @@ impl KeySource {
     /// Starts keeping the key set at `location` fresh. A file is read now (an error is the
     /// caller's, as a config error); a URL is fetched by the fetcher thread from now on, so
     /// until its first answer the set is empty.
+    /// `ca`: a PEM file of CA certificates trusted for an `https://` URL besides the
+    /// system's roots.
     pub fn start(
         name: &str,
         location: Location,
         refresh: Refresh,
+        ca: Option<&std::path::Path>,
         metrics: KeyMetrics,
     ) -> Result<Arc<KeySource>, String> {
         let source = Arc::new(KeySource {
@@ -154,9 +157,11 @@ impl KeySource {
                 });
             }
             Location::Url(url) => {
+                // Built here, at config load: the roots are read from disk.
+                let tls = crate::connect::tls_config(ca)?;
                 let weak = Arc::downgrade(&source);
                 let name = name.to_owned();
-                fetcher().spawn(fetch_loop(weak, name, url, refresh, metrics));
+                fetcher().spawn(fetch_loop(weak, name, url, refresh, tls, metrics));
             }
         }
         Ok(source)
@@ -212,6 +217,7 @@ async fn fetch_loop(
     name: String,
     url: Uri,
     refresh: Refresh,
+    tls: Arc<rustls::ClientConfig>,
     metrics: KeyMetrics,
 ) {
     // After a failure: 1 s, doubling, up to `refresh` (a key server back up is used soon,
@@ -221,7 +227,7 @@ async fn fetch_loop(
     // the tokens it verified stay remembered.
     let mut last_body = bytes::Bytes::new();
     loop {
-        let fetched = crate::fetch::get(&url, refresh.timeout).await;
+        let fetched = crate::fetch::get(&url, refresh.timeout, &tls).await;
         let Some(src) = source.upgrade() else {
             return;
         };

@@ -34,6 +34,9 @@ pub struct JwtSettings {
     pub name: String,
     /// The key set and how it is kept fresh (none: HS* with `secret` only).
     pub jwks: Option<(Location, Refresh)>,
+    /// A PEM file of CA certificates trusted for an `https://` key set URL besides the
+    /// system's roots (`jwks_ca`).
+    pub jwks_ca: Option<std::path::PathBuf>,
     /// A shared secret for HS256/384/512 (`secret_file`'s bytes).
     pub secret: Option<Vec<u8>>,
     /// Algorithms accepted (empty: every one the keys allow).
@@ -101,9 +104,13 @@ impl Jwt {
             return Err("needs `jwks` or `secret_file`".into());
         }
         let keys = match s.jwks {
-            Some((location, refresh)) => {
-                Some(KeySource::start(&s.name, location, refresh, metrics)?)
-            }
+            Some((location, refresh)) => Some(KeySource::start(
+                &s.name,
+                location,
+                refresh,
+                s.jwks_ca.as_deref(),
+                metrics,
+            )?),
             None => None,
         };
         let pinned: Vec<Alg> = if s.algorithms.is_empty() {

@@ -134,6 +134,7 @@ async fn a_cold_es384_token_is_verified_on_the_pool_and_es256_where_it_is_asked(
                     timeout: Duration::from_secs(5),
                 },
             )),
+            jwks_ca: None,
             secret: None,
             algorithms: vec![], // every one the keys allow: ES384 among them
             rules: ClaimRules::default(),

@@ -595,6 +595,10 @@ pub struct JwtConfig {
     /// path (relative to the config; re-read when it changes).
     #[serde(default)]
     pub jwks: Option<Spanned<String>>,
+    /// A PEM file of CA certificates trusted for an `https://` `jwks` besides the system's
+    /// roots (relative to the config).
+    #[serde(default)]
+    pub jwks_ca: Option<Spanned<String>>,
     /// A file whose bytes, as they are, are the HS256/384/512 secret.
     #[serde(default)]
     pub secret_file: Option<Spanned<String>>,
@@ -664,6 +668,11 @@ impl JwtConfig {
         } else {
             Some(tailguard_auth::Location::File(base_dir.join(j)))
         }
+    }
+
+    /// `jwks_ca` resolved against the config's directory.
+    pub fn jwks_ca(&self, base_dir: &Path) -> Option<std::path::PathBuf> {
+        self.jwks_ca.as_ref().map(|c| base_dir.join(c.get_ref()))
     }
 
     /// The refresh settings.
@@ -766,6 +775,20 @@ impl JwtConfig {
                     ".jwks".into(),
                     format!("`{}` is not a URL", j.get_ref()),
                 )),
+            }
+        }
+        if let (Some(ca), Some(path)) = (&self.jwks_ca, self.jwks_ca(base_dir)) {
+            let https = self
+                .jwks
+                .as_ref()
+                .is_some_and(|j| j.get_ref().starts_with("https://"));
+            let checked = if https {
+                tailguard_auth::connect::read_ca(&path).map(|_| ())
+            } else {
+                Err("only with an https:// `jwks`".to_owned())
+            };
+            if let Err(m) = checked {
+                out.push((Some(ca.span()), ".jwks_ca".into(), m));
             }
         }
         if let Some(f) = &self.secret_file

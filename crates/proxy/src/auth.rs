@@ -140,6 +140,7 @@ fn build_one(
                     JwtSettings {
                         name: name.clone(),
                         jwks: j.jwks_location(&config.base_dir).map(|l| (l, j.refresh())),
+                        jwks_ca: j.jwks_ca(&config.base_dir),
                         secret,
                         algorithms: j.algorithms(),
                         rules: j.rules(),

@@ -873,7 +873,7 @@ type = "jwt"
             "gw.toml:8:33: auth[0].algorithms: `none` is not an algorithm; expected one of RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512".to_owned(),
             "gw.toml:9:9: auth[0].from: `body:` is not a source here; expected `header:NAME` or `query:NAME` or `cookie:NAME`".to_owned(),
             "gw.toml:10:29: auth[0].claims_to_headers.sub: `host` is not a header a claim may set".to_owned(),
-            "gw.toml:16:1: auth[1]: unknown field `keys_file`, expected one of `name`, `type`, `jwks`, `secret_file`, `issuer`, `audiences`, `algorithms`, `leeway_s`, `required_claims`, `from`, `claims_to_headers`, `forward_token`, `consumer_claim`, `refresh_s`, `min_refresh_s`, `refetch_min_s`, `timeout_ms`".to_owned(),
+            "gw.toml:16:1: auth[1]: unknown field `keys_file`, expected one of `name`, `type`, `jwks`, `jwks_ca`, `secret_file`, `issuer`, `audiences`, `algorithms`, `leeway_s`, `required_claims`, `from`, `claims_to_headers`, `forward_token`, `consumer_claim`, `refresh_s`, `min_refresh_s`, `refetch_min_s`, `timeout_ms`".to_owned(),
             "gw.toml:19:8: auth[2]: a `jwt` authenticator needs `jwks` or `secret_file`".to_owned(),
         ],
         "{errors:#?}\n{}",
@@ -1004,4 +1004,95 @@ async fn a_refused_grpc_call_is_answered_trailers_only_with_unauthenticated_or_p
         assert!(has_line(&text, line), "no `{line}` in:\n{text}");
     }
     gw.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_key_set_over_https_is_fetched_trusting_jwks_ca() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ec = Signer::ec(&keys().p256, "P-256");
+    let body = jwks(&[ec.jwk("k1")]);
+    let ca = tailguard_test_support::TestCa::new("key server CA");
+    ca.write(&dir.path().join("idp-ca.pem"));
+    let tls =
+        tokio_rustls::TlsAcceptor::from(Arc::new(ca.issue(&["localhost"]).server_config(None)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (tls, body, counted) = (tls.clone(), body.clone(), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let Ok(stream) = tls.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |_req| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let resp = http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+                        .expect("response");
+                    async move { Ok::<_, std::convert::Infallible>(resp) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let upstream = Upstream::start().await;
+    let (gw, url) = start(
+        dir.path(),
+        upstream.addr,
+        &format!(
+            "[[auth]]\nname = \"idp\"\ntype = \"jwt\"\n\
+             jwks = \"https://localhost:{port}/jwks.json\"\njwks_ca = \"idp-ca.pem\"\n\n\
+             [[routes]]\nid = \"orders\"\nupstream = \"up\"\nauth = \"idp\"\n"
+        ),
+    );
+    let token = ec.sign(json!({"alg": "ES256", "kid": "k1"}), claims("alice"));
+    assert!(eventually(async || with_token(&format!("{url}/x"), &token).await.0 == 200).await);
+    assert!(hits.load(Ordering::SeqCst) >= 1);
+    let text = metrics_text(&gw);
+    for line in [
+        "tailguard_auth_jwks_keys{auth=\"idp\"} 1",
+        "tailguard_auth_jwks_refresh_failures_total{auth=\"idp\"} 0",
+    ] {
+        assert!(has_line(&text, line), "no `{line}` in:\n{text}");
+    }
+    gw.shutdown(Duration::from_secs(5)).await;
+
+    // `jwks_ca` belongs to an https:// key set; a file that holds no certificate is named.
+    std::fs::write(dir.path().join("empty.pem"), "").expect("write");
+    for (jwks, ca, error) in [
+        (
+            "http://localhost:1/jwks.json",
+            "idp-ca.pem",
+            "only with an https:// `jwks`",
+        ),
+        (
+            "https://localhost:1/jwks.json",
+            "empty.pem",
+            "holds no certificate",
+        ),
+    ] {
+        let errors = config_errors_in(
+            dir.path(),
+            &format!(
+                "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
+                 [[upstreams]]\nname = \"up\"\nendpoints = [{{ address = \"127.0.0.1:1\" }}]\n\n\
+                 [[auth]]\nname = \"idp\"\ntype = \"jwt\"\njwks = \"{jwks}\"\njwks_ca = \"{ca}\"\n\n\
+                 [[routes]]\nid = \"r\"\nupstream = \"up\"\nauth = \"idp\"\n"
+            ),
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("gw.toml:12:11: auth[0].jwks_ca: ") && e.contains(error)),
+            "{errors:#?}"
+        );
+    }
 }

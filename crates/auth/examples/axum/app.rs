@@ -38,6 +38,7 @@ fn jwt(name: &str, secret: &[u8], required: &[&str], metrics: &AuthMetrics) -> R
         JwtSettings {
             name: name.into(),
             jwks: None,
+            jwks_ca: None,
             secret: Some(secret.to_vec()),
             algorithms: vec![Alg::HS256],
             rules: ClaimRules {
