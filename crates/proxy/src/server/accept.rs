@@ -108,7 +108,8 @@ impl Acceptor {
             {
                 // Counted before the close, so whoever sees the close sees it counted.
                 held_off(&gateway, remote);
-                drop(stream);
+                drop(permit);
+                tarpit(stream);
                 continue;
             }
             let _ = stream.set_nodelay(true);
@@ -133,6 +134,32 @@ impl Acceptor {
         parker.close();
         drain.finish().await;
     }
+}
+
+/// How long a held-off connection is kept, unread, before it is closed.
+const TARPIT: Duration = Duration::from_secs(1);
+/// Held-off connections kept at once by one serving thread; past it they close at once.
+const TARPIT_MAX: usize = 1024;
+
+thread_local! {
+    /// Held-off connections this thread keeps now.
+    static TARPITTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Closes a held-off connection after [`TARPIT`], unread and without a task of HTTP: a client
+/// closed at once reconnects at once (measured: 26,800 connections a second, two thirds of
+/// the serving core in accepts and closes), one kept waits. At most [`TARPIT_MAX`] a thread
+/// (their file descriptors, a timer each; no listener permit); past it, closed now.
+fn tarpit(stream: tokio::net::TcpStream) {
+    if TARPITTED.get() >= TARPIT_MAX {
+        return;
+    }
+    TARPITTED.set(TARPITTED.get() + 1);
+    tokio::spawn(async move {
+        tokio::time::sleep(TARPIT).await;
+        drop(stream);
+        TARPITTED.set(TARPITTED.get() - 1);
+    });
 }
 
 /// Counts, and now and then logs, a connection closed at the accept because its address
