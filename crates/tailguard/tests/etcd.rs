@@ -711,6 +711,62 @@ fn a_start_without_etcd_or_the_key_or_with_a_bad_bootstrap_fails_clearly() {
     );
 }
 
+/// `n` gateway processes (`TAILGUARD_BIN`, else this build's) on the etcd key at `url`, one
+/// serving thread each: the gateways the push figures are taken on.
+fn figure_gateways<const N: usize>(url: &str) -> [Gateway; N] {
+    let binary =
+        std::env::var_os("TAILGUARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailguard").into());
+    let args = [
+        "--etcd",
+        url,
+        "--etcd-key",
+        KEY,
+        "--threads",
+        "1",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    std::array::from_fn(|_| Gateway::run_binary(&binary, &args))
+}
+
+/// Pushes `doc`, whose route `/{mark}` answers `mark` itself, and times it: how long etcd
+/// took to acknowledge the put, and how long until each gateway answered from it. Asserts
+/// first that no gateway does yet (they answer `/{mark}` through the catch-all route, with
+/// the upstream's body `up`), so the check cannot hold before the push.
+fn push_timed(
+    rt: &tokio::runtime::Runtime,
+    client: &mut tailguard_etcd::Client,
+    gateways: &[Gateway],
+    mark: &str,
+    doc: String,
+) -> (Duration, Vec<Duration>) {
+    let path = format!("/{mark}");
+    for gw in gateways {
+        assert_eq!(
+            get(gw.addr, &path),
+            (200, "up".to_owned()),
+            "before the push, {path} is the catch-all route's"
+        );
+    }
+    let pushed = Instant::now();
+    rt.block_on(client.put(KEY, doc)).expect("put");
+    let acknowledged = pushed.elapsed();
+    let mut applied = vec![None; gateways.len()];
+    while applied.iter().any(Option::is_none) {
+        for (i, gw) in gateways.iter().enumerate() {
+            if applied[i].is_none() && get(gw.addr, &path).1 == mark {
+                applied[i] = Some(pushed.elapsed());
+            }
+        }
+        assert!(
+            pushed.elapsed() < Duration::from_secs(60),
+            "{path} never applied"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (acknowledged, applied.into_iter().flatten().collect())
+}
+
 /// The figures of issue 17: time from a push (an etcd put) to the change being served by
 /// both of two gateways, median and max over 100 pushes, and the requests that failed under
 /// constant load meanwhile. Push N is [`marked`]`(up, "vN")`: "applied" is `/vN` answering
@@ -727,23 +783,8 @@ fn push_figures() {
     let rt = runtime();
     let up = rt.block_on(Upstream::builder().body("up").start());
     put(&etcd, &marked(up.addr, "v0"));
-    let binary =
-        std::env::var_os("TAILGUARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailguard").into());
     let url = etcd.url();
-    let args = [
-        "--etcd",
-        &url,
-        "--etcd-key",
-        KEY,
-        "--threads",
-        "1",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ];
-    let gateways = [
-        Gateway::run_binary(&binary, &args),
-        Gateway::run_binary(&binary, &args),
-    ];
+    let gateways = figure_gateways::<2>(&url);
     let load = Load::start(&rt, &[&gateways[0], &gateways[1]]);
     let mut client = rt.block_on(client(&url));
     let mut both = Vec::with_capacity(PUSHES);
@@ -752,36 +793,10 @@ fn push_figures() {
     let mut acknowledged = Vec::with_capacity(PUSHES);
     for n in 1..=PUSHES {
         let mark = format!("v{n}");
-        let doc = marked(up.addr, &mark);
-        let path = format!("/{mark}");
-        // The check below must not hold before the push: the running revision answers
-        // `/vN` through its catch-all route, with the upstream's body.
-        for gw in &gateways {
-            assert_eq!(
-                get(gw.addr, &path),
-                (200, "up".to_owned()),
-                "before push {n}, {path} is the catch-all route's"
-            );
-        }
-        let pushed = Instant::now();
-        rt.block_on(client.put(KEY, doc)).expect("put");
-        acknowledged.push(pushed.elapsed());
-        let mut applied = [None, None];
-        while applied.iter().any(Option::is_none) {
-            for (i, gw) in gateways.iter().enumerate() {
-                if applied[i].is_none() && get(gw.addr, &path).1 == mark {
-                    applied[i] = Some(pushed.elapsed());
-                }
-            }
-            assert!(
-                pushed.elapsed() < Duration::from_secs(30),
-                "push {n} never applied"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let [a, b] = applied.map(|d| d.expect("applied"));
-        each.extend([a, b]);
-        both.push(a.max(b));
+        let (ack, applied) = push_timed(&rt, &mut client, &gateways, &mark, marked(up.addr, &mark));
+        acknowledged.push(ack);
+        both.push(applied.iter().copied().max().expect("two gateways"));
+        each.extend(applied);
         std::thread::sleep(Duration::from_millis(50));
     }
     let (ok, failed, failures) = load.finish(&rt);
@@ -859,21 +874,9 @@ fn push_figures_100k_routes() {
         first.len() as f64 / 1048576.0
     );
     put(&etcd, &first);
-    let binary =
-        std::env::var_os("TAILGUARD_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tailguard").into());
     let url = etcd.url();
-    let args = [
-        "--etcd",
-        &url,
-        "--etcd-key",
-        KEY,
-        "--threads",
-        "1",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ];
     let started = Instant::now();
-    let gateways = [0, 1, 2].map(|_| Gateway::run_binary(&binary, &args));
+    let gateways = figure_gateways::<3>(&url);
     for gw in &gateways {
         wait_until("the first revision", Duration::from_secs(120), || {
             get(gw.addr, "/v0").1 == "v0"
@@ -891,32 +894,9 @@ fn push_figures_100k_routes() {
     let mut acknowledged = Vec::with_capacity(PUSHES);
     for n in 1..=PUSHES {
         let mark = format!("v{n}");
-        let path = format!("/{mark}");
-        for gw in &gateways {
-            assert_eq!(
-                get(gw.addr, &path),
-                (200, "up".to_owned()),
-                "before push {n}"
-            );
-        }
-        let next = doc(&mark);
-        let pushed = Instant::now();
-        rt.block_on(client.put(KEY, next)).expect("put");
-        acknowledged.push(pushed.elapsed());
-        let mut applied = [None; 3];
-        while applied.iter().any(Option::is_none) {
-            for (i, gw) in gateways.iter().enumerate() {
-                if applied[i].is_none() && get(gw.addr, &path).1 == mark {
-                    applied[i] = Some(pushed.elapsed());
-                }
-            }
-            assert!(
-                pushed.elapsed() < Duration::from_secs(60),
-                "push {n} never applied"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        each.extend(applied.map(|d| d.expect("applied")));
+        let (ack, applied) = push_timed(&rt, &mut client, &gateways, &mark, doc(&mark));
+        acknowledged.push(ack);
+        each.extend(applied);
         std::thread::sleep(Duration::from_secs(2));
     }
     let pushes_to = Instant::now();
