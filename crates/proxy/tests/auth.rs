@@ -38,7 +38,7 @@ fn sha256(key: &str) -> String {
 }
 
 /// Sends `GET url` with `headers`: status, response headers, body.
-async fn get(url: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
+pub(crate) async fn get(url: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
     let mut req = Request::get(url);
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -198,7 +198,7 @@ async fn any_one_of_a_routes_authenticators_lets_a_request_through() {
 }
 
 /// Polls `f` until it returns true, for at most 15 s (the watcher looks every 500 ms).
-async fn eventually(mut f: impl AsyncFnMut() -> bool) -> bool {
+pub(crate) async fn eventually(mut f: impl AsyncFnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
         if f().await {

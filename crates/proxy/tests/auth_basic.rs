@@ -6,12 +6,13 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
 use http::Request;
 use tailguard_test_support::{Upstream, http1_client};
 
+use crate::auth::eventually;
 use crate::support::{self, config, config_errors, empty, metrics_text, within};
 
 /// Adds `user` with the real `htpasswd` in `format` (`-B` at cost 4, `-m`, `-s`), creating
@@ -165,18 +166,6 @@ async fn forward_credentials_lets_the_upstream_see_them() {
         "{body}"
     );
     server.shutdown(Duration::from_secs(5)).await;
-}
-
-/// Polls `f` until it returns true, for at most 15 s (the watcher looks every 500 ms).
-async fn eventually(mut f: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
 }
 
 #[tokio::test]

@@ -15,9 +15,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::Request;
 use ring::signature::{self, KeyPair as _};
 use serde_json::{Value, json};
-use tailguard_test_support::{Upstream, http1_client};
+use tailguard_test_support::Upstream;
 
-use crate::support::{self, config_errors_in, empty, metrics_text, within};
+use crate::auth::get;
+use crate::support::{self, config_errors_in, metrics_text, within};
 
 /// The private keys, made once by `openssl genpkey` (PKCS#8 DER).
 struct Keys {
@@ -248,19 +249,6 @@ impl KeyServer {
 
 fn jwks(keys: &[Value]) -> String {
     json!({ "keys": keys }).to_string()
-}
-
-async fn get(url: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, String) {
-    let mut req = Request::get(url);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = within(http1_client().request(req.body(empty()).expect("request")))
-        .await
-        .expect("an answer");
-    let status = resp.status().as_u16();
-    let head = resp.headers().clone();
-    (status, head, support::text(resp).await)
 }
 
 async fn with_token(url: &str, token: &str) -> (u16, http::HeaderMap, String) {
