@@ -14,29 +14,7 @@ use ring::signature::{self, KeyPair as _};
 use serde_json::json;
 use tailguard_auth::jwk::{Alg, Key, KeySet};
 use tailguard_auth::jws;
-
-fn genpkey(dir: &std::path::Path, name: &str, args: &[&str]) -> Vec<u8> {
-    let pem = dir.join(format!("{name}.pem"));
-    let der = dir.join(format!("{name}.der"));
-    let ok = std::process::Command::new("openssl")
-        .arg("genpkey")
-        .args(args)
-        .arg("-out")
-        .arg(&pem)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "openssl genpkey {args:?}");
-    let ok = std::process::Command::new("openssl")
-        .args(["pkcs8", "-topk8", "-nocrypt", "-outform", "DER", "-in"])
-        .arg(&pem)
-        .arg("-out")
-        .arg(&der)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "openssl pkcs8");
-    std::fs::read(der).expect("the key")
-}
+use tailguard_test_support::credentials::openssl_pkcs8;
 
 fn b64(b: &[u8]) -> String {
     URL_SAFE_NO_PAD.encode(b)
@@ -48,7 +26,7 @@ fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let rng = ring::rand::SystemRandom::new();
-    let rsa = signature::RsaKeyPair::from_pkcs8(&genpkey(
+    let rsa = signature::RsaKeyPair::from_pkcs8(&openssl_pkcs8(
         d,
         "rsa",
         &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
@@ -56,7 +34,7 @@ fn bench(c: &mut Criterion) {
     .expect("rsa");
     let p256 = signature::EcdsaKeyPair::from_pkcs8(
         &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
-        &genpkey(
+        &openssl_pkcs8(
             d,
             "p256",
             &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
@@ -66,7 +44,7 @@ fn bench(c: &mut Criterion) {
     .expect("p256");
     let p384 = signature::EcdsaKeyPair::from_pkcs8(
         &signature::ECDSA_P384_SHA384_FIXED_SIGNING,
-        &genpkey(
+        &openssl_pkcs8(
             d,
             "p384",
             &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"],
@@ -74,7 +52,7 @@ fn bench(c: &mut Criterion) {
         &rng,
     )
     .expect("p384");
-    let ed = signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&genpkey(
+    let ed = signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&openssl_pkcs8(
         d,
         "ed",
         &["-algorithm", "ed25519"],

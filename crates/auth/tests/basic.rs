@@ -2,7 +2,6 @@
 //! answer of a full pool; htpasswd files written by the real `htpasswd`.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -10,22 +9,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use tailguard_auth::{
     AuthRequest, AuthResult, Authenticate, Basic, BasicSettings, Outcome, Verdict,
 };
-
-/// Adds a user with the real `htpasswd` (`-B` at cost 4, `-m`, `-s`).
-fn add_user(file: &Path, format: &str, user: &str, password: &str) {
-    let mut cmd = Command::new("htpasswd");
-    cmd.arg(if file.exists() { "-b" } else { "-cb" })
-        .arg(format);
-    if format == "-B" {
-        cmd.args(["-C", "4"]);
-    }
-    let out = cmd
-        .arg(file)
-        .args([user, password])
-        .output()
-        .expect("htpasswd runs (apache2-utils; scripts/install-tools installs it)");
-    assert!(out.status.success(), "{out:?}");
-}
+use tailguard_test_support::credentials::htpasswd_add;
 
 fn basic(file: &Path, remember_s: u64, queue: usize) -> Basic {
     Basic::build(BasicSettings {
@@ -75,9 +59,9 @@ fn accepted(o: &Outcome) -> Option<&str> {
 async fn slow_hashes_go_to_the_pool_once_and_successes_are_remembered() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("h");
-    add_user(&file, "-B", "bea", "b-pass");
-    add_user(&file, "-m", "abe", "a-pass");
-    add_user(&file, "-s", "sha", "s-pass");
+    htpasswd_add(&file, "-B", "bea", "b-pass");
+    htpasswd_add(&file, "-m", "abe", "a-pass");
+    htpasswd_add(&file, "-s", "sha", "s-pass");
     let auth = basic(&file, 60, 8);
     assert_eq!(auth.user_count(), 3);
     for (user, password, pooled) in [
@@ -129,8 +113,8 @@ async fn slow_hashes_go_to_the_pool_once_and_successes_are_remembered() {
 async fn a_full_pool_answers_503_busy_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("h");
-    add_user(&file, "-B", "bea", "b-pass");
-    add_user(&file, "-s", "sha", "s-pass");
+    htpasswd_add(&file, "-B", "bea", "b-pass");
+    htpasswd_add(&file, "-s", "sha", "s-pass");
     let auth = basic(&file, 60, 1);
     // The pool's one thread takes a job that waits until told; one more fills the queue.
     let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
@@ -166,9 +150,9 @@ async fn a_full_pool_answers_503_busy_at_once() {
 fn a_file_with_a_hash_it_cannot_read_is_refused_at_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("h");
-    add_user(&file, "-B", "bea", "b-pass");
-    add_user(&file, "-5", "six", "x");
-    add_user(&file, "-p", "plain", "x");
+    htpasswd_add(&file, "-B", "bea", "b-pass");
+    htpasswd_add(&file, "-5", "six", "x");
+    htpasswd_add(&file, "-p", "plain", "x");
     let err = tailguard_auth::basic::read_htpasswd(&file).unwrap_err();
     assert!(
         err.starts_with(&format!(

@@ -5,7 +5,6 @@
 //! metrics, and the config's errors.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -14,24 +13,7 @@ use tailguard_test_support::{Upstream, http1_client};
 
 use crate::auth::eventually;
 use crate::support::{self, config, config_errors, empty, metrics_text, within};
-
-/// Adds `user` with the real `htpasswd` in `format` (`-B` at cost 4, `-m`, `-s`), creating
-/// the file if needed.
-fn add_user(file: &Path, format: &str, user: &str, password: &str) {
-    let mut cmd = Command::new("htpasswd");
-    cmd.arg(if file.exists() { "-b" } else { "-cb" })
-        .arg(format);
-    if format == "-B" {
-        // The lowest cost: these tests are about the format, not the hash's strength.
-        cmd.args(["-C", "4"]);
-    }
-    let out = cmd
-        .arg(file)
-        .args([user, password])
-        .output()
-        .expect("htpasswd runs (apache2-utils; scripts/install-tools installs it)");
-    assert!(out.status.success(), "htpasswd: {out:?}");
-}
+use tailguard_test_support::credentials::htpasswd_add;
 
 fn basic(user: &str, password: &str) -> String {
     let pair = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
@@ -82,9 +64,9 @@ fn count(metrics: &str, route: &str, result: &str) -> u64 {
 async fn each_format_htpasswd_writes_is_accepted_and_nothing_else_is() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("staff.htpasswd");
-    add_user(&file, "-B", "bea", "bcrypt pass");
-    add_user(&file, "-m", "abe", "apr1 pass, longer than sixteen bytes");
-    add_user(&file, "-s", "sha", "sha pass");
+    htpasswd_add(&file, "-B", "bea", "bcrypt pass");
+    htpasswd_add(&file, "-m", "abe", "apr1 pass, longer than sixteen bytes");
+    htpasswd_add(&file, "-s", "sha", "sha pass");
     let text = std::fs::read_to_string(&file).expect("the file");
     for prefix in ["bea:$2y$04$", "abe:$apr1$", "sha:{SHA}"] {
         assert!(text.contains(prefix), "{prefix} in {text}");
@@ -151,7 +133,7 @@ async fn each_format_htpasswd_writes_is_accepted_and_nothing_else_is() {
 async fn forward_credentials_lets_the_upstream_see_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("h");
-    add_user(&file, "-s", "sha", "pw");
+    htpasswd_add(&file, "-s", "sha", "pw");
     let upstream = Upstream::start().await;
     let (server, url) = support::start(config(&gateway(
         upstream.addr,
@@ -172,7 +154,7 @@ async fn forward_credentials_lets_the_upstream_see_them() {
 async fn a_changed_file_is_read_again_and_what_the_old_one_let_in_is_forgotten() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("staff.htpasswd");
-    add_user(&file, "-B", "ann", "first");
+    htpasswd_add(&file, "-B", "ann", "first");
     let upstream = Upstream::start().await;
     let (server, url) = support::start(config(&gateway(
         upstream.addr,
@@ -186,8 +168,8 @@ async fn a_changed_file_is_read_again_and_what_the_old_one_let_in_is_forgotten()
     }
     // ann's password changes and bob is added, in one new version of the file.
     let next = dir.path().join("next.htpasswd");
-    add_user(&next, "-B", "ann", "second");
-    add_user(&next, "-m", "bob", "bobs");
+    htpasswd_add(&next, "-B", "ann", "second");
+    htpasswd_add(&next, "-m", "bob", "bobs");
     std::fs::rename(&next, &file).expect("replace the file");
     let bob = basic("bob", "bobs");
     assert!(
@@ -210,10 +192,10 @@ async fn a_changed_file_is_read_again_and_what_the_old_one_let_in_is_forgotten()
 fn basic_config_errors_name_the_file_the_line_and_the_field() {
     let dir = tempfile::tempdir().expect("tempdir");
     let good = dir.path().join("good.htpasswd");
-    add_user(&good, "-B", "bea", "x");
+    htpasswd_add(&good, "-B", "bea", "x");
     let bad = dir.path().join("bad.htpasswd");
-    add_user(&bad, "-m", "abe", "x");
-    add_user(&bad, "-d", "des", "x");
+    htpasswd_add(&bad, "-m", "abe", "x");
+    htpasswd_add(&bad, "-d", "des", "x");
     let text = format!(
         r#"[[listeners]]
 address = "127.0.0.1:0"

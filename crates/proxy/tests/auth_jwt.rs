@@ -19,6 +19,7 @@ use tailguard_test_support::Upstream;
 
 use crate::auth::get;
 use crate::support::{self, config_errors_in, metrics_text, within};
+use tailguard_test_support::credentials::openssl_pkcs8;
 
 /// The private keys, made once by `openssl genpkey` (PKCS#8 DER).
 struct Keys {
@@ -29,57 +30,33 @@ struct Keys {
     ed25519: Vec<u8>,
 }
 
-fn genpkey(dir: &std::path::Path, name: &str, args: &[&str]) -> Vec<u8> {
-    let pem = dir.join(format!("{name}.pem"));
-    let der = dir.join(format!("{name}.der"));
-    let status = std::process::Command::new("openssl")
-        .arg("genpkey")
-        .args(args)
-        .arg("-out")
-        .arg(&pem)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl runs");
-    assert!(status.success(), "openssl genpkey {args:?}");
-    // `genpkey -outform DER` writes an EC key in its traditional form; ring reads PKCS#8.
-    let status = std::process::Command::new("openssl")
-        .args(["pkcs8", "-topk8", "-nocrypt", "-outform", "DER", "-in"])
-        .arg(&pem)
-        .arg("-out")
-        .arg(&der)
-        .status()
-        .expect("openssl runs");
-    assert!(status.success(), "openssl pkcs8 {name}");
-    std::fs::read(der).expect("the key file")
-}
-
 fn keys() -> &'static Keys {
     static KEYS: OnceLock<Keys> = OnceLock::new();
     KEYS.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         Keys {
-            rsa: genpkey(
+            rsa: openssl_pkcs8(
                 d,
                 "rsa",
                 &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
             ),
-            rsa2: genpkey(
+            rsa2: openssl_pkcs8(
                 d,
                 "rsa2",
                 &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
             ),
-            p256: genpkey(
+            p256: openssl_pkcs8(
                 d,
                 "p256",
                 &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
             ),
-            p384: genpkey(
+            p384: openssl_pkcs8(
                 d,
                 "p384",
                 &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"],
             ),
-            ed25519: genpkey(d, "ed", &["-algorithm", "ed25519"]),
+            ed25519: openssl_pkcs8(d, "ed", &["-algorithm", "ed25519"]),
         }
     })
 }

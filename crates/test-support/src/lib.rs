@@ -34,6 +34,7 @@
 //! ```
 
 pub mod blocking;
+pub mod credentials;
 pub mod dns;
 pub mod etcd;
 pub mod grpc;
