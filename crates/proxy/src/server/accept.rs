@@ -100,7 +100,7 @@ impl Acceptor {
                     }
                 },
             };
-            // An address held off after abuse: closed before TLS or HTTP/2 costs anything.
+            // An address held off after abuse: refused before TLS or HTTP/2 costs anything.
             if settings.holdoff.is_some()
                 && gateway
                     .clients()
@@ -162,7 +162,7 @@ fn tarpit(stream: tokio::net::TcpStream) {
     });
 }
 
-/// Counts, and now and then logs, a connection closed at the accept because its address
+/// Counts, and now and then logs, a connection refused at the accept because its address
 /// is held off.
 fn held_off(gateway: &Gateway, remote: SocketAddr) {
     gateway.metrics().refused(crate::metrics::Refusal::HeldOff);
@@ -172,7 +172,7 @@ fn held_off(gateway: &Gateway, remote: SocketAddr) {
         tracing::info!(
             count,
             last_remote = %remote,
-            "{count} connections closed at the accept in the last {} s: their address is held \
+            "{count} connections refused at the accept in the last {} s: their address is held \
              off after abuse (limits.abuse_holdoff_ms)",
             crate::log_every::INTERVAL.as_secs()
         );

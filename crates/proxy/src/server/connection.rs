@@ -260,7 +260,7 @@ where
                     last_remote = %remote,
                     "{count} HTTP/2 connections closed for abuse in the last {} s \
                      (GOAWAY ENHANCE_YOUR_CALM: streams reset faster than served); their \
-                     addresses held off for limits.abuse_holdoff_ms",
+                     addresses are held off for limits.abuse_holdoff_ms unless it is 0",
                     crate::log_every::INTERVAL.as_secs()
                 );
             }
